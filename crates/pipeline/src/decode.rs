@@ -1,0 +1,502 @@
+//! Image decoding: JPEG through libjpeg-turbo's TurboJPEG 3 API (DCT-domain downscaling and
+//! partial decompression of just the needed region), PNG through the `png` crate (ImageNet has a
+//! PNG stored under a `.JPEG` name). Every supported input comes out as packed RGB8: grayscale is
+//! replicated, CMYK/YCCK is converted the way Pillow's `convert("RGB")` does it.
+//!
+//! Errors are values, never panics: corrupt data, truncated files and absurd dimensions all map
+//! to a [`DecodeError`]. Benign libjpeg warnings (extraneous bytes, corrupt-but-decodable
+//! entropy data) are tolerated as Pillow tolerates them; a premature end of file is an error, as
+//! Pillow's "image file is truncated" is.
+//!
+//! The one-shot helpers [`decode_rgb`] and [`encode_jpeg`] are the shared API other crates use
+//! (e.g. to re-encode ImageNet's CMYK and PNG files as RGB JPEG).
+
+use std::ffi::{c_int, CStr};
+use std::io::Cursor;
+
+use turbojpeg::raw;
+
+/// Largest image (in pixels) we agree to decode; guards against hostile headers that would make
+/// us allocate gigabytes. ILSVRC2012's largest images are far below this.
+pub const MAX_PIXELS: usize = 1 << 28;
+/// Progressive JPEGs with absurd numbers of scans can take minutes to decode (a known libjpeg
+/// denial of service); real photos have fewer than 20.
+const MAX_SCANS: c_int = 500;
+/// iMCU width per TJSAMP value (turbojpeg.h's `tjMCUWidth`, a header-only static).
+const MCU_WIDTH: [usize; 7] = [8, 16, 16, 8, 8, 32, 8];
+
+/// Why an image could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("unsupported image format (data starts with {0:02x?})")]
+    UnsupportedFormat(Vec<u8>),
+    #[error("truncated image data")]
+    Truncated,
+    #[error("invalid JPEG: {0}")]
+    Jpeg(String),
+    #[error("invalid PNG: {0}")]
+    Png(String),
+    #[error("image dimensions {0}x{1} out of range")]
+    BadDimensions(usize, usize),
+    #[error("JPEG encoding failed: {0}")]
+    Encode(String),
+    #[error("decoder panicked: {0}")]
+    Panic(String),
+}
+
+/// A packed RGB8 image (`pixels.len() == width * height * 3`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RgbImage {
+    pub width: usize,
+    pub height: usize,
+    pub pixels: Vec<u8>,
+}
+
+/// Container formats recognised by their magic bytes (file names are not trusted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Jpeg,
+    Png,
+}
+
+/// Identify the format from the first bytes. JPEG needs only `FF D8`: libjpeg itself accepts
+/// junk between SOI and the next marker, and so does Pillow.
+pub fn sniff(bytes: &[u8]) -> Option<Format> {
+    if bytes.starts_with(&[0xFF, 0xD8]) {
+        Some(Format::Jpeg)
+    } else if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some(Format::Png)
+    } else {
+        None
+    }
+}
+
+/// Decode any supported image (JPEG incl. grayscale/CMYK/YCCK/progressive, PNG) to RGB8.
+pub fn decode_rgb(bytes: &[u8]) -> Result<RgbImage, DecodeError> {
+    let mut dec = Decoder::new()?;
+    let d = dec.decode(bytes, |w, h| Plan::full(w, h))?;
+    Ok(RgbImage {
+        width: d.width,
+        height: d.height,
+        pixels: d.pixels.to_vec(),
+    })
+}
+
+/// Encode packed RGB8 pixels as a baseline JPEG (4:2:0) at `quality` (1–100).
+pub fn encode_jpeg(
+    width: usize,
+    height: usize,
+    rgb: &[u8],
+    quality: u8,
+) -> Result<Vec<u8>, DecodeError> {
+    if width == 0 || height == 0 || rgb.len() != width * height * 3 {
+        return Err(DecodeError::Encode(format!(
+            "{}x{} image needs {} bytes, got {}",
+            width,
+            height,
+            width * height * 3,
+            rgb.len()
+        )));
+    }
+    let image = turbojpeg::Image {
+        pixels: rgb,
+        width,
+        pitch: width * 3,
+        height,
+        format: turbojpeg::PixelFormat::RGB,
+    };
+    let enc = |e: turbojpeg::Error| DecodeError::Encode(e.to_string());
+    let mut c = turbojpeg::Compressor::new().map_err(enc)?;
+    c.set_quality(quality.clamp(1, 100) as i32).map_err(enc)?;
+    c.set_subsamp(turbojpeg::Subsamp::Sub2x2).map_err(enc)?;
+    c.compress_to_vec(image).map_err(enc)
+}
+
+/// What part of an image to decode, decided by the caller once it knows the dimensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// Region of the original image that must be present in the output: x, y, width, height.
+    pub region: [usize; 4],
+    /// Allowed DCT-domain downscale: 1, 2, 4 or 8. Ignored for non-JPEG data.
+    pub downscale: usize,
+}
+
+impl Plan {
+    /// The whole image at full resolution.
+    pub fn full(width: usize, height: usize) -> Plan {
+        Plan {
+            region: [0, 0, width, height],
+            downscale: 1,
+        }
+    }
+}
+
+/// Result of [`Decoder::decode`]: RGB8 pixels covering (at least) the planned region.
+#[derive(Debug)]
+pub struct Decoded<'a> {
+    pub pixels: &'a [u8],
+    pub width: usize,
+    pub height: usize,
+    /// Dimensions of the original image.
+    pub full_width: usize,
+    pub full_height: usize,
+    /// Original-image coordinate of pixel (0, 0) of `pixels`.
+    pub origin: [usize; 2],
+    /// Original pixels per decoded pixel (the DCT downscale actually used).
+    pub downscale: usize,
+}
+
+/// A reusable decoder: one TurboJPEG handle plus scratch buffers, meant to live in one worker
+/// thread so that steady-state decoding allocates nothing.
+pub struct Decoder {
+    tj: TjHandle,
+    out: Vec<u8>,
+    cmyk: Vec<u8>,
+}
+
+struct TjHandle(raw::tjhandle);
+
+// The handle is only used through &mut self; TurboJPEG handles may move between threads.
+unsafe impl Send for TjHandle {}
+
+impl Drop for TjHandle {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from tj3Init and is destroyed exactly once.
+        unsafe { raw::tj3Destroy(self.0) }
+    }
+}
+
+struct JpegHeader {
+    width: usize,
+    height: usize,
+    subsamp: c_int,
+    cmyk: bool,
+}
+
+impl Decoder {
+    pub fn new() -> Result<Decoder, DecodeError> {
+        // SAFETY: plain FFI constructor; null is checked.
+        let h = unsafe { raw::tj3Init(raw::TJINIT_TJINIT_DECOMPRESS as c_int) };
+        if h.is_null() {
+            return Err(DecodeError::Jpeg("tj3Init failed".into()));
+        }
+        let mut d = Decoder {
+            tj: TjHandle(h),
+            out: Vec::new(),
+            cmyk: Vec::new(),
+        };
+        d.set(raw::TJPARAM_TJPARAM_SCANLIMIT, MAX_SCANS)?;
+        d.set(raw::TJPARAM_TJPARAM_MAXPIXELS, MAX_PIXELS as c_int)?;
+        Ok(d)
+    }
+
+    /// Decode `bytes`; `plan` is called with the image's width and height and chooses the region
+    /// and downscale. The result covers the region, possibly with a few extra pixels (JPEG
+    /// partial decompression starts on an iMCU boundary).
+    pub fn decode<F>(&mut self, bytes: &[u8], plan: F) -> Result<Decoded<'_>, DecodeError>
+    where
+        F: FnOnce(usize, usize) -> Plan,
+    {
+        match sniff(bytes) {
+            Some(Format::Jpeg) => self.decode_jpeg(bytes, plan),
+            Some(Format::Png) => {
+                let (w, h) = decode_png(bytes, &mut self.out)?;
+                let _ = plan(w, h);
+                Ok(Decoded {
+                    pixels: &self.out[..w * h * 3],
+                    width: w,
+                    height: h,
+                    full_width: w,
+                    full_height: h,
+                    origin: [0, 0],
+                    downscale: 1,
+                })
+            }
+            None => Err(DecodeError::UnsupportedFormat(
+                bytes[..bytes.len().min(8)].to_vec(),
+            )),
+        }
+    }
+
+    fn set(&mut self, param: raw::TJPARAM, value: c_int) -> Result<(), DecodeError> {
+        // SAFETY: valid handle; tj3Set validates param/value.
+        if unsafe { raw::tj3Set(self.tj.0, param as c_int, value) } != 0 {
+            return Err(self.error());
+        }
+        Ok(())
+    }
+
+    fn get(&mut self, param: raw::TJPARAM) -> c_int {
+        // SAFETY: valid handle.
+        unsafe { raw::tj3Get(self.tj.0, param as c_int) }
+    }
+
+    fn error(&mut self) -> DecodeError {
+        // SAFETY: tj3GetErrorStr returns a NUL-terminated string owned by the library.
+        let msg = unsafe { CStr::from_ptr(raw::tj3GetErrorStr(self.tj.0)) }
+            .to_string_lossy()
+            .trim()
+            .to_string();
+        if is_truncation(&msg) {
+            DecodeError::Truncated
+        } else {
+            DecodeError::Jpeg(msg)
+        }
+    }
+
+    /// After a TurboJPEG call returned -1: was it only a warning we can live with?
+    fn tolerable_warning(&mut self) -> Result<(), DecodeError> {
+        // SAFETY: valid handle.
+        let code = unsafe { raw::tj3GetErrorCode(self.tj.0) };
+        let err = self.error();
+        match err {
+            DecodeError::Jpeg(_) if code == raw::TJERR_TJERR_WARNING as c_int => Ok(()),
+            e => Err(e),
+        }
+    }
+
+    fn header(&mut self, bytes: &[u8]) -> Result<JpegHeader, DecodeError> {
+        // SAFETY: pointer/length describe a live slice.
+        let r = unsafe { raw::tj3DecompressHeader(self.tj.0, bytes.as_ptr(), bytes.len() as _) };
+        if r != 0 {
+            self.tolerable_warning()?;
+        }
+        let width = self.get(raw::TJPARAM_TJPARAM_JPEGWIDTH);
+        let height = self.get(raw::TJPARAM_TJPARAM_JPEGHEIGHT);
+        if width <= 0 || height <= 0 || (width as usize) * (height as usize) > MAX_PIXELS {
+            return Err(DecodeError::BadDimensions(
+                width.max(0) as usize,
+                height.max(0) as usize,
+            ));
+        }
+        if self.get(raw::TJPARAM_TJPARAM_LOSSLESS) != 0
+            || self.get(raw::TJPARAM_TJPARAM_PRECISION) != 8
+        {
+            return Err(DecodeError::Jpeg(
+                "only 8-bit lossy JPEG is supported".into(),
+            ));
+        }
+        let cs = self.get(raw::TJPARAM_TJPARAM_COLORSPACE);
+        Ok(JpegHeader {
+            width: width as usize,
+            height: height as usize,
+            subsamp: self.get(raw::TJPARAM_TJPARAM_SUBSAMP),
+            cmyk: cs == raw::TJCS_TJCS_CMYK as c_int || cs == raw::TJCS_TJCS_YCCK as c_int,
+        })
+    }
+
+    fn decode_jpeg<F>(&mut self, bytes: &[u8], plan: F) -> Result<Decoded<'_>, DecodeError>
+    where
+        F: FnOnce(usize, usize) -> Plan,
+    {
+        let hdr = self.header(bytes)?;
+        let (w, h) = (hdr.width, hdr.height);
+        let plan = plan(w, h);
+        let [rx, ry, rw, rh] = clamp_region(plan.region, w, h);
+        let d = match plan.downscale {
+            8 | 4 | 2 => plan.downscale,
+            _ => 1,
+        };
+        let sf = raw::tjscalingfactor {
+            num: 1,
+            denom: d as c_int,
+        };
+        // SAFETY: valid handle; the factor is one libjpeg-turbo supports (1/1, 1/2, 1/4, 1/8).
+        if unsafe { raw::tj3SetScalingFactor(self.tj.0, sf) } != 0 {
+            return Err(self.error());
+        }
+        // Scaled full image and scaled region (rounded outwards), as TJSCALED computes them.
+        let (sw, sh) = (w.div_ceil(d), h.div_ceil(d));
+        let (mut x0, y0) = (rx / d, ry / d);
+        let x1 = (rx + rw).div_ceil(d).min(sw);
+        let y1 = (ry + rh).div_ceil(d).min(sh);
+        // Partial decompression needs the left edge on a (scaled) iMCU boundary.
+        let region = if (0..7).contains(&hdr.subsamp) && (x0, y0, x1, y1) != (0, 0, sw, sh) {
+            let mcu = MCU_WIDTH[hdr.subsamp as usize];
+            let smcu = mcu.div_ceil(d);
+            x0 -= x0 % smcu;
+            raw::tjregion {
+                x: x0 as c_int,
+                y: y0 as c_int,
+                w: (x1 - x0) as c_int,
+                h: (y1 - y0) as c_int,
+            }
+        } else {
+            x0 = 0;
+            raw::tjregion {
+                x: 0,
+                y: 0,
+                w: 0,
+                h: 0,
+            }
+        };
+        let (ow, oh, oy) = if region.w == 0 {
+            (sw, sh, 0)
+        } else {
+            (x1 - x0, y1 - y0, y0)
+        };
+        // SAFETY: valid handle; the region was validated against the scaled size above and the
+        // library re-checks it.
+        if unsafe { raw::tj3SetCroppingRegion(self.tj.0, region) } != 0 {
+            return Err(self.error());
+        }
+        let (format, px) = if hdr.cmyk {
+            (raw::TJPF_TJPF_CMYK, 4)
+        } else {
+            (raw::TJPF_TJPF_RGB, 3)
+        };
+        let dst = if hdr.cmyk {
+            &mut self.cmyk
+        } else {
+            &mut self.out
+        };
+        dst.resize(ow * oh * px, 0);
+        let dst_ptr = dst.as_mut_ptr();
+        // SAFETY: dst holds ow*oh*px bytes, exactly what TurboJPEG writes for this scaling
+        // factor, cropping region and pitch.
+        let r = unsafe {
+            raw::tj3Decompress8(
+                self.tj.0,
+                bytes.as_ptr(),
+                bytes.len() as _,
+                dst_ptr,
+                (ow * px) as c_int,
+                format,
+            )
+        };
+        if r != 0 {
+            self.tolerable_warning()?;
+        }
+        if hdr.cmyk {
+            self.out.resize(ow * oh * 3, 0);
+            cmyk_to_rgb(&self.cmyk[..ow * oh * 4], &mut self.out[..ow * oh * 3]);
+        }
+        Ok(Decoded {
+            pixels: &self.out[..ow * oh * 3],
+            width: ow,
+            height: oh,
+            full_width: w,
+            full_height: h,
+            origin: [x0 * d, oy * d],
+            downscale: d,
+        })
+    }
+}
+
+fn clamp_region([x, y, w, h]: [usize; 4], iw: usize, ih: usize) -> [usize; 4] {
+    let x = x.min(iw - 1);
+    let y = y.min(ih - 1);
+    [x, y, w.clamp(1, iw - x), h.clamp(1, ih - y)]
+}
+
+/// libjpeg's warning for data that ends before the image does (JWRN_JPEG_EOF).
+fn is_truncation(msg: &str) -> bool {
+    msg.contains("Premature end of JPEG file")
+}
+
+/// CMYK as libjpeg hands it out for Adobe files (inverted) to RGB; this is Pillow's
+/// `CMYK;I` raw mode followed by `convert("RGB")`: R = C·K/255 on the stored values.
+fn cmyk_to_rgb(cmyk: &[u8], rgb: &mut [u8]) {
+    for (s, d) in cmyk.chunks_exact(4).zip(rgb.chunks_exact_mut(3)) {
+        let k = s[3] as u32;
+        for c in 0..3 {
+            // Exact rounding of x*k/255 as Pillow's MULDIV255.
+            let t = s[c] as u32 * k + 128;
+            d[c] = ((t + (t >> 8)) >> 8) as u8;
+        }
+    }
+}
+
+/// Decode a PNG into `out` as RGB8 (alpha dropped, as Pillow's `convert("RGB")` does).
+fn decode_png(bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usize), DecodeError> {
+    let perr = |e: png::DecodingError| DecodeError::Png(e.to_string());
+    let mut dec = png::Decoder::new(Cursor::new(bytes));
+    dec.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
+    let mut reader = dec.read_info().map_err(perr)?;
+    let (w, h) = {
+        let info = reader.info();
+        (info.width as usize, info.height as usize)
+    };
+    if w == 0 || h == 0 || w * h > MAX_PIXELS {
+        return Err(DecodeError::BadDimensions(w, h));
+    }
+    let size = reader
+        .output_buffer_size()
+        .ok_or_else(|| DecodeError::BadDimensions(w, h))?;
+    let mut raw_buf = vec![0; size];
+    let frame = reader.next_frame(&mut raw_buf).map_err(|e| match e {
+        png::DecodingError::IoError(_) => DecodeError::Truncated,
+        e => perr(e),
+    })?;
+    let line = frame.line_size;
+    let channels = match frame.color_type {
+        png::ColorType::Grayscale => 1,
+        png::ColorType::GrayscaleAlpha => 2,
+        png::ColorType::Rgb => 3,
+        png::ColorType::Rgba => 4,
+        png::ColorType::Indexed => {
+            return Err(DecodeError::Png("palette was not expanded".into()));
+        }
+    };
+    out.resize(w * h * 3, 0);
+    for y in 0..h {
+        let src = &raw_buf[y * line..y * line + w * channels];
+        let dst = &mut out[y * w * 3..(y + 1) * w * 3];
+        for (s, d) in src.chunks_exact(channels).zip(dst.chunks_exact_mut(3)) {
+            if channels <= 2 {
+                d.fill(s[0]);
+            } else {
+                d.copy_from_slice(&s[..3]);
+            }
+        }
+    }
+    Ok((w, h))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cmyk_conversion_matches_pillow_formula() {
+        // Pillow: CLIP8(nk - MULDIV255(c', nk)) with c' = 255 - c, nk = k (inverted storage).
+        for c in (0..=255u32).step_by(5) {
+            for k in (0..=255u32).step_by(5) {
+                let mut out = [0u8; 3];
+                cmyk_to_rgb(&[c as u8, c as u8, c as u8, k as u8], &mut out);
+                let want = ((c * k) as f64 / 255.0).round() as u8;
+                assert_eq!(out[0], want, "c={c} k={k}");
+            }
+        }
+    }
+
+    #[test]
+    fn encode_then_decode_round_trips() {
+        let (w, h) = (67, 45);
+        let rgb: Vec<u8> = (0..w * h * 3)
+            .map(|i| ((i / 3 % w) * 3 + (i / 3 / w) * 2) as u8)
+            .collect();
+        let jpg = encode_jpeg(w, h, &rgb, 95).unwrap();
+        let img = decode_rgb(&jpg).unwrap();
+        assert_eq!((img.width, img.height), (w, h));
+        let mae: f64 = img
+            .pixels
+            .iter()
+            .zip(&rgb)
+            .map(|(a, b)| (*a as f64 - *b as f64).abs())
+            .sum::<f64>()
+            / rgb.len() as f64;
+        assert!(mae < 3.0, "mean abs error {mae}");
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        assert!(matches!(
+            decode_rgb(b"GIF89a...."),
+            Err(DecodeError::UnsupportedFormat(_))
+        ));
+        assert!(decode_rgb(&[0xFF, 0xD8, 0xFF]).is_err());
+        assert!(decode_rgb(b"\x89PNG\r\n\x1a\n").is_err());
+        assert!(decode_rgb(&[]).is_err());
+    }
+}
