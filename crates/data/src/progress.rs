@@ -1,0 +1,65 @@
+//! Progress bars on stderr (drawn only when stderr is a terminal).
+
+use std::io::IsTerminal;
+use std::time::Instant;
+
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+pub struct Progress {
+    multi: MultiProgress,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Progress::new()
+    }
+}
+
+impl Progress {
+    pub fn new() -> Progress {
+        let target = if std::io::stderr().is_terminal() {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        };
+        Progress {
+            multi: MultiProgress::with_draw_target(target),
+        }
+    }
+
+    /// A bar over the bytes of one archive; its message carries classes and images/s.
+    pub fn bytes_bar(&self, prefix: &str, len: u64) -> ProgressBar {
+        let bar = self.multi.add(ProgressBar::new(len));
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{prefix:>12} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        bar.set_prefix(prefix.to_string());
+        bar
+    }
+
+    /// Prints a line above the bars (or plainly when there are none).
+    pub fn println(&self, line: &str) {
+        if self.multi.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            let _ = self.multi.println(line);
+        }
+    }
+}
+
+/// Formats "classes 12/1000 · 15,234 images (3,100 img/s)" for a bar's message.
+pub fn rate_message(start: Instant, classes: u64, class_total: Option<u64>, images: u64) -> String {
+    let secs = start.elapsed().as_secs_f64().max(1e-3);
+    let classes = match class_total {
+        Some(t) => format!("classes {classes}/{t} · "),
+        None => String::new(),
+    };
+    format!(
+        "{classes}{images} images ({:.0} img/s)",
+        images as f64 / secs
+    )
+}

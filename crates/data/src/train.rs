@@ -1,0 +1,407 @@
+//! The train archive: a tar of per-class tars (`<wnid>.tar`), each a flat tar of JPEGs.
+//!
+//! One thread streams the outer tar once (hashing it when verifying) into pooled buffers; `-j`
+//! workers each take a class, unpack its inner tar from those buffers and write the files. A
+//! class folder is marked complete only after all its files are written; on the next run,
+//! marked classes are skipped (seeked over, or read only for the hash) and unmarked folders are
+//! redone from scratch.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Read;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+
+use crate::archive::{classify, is_plain_component, Input, Member};
+use crate::chunks::{ChunkReader, Msg, Pool};
+use crate::extract::{read_member, store_image, ExtractOptions, Shared};
+use crate::output::{
+    create_dir_all, read_json, remove_dir_all, write_json_atomic, ArchiveMarker, ClassMarker,
+    Layout, OddRecord,
+};
+use crate::progress::{rate_message, Progress};
+use crate::verify::check_md5;
+
+/// What extracting one archive did.
+#[derive(Debug, Clone, Default)]
+pub struct ArchiveStats {
+    /// Images per class in the output (this run's and earlier runs').
+    pub classes: BTreeMap<String, u64>,
+    pub odd: Vec<OddRecord>,
+    /// Classes extracted by this run (the rest were already complete).
+    pub extracted_classes: u64,
+    pub extracted_images: u64,
+    /// Classes found complete from an earlier run and skipped.
+    pub skipped_classes: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// MD5 when verified.
+    pub md5: Option<String>,
+    /// The whole archive was already done: nothing was read.
+    pub already_done: bool,
+}
+
+impl ArchiveStats {
+    pub fn images(&self) -> u64 {
+        self.classes.values().sum()
+    }
+
+    pub(crate) fn from_marker(m: ArchiveMarker) -> ArchiveStats {
+        ArchiveStats {
+            classes: m.classes,
+            odd: m.odd,
+            md5: m.md5,
+            already_done: true,
+            ..Default::default()
+        }
+    }
+}
+
+/// Name and size identify the archive a done-marker was written for.
+pub(crate) fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Returns the done-marker if it matches this archive (and carries an MD5 when verifying).
+/// With `--verify` and a marker from an unverified run, the archive is hashed now, without
+/// extracting anything again.
+pub(crate) fn finished_marker(
+    archive: &Path,
+    marker_path: &Path,
+    opts: &ExtractOptions,
+) -> Result<Option<ArchiveMarker>> {
+    let Some(mut m) = read_json::<ArchiveMarker>(marker_path)? else {
+        return Ok(None);
+    };
+    let size = std::fs::metadata(archive)
+        .with_context(|| format!("reading the size of {}", archive.display()))?
+        .len();
+    if m.archive != file_name(archive) || m.size != size {
+        return Ok(None);
+    }
+    if opts.verify && m.md5.is_none() {
+        let v = crate::verify::verify_files(&[archive.to_path_buf()], &opts.table, 1)?;
+        m.md5 = Some(v[0].md5.clone());
+        write_json_atomic(marker_path, &m)?;
+    }
+    Ok(Some(m))
+}
+
+struct Job {
+    wnid: String,
+    data: Receiver<Msg>,
+}
+
+/// Extracts the train archive into `layout.train()`.
+pub fn extract_train(
+    archive: &Path,
+    layout: &Layout,
+    opts: &ExtractOptions,
+    progress: &Progress,
+) -> Result<ArchiveStats> {
+    let expected = if opts.verify {
+        Some(opts.table.check_size(archive)?.clone())
+    } else {
+        None
+    };
+    if let Some(m) = finished_marker(archive, &layout.train_done(), opts)? {
+        return Ok(ArchiveStats::from_marker(m));
+    }
+    create_dir_all(&layout.train())?;
+    create_dir_all(&layout.class_markers())?;
+
+    let input = Input::open(archive, opts.verify)?;
+    let bar = progress.bytes_bar("train", input.len());
+    let pos = input.progress();
+    let shared = Shared::default();
+    let pool = Pool::new(
+        opts.buffer_bytes / opts.chunk_bytes.max(1),
+        opts.chunk_bytes,
+    );
+    let start = Instant::now();
+    let threads = opts.threads.max(1);
+
+    let (job_tx, job_rx) = bounded::<Job>(threads * 4);
+    let (input, skipped) = std::thread::scope(|s| {
+        for _ in 0..threads {
+            let job_rx = job_rx.clone();
+            let shared = &shared;
+            s.spawn(move || {
+                for job in job_rx {
+                    let wnid = job.wnid.clone();
+                    if let Err(e) = extract_class(job, layout, opts, shared) {
+                        // A class cut short because reading stopped: the reader's own error
+                        // is the one to report.
+                        if !shared.failed() {
+                            shared.fail(e);
+                        }
+                        let _ = remove_dir_all(&layout.train().join(&wnid));
+                    }
+                }
+            });
+        }
+        drop(job_rx);
+        let mut input_back = None;
+        let r = read_outer(
+            input,
+            job_tx,
+            &pool,
+            layout,
+            &shared,
+            &mut input_back,
+            &|| {
+                bar.set_position(pos.load(Ordering::Relaxed));
+                bar.set_message(rate_message(
+                    start,
+                    shared.classes.load(Ordering::Relaxed),
+                    None,
+                    shared.images.load(Ordering::Relaxed),
+                ));
+            },
+        );
+        (input_back, r)
+    });
+    bar.finish_and_clear();
+    if let Some(e) = shared.take_error() {
+        return Err(e);
+    }
+    let input = input.ok_or_else(|| anyhow!("internal error: the archive reader vanished"))?;
+    let (bytes_read, md5) = input.finish()?;
+    if let (Some(expected), Some(md5)) = (&expected, &md5) {
+        check_md5(archive, expected, md5).context(
+            "the archive is corrupt: its classes were extracted but the tree cannot be trusted; \
+             download it again and rerun with a fresh --out",
+        )?;
+    }
+
+    // Totals from every class marker: this run's classes and earlier runs'.
+    let mut stats = ArchiveStats {
+        extracted_classes: shared.classes.load(Ordering::Relaxed),
+        extracted_images: shared.images.load(Ordering::Relaxed),
+        bytes_written: shared.bytes_written.load(Ordering::Relaxed),
+        skipped_classes: skipped,
+        bytes_read,
+        md5: md5.clone(),
+        ..Default::default()
+    };
+    for wnid in marked_classes(layout)? {
+        let m: ClassMarker = read_json(&layout.class_marker(&wnid))?
+            .ok_or_else(|| anyhow!("class marker for {wnid} vanished"))?;
+        stats.classes.insert(wnid, m.images);
+        stats.odd.extend(m.odd);
+    }
+    let marker = ArchiveMarker {
+        archive: file_name(archive),
+        size: std::fs::metadata(archive)?.len(),
+        md5,
+        images: stats.images(),
+        classes: stats.classes.clone(),
+        odd: stats.odd.clone(),
+    };
+    write_json_atomic(&layout.train_done(), &marker)?;
+    Ok(stats)
+}
+
+/// Class ids that have a completion marker.
+pub fn marked_classes(layout: &Layout) -> Result<Vec<String>> {
+    let dir = layout.class_markers();
+    let mut out = Vec::new();
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(crate::output::io_error(e, "listing", &dir)),
+    };
+    for e in entries {
+        let e = e.map_err(|e| crate::output::io_error(e, "listing", &dir))?;
+        if let Some(wnid) = e.file_name().to_str().and_then(|n| n.strip_suffix(".json")) {
+            out.push(wnid.to_string());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Streams the outer tar, handing each class not yet complete to a worker. Returns the number
+/// of classes skipped as already complete; gives the input back for the final hash. An error is
+/// recorded in `shared` before the workers' channels close, so it, not their "reading
+/// stopped", is the error reported.
+fn read_outer(
+    input: Input,
+    jobs: Sender<Job>,
+    pool: &Arc<Pool>,
+    layout: &Layout,
+    shared: &Shared,
+    input_back: &mut Option<Input>,
+    tick: &dyn Fn(),
+) -> u64 {
+    let mut current: Option<Sender<Msg>> = None;
+    let r = read_outer_inner(
+        input,
+        &jobs,
+        pool,
+        layout,
+        shared,
+        input_back,
+        tick,
+        &mut current,
+    );
+    r.unwrap_or_else(|e| {
+        shared.fail(e);
+        0
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn read_outer_inner(
+    input: Input,
+    jobs: &Sender<Job>,
+    pool: &Arc<Pool>,
+    layout: &Layout,
+    shared: &Shared,
+    input_back: &mut Option<Input>,
+    tick: &dyn Fn(),
+    current: &mut Option<Sender<Msg>>,
+) -> Result<u64> {
+    let mut archive = tar::Archive::new(input);
+    let mut seen = HashSet::new();
+    let mut last: Option<String> = None;
+    let mut skipped = 0;
+    let after = |last: &Option<String>| match last {
+        Some(m) => format!("after member {m:?}"),
+        None => "at the first member".to_string(),
+    };
+    {
+        let entries = archive
+            .entries_with_seek()
+            .context("reading the train archive")?;
+        for entry in entries {
+            if shared.failed() {
+                return Ok(skipped);
+            }
+            let mut entry =
+                entry.with_context(|| format!("train archive: bad tar {}", after(&last)))?;
+            let raw = entry.path_bytes().into_owned();
+            let shown = String::from_utf8_lossy(&raw).into_owned();
+            let Member::File(name) = classify(&raw, entry.header().entry_type())? else {
+                continue;
+            };
+            let wnid = name
+                .strip_suffix(".tar")
+                .filter(|w| is_plain_component(w) && !w.starts_with('.'))
+                .ok_or_else(|| {
+                    anyhow!("member {shown:?} is not a per-class tar named <class>.tar")
+                })?
+                .to_string();
+            if !seen.insert(wnid.clone()) {
+                bail!("member {shown:?}: class {wnid} appears twice in the archive");
+            }
+            last = Some(shown.clone());
+            if layout.class_marker(&wnid).exists() {
+                skipped += 1;
+                continue; // the tar reader seeks (or reads, when hashing) past it
+            }
+            let (tx, rx) = unbounded();
+            let tx = current.insert(tx);
+            if jobs.send(Job { wnid, data: rx }).is_err() {
+                return Ok(skipped); // every worker stopped: their error is reported
+            }
+            let size = entry.size();
+            let mut left = size;
+            while left > 0 {
+                let mut chunk = pool.take();
+                let want = (left as usize).min(pool.chunk_size());
+                let mut filled = 0;
+                while filled < want {
+                    let n = entry
+                        .read(&mut chunk.space()[filled..want])
+                        .with_context(|| format!("member {shown:?}: reading the archive"))?;
+                    if n == 0 {
+                        bail!(
+                            "member {shown:?}: truncated archive: it ends {} bytes into this \
+                             {size}-byte member",
+                            size - left + filled as u64
+                        );
+                    }
+                    filled += n;
+                }
+                chunk.set_len(filled);
+                left -= filled as u64;
+                tick();
+                if tx.send(Msg::Data(chunk)).is_err() {
+                    break; // that worker failed; its error stops the run
+                }
+            }
+            let _ = tx.send(Msg::End);
+            *current = None;
+        }
+    }
+    let input = archive.into_inner();
+    if input.hit_eof() {
+        bail!(
+            "{}: truncated archive: it ends {} without the end-of-archive marker",
+            input.path().display(),
+            after(&last)
+        );
+    }
+    *input_back = Some(input);
+    Ok(skipped)
+}
+
+/// Unpacks one class tar into a fresh `train/<wnid>/` and marks it complete.
+fn extract_class(job: Job, layout: &Layout, opts: &ExtractOptions, shared: &Shared) -> Result<()> {
+    let wnid = &job.wnid;
+    let dir = layout.train().join(wnid);
+    remove_dir_all(&dir)?; // left by an interrupted run
+    create_dir_all(&dir)?;
+    let mut archive = tar::Archive::new(ChunkReader::new(job.data));
+    let mut marker = ClassMarker {
+        images: 0,
+        bytes: 0,
+        odd: Vec::new(),
+    };
+    let mut names = HashSet::new();
+    let mut buf = Vec::new();
+    let mut last: Option<String> = None;
+    for entry in archive.entries().with_context(|| format!("{wnid}.tar"))? {
+        let mut entry = entry.with_context(|| match &last {
+            Some(m) => format!("{wnid}.tar: bad tar after member {m:?}"),
+            None => format!("{wnid}.tar: bad tar at the first member"),
+        })?;
+        let raw = entry.path_bytes().into_owned();
+        let shown = String::from_utf8_lossy(&raw).into_owned();
+        let member =
+            classify(&raw, entry.header().entry_type()).with_context(|| format!("{wnid}.tar"))?;
+        let Member::File(name) = member else { continue };
+        if !names.insert(name.clone()) {
+            bail!("{wnid}.tar: member {shown:?}: file {name} appears twice");
+        }
+        let size = entry.size();
+        read_member(&mut entry, size, &mut buf)
+            .with_context(|| format!("{wnid}.tar: member {shown:?}"))?;
+        let rel = format!("train/{wnid}/{name}");
+        let (written, odd) = store_image(&dir, &name, &rel, &buf, opts.fix_odd)?;
+        marker.images += 1;
+        marker.bytes += written;
+        marker.odd.extend(odd);
+        shared.images.fetch_add(1, Ordering::Relaxed);
+        shared.bytes_written.fetch_add(written, Ordering::Relaxed);
+        last = Some(shown);
+    }
+    let mut reader = archive.into_inner();
+    let ended_early = reader.hit_end;
+    reader
+        .drain()
+        .with_context(|| format!("{wnid}.tar: reading the archive"))?;
+    if ended_early {
+        bail!("{wnid}.tar: truncated class tar: it ends without the end-of-archive marker");
+    }
+    write_json_atomic(&layout.class_marker(wnid), &marker)?;
+    shared.classes.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}

@@ -1,0 +1,210 @@
+//! The val archive: a flat tar of `ILSVRC2012_val_NNNNNNNN.JPEG`, sorted into class folders by
+//! the ground truth (built in, or `--val-labels`), so no `valprep.sh` is needed.
+//!
+//! One thread reads the tar; `-j` writers store the images. Val is resumed as a whole: a run
+//! that stopped part-way redoes `val/` (6.4 GB, minutes), which keeps the bookkeeping trivial.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use crossbeam_channel::bounded;
+
+use crate::archive::{classify, Input, Member};
+use crate::extract::{read_member, store_image, ExtractOptions, Shared};
+use crate::labels::ValLabels;
+use crate::output::{
+    create_dir_all, remove_dir_all, write_json_atomic, ArchiveMarker, Layout, OddRecord,
+};
+use crate::progress::{rate_message, Progress};
+use crate::train::{file_name, finished_marker, ArchiveStats};
+use crate::verify::check_md5;
+
+struct Item {
+    wnid: String,
+    name: String,
+    data: Vec<u8>,
+}
+
+/// Extracts the val archive into `layout.val()/<wnid>/`.
+pub fn extract_val(
+    archive: &Path,
+    labels: &ValLabels,
+    layout: &Layout,
+    opts: &ExtractOptions,
+    progress: &Progress,
+) -> Result<ArchiveStats> {
+    let expected = if opts.verify {
+        Some(opts.table.check_size(archive)?.clone())
+    } else {
+        None
+    };
+    if let Some(m) = finished_marker(archive, &layout.val_done(), opts)? {
+        return Ok(ArchiveStats::from_marker(m));
+    }
+    remove_dir_all(&layout.val())?; // whatever an interrupted run left
+    create_dir_all(&layout.val())?;
+    create_dir_all(&layout.state())?;
+
+    let input = Input::open(archive, opts.verify)?;
+    let bar = progress.bytes_bar("val", input.len());
+    let pos = input.progress();
+    let shared = Shared::default();
+    let start = Instant::now();
+    let threads = opts.threads.max(1);
+    let per_class: Mutex<BTreeMap<String, u64>> = Mutex::default();
+    let odd: Mutex<Vec<OddRecord>> = Mutex::default();
+
+    // Images in flight are bounded by count; each is at most MAX_IMAGE_BYTES.
+    let (tx, rx) = bounded::<Item>(threads * 32);
+    let input = std::thread::scope(|s| {
+        for _ in 0..threads {
+            let rx = rx.clone();
+            let (shared, per_class, odd) = (&shared, &per_class, &odd);
+            s.spawn(move || {
+                let mut made = HashSet::new();
+                for item in rx {
+                    if shared.failed() {
+                        continue; // drain, so the reader never blocks on a full channel
+                    }
+                    match store_val(&item, layout, opts, &mut made) {
+                        Ok((written, o)) => {
+                            *lock(per_class).entry(item.wnid).or_default() += 1;
+                            lock(odd).extend(o);
+                            shared.images.fetch_add(1, Ordering::Relaxed);
+                            shared.bytes_written.fetch_add(written, Ordering::Relaxed);
+                        }
+                        Err(e) => shared.fail(e),
+                    }
+                }
+            });
+        }
+        drop(rx);
+        let r = read_val(input, labels, &tx, &shared, &|| {
+            bar.set_position(pos.load(Ordering::Relaxed));
+            bar.set_message(rate_message(
+                start,
+                0,
+                None,
+                shared.images.load(Ordering::Relaxed),
+            ));
+        });
+        drop(tx);
+        r.map_err(|e| shared.fail(e)).ok()
+    });
+    bar.finish_and_clear();
+    if let Some(e) = shared.take_error() {
+        return Err(e);
+    }
+    let input = input.ok_or_else(|| anyhow!("internal error: the archive reader vanished"))?;
+    let (bytes_read, md5) = input.finish()?;
+    if let (Some(expected), Some(md5)) = (&expected, &md5) {
+        check_md5(archive, expected, md5)
+            .context("the archive is corrupt: download it again and rerun with a fresh --out")?;
+    }
+    let mut odd = odd.into_inner().unwrap_or_else(|p| p.into_inner());
+    odd.sort_by(|a, b| a.file.cmp(&b.file));
+    let classes = per_class.into_inner().unwrap_or_else(|p| p.into_inner());
+    let images: u64 = classes.values().sum();
+    let marker = ArchiveMarker {
+        archive: file_name(archive),
+        size: std::fs::metadata(archive)?.len(),
+        md5: md5.clone(),
+        images,
+        classes: classes.clone(),
+        odd: odd.clone(),
+    };
+    write_json_atomic(&layout.val_done(), &marker)?;
+    Ok(ArchiveStats {
+        extracted_classes: classes.len() as u64,
+        extracted_images: images,
+        classes,
+        odd,
+        bytes_read,
+        bytes_written: shared.bytes_written.load(Ordering::Relaxed),
+        md5,
+        ..Default::default()
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn store_val(
+    item: &Item,
+    layout: &Layout,
+    opts: &ExtractOptions,
+    made: &mut HashSet<String>,
+) -> Result<(u64, Option<OddRecord>)> {
+    let dir = layout.val().join(&item.wnid);
+    if !made.contains(&item.wnid) {
+        create_dir_all(&dir)?;
+        made.insert(item.wnid.clone());
+    }
+    let rel = format!("val/{}/{}", item.wnid, item.name);
+    store_image(&dir, &item.name, &rel, &item.data, opts.fix_odd)
+}
+
+/// Streams the val tar, sending each labelled image to the writers.
+fn read_val(
+    input: Input,
+    labels: &ValLabels,
+    tx: &crossbeam_channel::Sender<Item>,
+    shared: &Shared,
+    tick: &dyn Fn(),
+) -> Result<Input> {
+    let mut archive = tar::Archive::new(input);
+    let mut seen = HashSet::new();
+    let mut last: Option<String> = None;
+    {
+        let entries = archive.entries().context("reading the val archive")?;
+        for entry in entries {
+            if shared.failed() {
+                break;
+            }
+            let mut entry = entry.with_context(|| match &last {
+                Some(m) => format!("val archive: bad tar after member {m:?}"),
+                None => "val archive: bad tar at the first member".to_string(),
+            })?;
+            let raw = entry.path_bytes().into_owned();
+            let shown = String::from_utf8_lossy(&raw).into_owned();
+            let Member::File(name) = classify(&raw, entry.header().entry_type())? else {
+                continue;
+            };
+            let wnid = labels
+                .class_of(&name)
+                .ok_or_else(|| {
+                    anyhow!("member {shown:?}: no class for {name} in the validation labels")
+                })?
+                .to_string();
+            if !seen.insert(name.clone()) {
+                bail!("member {shown:?}: file {name} appears twice in the archive");
+            }
+            let size = entry.size();
+            let mut data = Vec::new();
+            read_member(&mut entry, size, &mut data)
+                .with_context(|| format!("member {shown:?}"))?;
+            last = Some(shown);
+            tick();
+            if tx.send(Item { wnid, name, data }).is_err() {
+                break;
+            }
+        }
+    }
+    let input = archive.into_inner();
+    if input.hit_eof() {
+        bail!(
+            "{}: truncated archive: it ends {} without the end-of-archive marker",
+            input.path().display(),
+            match &last {
+                Some(m) => format!("after member {m:?}"),
+                None => "before any member".to_string(),
+            }
+        );
+    }
+    Ok(input)
+}
