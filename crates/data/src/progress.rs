@@ -51,12 +51,18 @@ impl Progress {
     }
 }
 
-/// Formats "classes 12/1000 · 15,234 images (3,100 img/s)" for a bar's message.
-pub fn rate_message(start: Instant, classes: u64, class_total: Option<u64>, images: u64) -> String {
+/// Formats "classes 12/1000 · 15234 images (3100 img/s)" for a bar's message.
+pub fn rate_message(
+    start: Instant,
+    classes: Option<u64>,
+    class_total: Option<u64>,
+    images: u64,
+) -> String {
     let secs = start.elapsed().as_secs_f64().max(1e-3);
-    let classes = match class_total {
-        Some(t) => format!("classes {classes}/{t} · "),
-        None => String::new(),
+    let classes = match (classes, class_total) {
+        (Some(c), Some(t)) => format!("classes {c}/{t} · "),
+        (Some(c), None) => format!("classes {c} · "),
+        _ => String::new(),
     };
     format!(
         "{classes}{images} images ({:.0} img/s)",

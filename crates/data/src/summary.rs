@@ -64,7 +64,7 @@ impl Summary {
         };
         format!(
             "prepared {} train + {} val images in {} classes, {odd}{verified}; read {mb:.1} MB in \
-             {:.1} s ({rate:.1} MB/s, {} threads); {} classes extracted, {} already complete",
+             {:.1} s ({rate:.1} MB/s, -j {}); {} classes extracted, {} already complete",
             self.train_images,
             self.val_images,
             self.classes,

@@ -68,13 +68,16 @@ pub(crate) fn file_name(path: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// Returns the done-marker if it matches this archive (and carries an MD5 when verifying).
-/// With `--verify` and a marker from an unverified run, the archive is hashed now, without
-/// extracting anything again.
+/// Returns the done-marker if it matches this archive (and carries an MD5 when verifying) and
+/// every class folder it lists still exists. With `--verify` and a marker from an unverified
+/// run, the archive is hashed now, without extracting anything again. A class folder deleted
+/// since is redone: `on_missing` is called with its name (train drops its class marker).
 pub(crate) fn finished_marker(
     archive: &Path,
     marker_path: &Path,
+    class_root: &Path,
     opts: &ExtractOptions,
+    on_missing: &dyn Fn(&str) -> Result<()>,
 ) -> Result<Option<ArchiveMarker>> {
     let Some(mut m) = read_json::<ArchiveMarker>(marker_path)? else {
         return Ok(None);
@@ -83,6 +86,16 @@ pub(crate) fn finished_marker(
         .with_context(|| format!("reading the size of {}", archive.display()))?
         .len();
     if m.archive != file_name(archive) || m.size != size {
+        return Ok(None);
+    }
+    let mut complete = true;
+    for wnid in m.classes.keys() {
+        if !class_root.join(wnid).is_dir() {
+            on_missing(wnid)?;
+            complete = false;
+        }
+    }
+    if !complete {
         return Ok(None);
     }
     if opts.verify && m.md5.is_none() {
@@ -110,7 +123,22 @@ pub fn extract_train(
     } else {
         None
     };
-    if let Some(m) = finished_marker(archive, &layout.train_done(), opts)? {
+    let drop_marker = |wnid: &str| match std::fs::remove_file(layout.class_marker(wnid)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(crate::output::io_error(
+            e,
+            "removing",
+            &layout.class_marker(wnid),
+        )),
+        _ => Ok(()),
+    };
+    let done = finished_marker(
+        archive,
+        &layout.train_done(),
+        &layout.train(),
+        opts,
+        &drop_marker,
+    )?;
+    if let Some(m) = done {
         return Ok(ArchiveStats::from_marker(m));
     }
     create_dir_all(&layout.train())?;
@@ -126,6 +154,12 @@ pub fn extract_train(
     );
     let start = Instant::now();
     let threads = opts.threads.max(1);
+    // The real archive holds 1,000 classes; for others the count is unknown until the end.
+    let official = crate::verify::ArchiveTable::builtin();
+    let class_total = official
+        .lookup(archive)
+        .is_ok_and(|e| e.bytes == input.len())
+        .then(|| crate::labels::imagenet_wnids().len() as u64);
 
     let (job_tx, job_rx) = bounded::<Job>(threads * 4);
     let (input, skipped) = std::thread::scope(|s| {
@@ -159,8 +193,8 @@ pub fn extract_train(
                 bar.set_position(pos.load(Ordering::Relaxed));
                 bar.set_message(rate_message(
                     start,
-                    shared.classes.load(Ordering::Relaxed),
-                    None,
+                    Some(shared.classes.load(Ordering::Relaxed)),
+                    class_total,
                     shared.images.load(Ordering::Relaxed),
                 ));
             },

@@ -42,7 +42,14 @@ pub fn extract_val(
     } else {
         None
     };
-    if let Some(m) = finished_marker(archive, &layout.val_done(), opts)? {
+    let done = finished_marker(
+        archive,
+        &layout.val_done(),
+        &layout.val(),
+        opts,
+        &|_| Ok(()),
+    )?;
+    if let Some(m) = done {
         return Ok(ArchiveStats::from_marker(m));
     }
     remove_dir_all(&layout.val())?; // whatever an interrupted run left
@@ -87,7 +94,7 @@ pub fn extract_val(
             bar.set_position(pos.load(Ordering::Relaxed));
             bar.set_message(rate_message(
                 start,
-                0,
+                None,
                 None,
                 shared.images.load(Ordering::Relaxed),
             ));
