@@ -1,0 +1,197 @@
+// rn50's C++ shim: the few libtorch calls that tch 0.26 does not expose.
+//
+// - autocast on CPU (bf16) and CUDA (fp16/bf16): tch::autocast only toggles CUDA;
+// - TF32 switches;
+// - multi-tensor (foreach) SGD and AMP unscale, the kernels torch.optim.SGD and GradScaler use;
+// - build/config strings and where libtorch was loaded from, for `rn50 doctor`;
+// - CUDA caching-allocator statistics (only with the `cuda` feature).
+//
+// Every entry point is extern "C", catches all exceptions, and reports failure as a non-zero return with
+// the message available from rn50_last_error(). Tensors cross the boundary as tch's `at::Tensor*` handles.
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/Version.h>
+#include <ATen/autocast_mode.h>
+#include <torch/headeronly/version.h>
+
+#include <dlfcn.h>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#ifdef RN50_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace {
+thread_local std::string last_error;
+
+template <typename F>
+int guarded(F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+  } catch (...) {
+    last_error = "unknown C++ exception";
+  }
+  return 1;
+}
+
+at::DeviceType device_type(int device) { return device == 1 ? at::kCUDA : at::kCPU; }
+
+std::vector<at::Tensor> gather(at::Tensor** ts, size_t n) {
+  std::vector<at::Tensor> v;
+  v.reserve(n);
+  for (size_t i = 0; i < n; ++i) v.push_back(*ts[i]);
+  return v;
+}
+
+char* dup(const std::string& s) {
+  char* out = static_cast<char*>(std::malloc(s.size() + 1));
+  if (out) std::memcpy(out, s.c_str(), s.size() + 1);
+  return out;
+}
+}  // namespace
+
+extern "C" {
+
+const char* rn50_last_error() { return last_error.c_str(); }
+void rn50_free(char* p) { std::free(p); }
+
+// Enters an autocast region on `device` (0 = CPU, 1 = CUDA) computing in `dtype` (0 = bf16, 1 = fp16).
+// The previous state is written to prev_* so that exit can restore it (regions nest like Python's).
+int rn50_autocast_enter(int device, int dtype, int* prev_enabled, int* prev_dtype) {
+  return guarded([&] {
+    auto dt = device_type(device);
+    *prev_enabled = at::autocast::is_autocast_enabled(dt) ? 1 : 0;
+    *prev_dtype = static_cast<int>(at::autocast::get_autocast_dtype(dt));
+    at::autocast::set_autocast_enabled(dt, true);
+    at::autocast::set_autocast_dtype(dt, dtype == 1 ? at::kHalf : at::kBFloat16);
+    at::autocast::increment_nesting();
+  });
+}
+
+int rn50_autocast_exit(int device, int prev_enabled, int prev_dtype) {
+  return guarded([&] {
+    auto dt = device_type(device);
+    // Like torch.autocast.__exit__: drop the cast-weight cache when the outermost region closes.
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(dt, prev_enabled != 0);
+    at::autocast::set_autocast_dtype(dt, static_cast<at::ScalarType>(prev_dtype));
+  });
+}
+
+int rn50_autocast_is_enabled(int device) { return at::autocast::is_autocast_enabled(device_type(device)) ? 1 : 0; }
+
+// TF32 for cuBLAS matmuls and cuDNN convolutions (Ampere and newer); a no-op on CPU.
+int rn50_set_tf32(int on) {
+  return guarded([&] {
+    at::globalContext().setAllowTF32CuBLAS(on != 0);
+    at::globalContext().setAllowTF32CuDNN(on != 0);
+  });
+}
+
+int rn50_get_tf32() { return at::globalContext().allowTF32CuBLAS() && at::globalContext().allowTF32CuDNN() ? 1 : 0; }
+
+// SGD with momentum, exactly torch.optim.SGD's multi-tensor path (dampening 0, maximize off):
+//   g += wd*p;  buf = momentum*buf + g;  g = nesterov ? g + momentum*buf : buf;  p -= lr*g.
+// `bufs` start as zeros, which equals PyTorch's "first step: buf = g.clone()". The grads are modified in place.
+int rn50_sgd_foreach(at::Tensor** params, at::Tensor** grads, at::Tensor** bufs, size_t n, double lr,
+                     double momentum, double weight_decay, int nesterov) {
+  return guarded([&] {
+    if (n == 0) return;
+    at::NoGradGuard no_grad;
+    auto p = gather(params, n);
+    auto g = gather(grads, n);
+    if (weight_decay != 0.0) at::_foreach_add_(g, p, weight_decay);
+    if (momentum != 0.0) {
+      auto b = gather(bufs, n);
+      at::_foreach_mul_(b, momentum);
+      at::_foreach_add_(b, g, 1.0);
+      if (nesterov != 0) {
+        at::_foreach_add_(g, b, momentum);
+        at::_foreach_add_(p, g, -lr);
+      } else {
+        at::_foreach_add_(p, b, -lr);
+      }
+    } else {
+      at::_foreach_add_(p, g, -lr);
+    }
+  });
+}
+
+// GradScaler.unscale_: grads *= inv_scale, found_inf := 1 if any grad holds inf/NaN.
+int rn50_amp_unscale(at::Tensor** grads, size_t n, at::Tensor* found_inf, at::Tensor* inv_scale) {
+  return guarded([&] {
+    auto g = gather(grads, n);
+    at::_amp_foreach_non_finite_check_and_unscale_(g, *found_inf, *inv_scale);
+  });
+}
+
+// GradScaler.update: grow the scale after `interval` clean steps, back off on overflow.
+int rn50_amp_update_scale(at::Tensor* scale, at::Tensor* growth_tracker, at::Tensor* found_inf, double growth,
+                          double backoff, int64_t interval) {
+  return guarded([&] { at::_amp_update_scale_(*scale, *growth_tracker, *found_inf, growth, backoff, interval); });
+}
+
+int rn50_torch_version(int* major, int* minor, int* patch) {
+  *major = TORCH_VERSION_MAJOR;
+  *minor = TORCH_VERSION_MINOR;
+  *patch = TORCH_VERSION_PATCH;
+  return 0;
+}
+
+// at::show_config(): compiler, CPU capability, CUDA/cuDNN/NCCL versions libtorch was built with.
+char* rn50_show_config() {
+  try {
+    return dup(at::show_config());
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+// The file libtorch_cpu was actually loaded from (rpath, LD_LIBRARY_PATH and all).
+char* rn50_libtorch_path() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&at::show_config), &info) && info.dli_fname) return dup(info.dli_fname);
+  return nullptr;
+}
+
+int rn50_cuda_compiled() {
+#ifdef RN50_CUDA
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+// Peak and current bytes allocated by the CUDA caching allocator on `device` (torch.cuda.max_memory_allocated).
+int rn50_cuda_memory(int device, int64_t* peak, int64_t* current) {
+#ifdef RN50_CUDA
+  return guarded([&] {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+    auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    *peak = stats.allocated_bytes[all].peak;
+    *current = stats.allocated_bytes[all].current;
+  });
+#else
+  (void)device;
+  *peak = -1;
+  *current = -1;
+  last_error = "rn50 was built without the `cuda` feature";
+  return 1;
+#endif
+}
+
+int rn50_cuda_reset_peak(int device) {
+#ifdef RN50_CUDA
+  return guarded([&] { c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device)); });
+#else
+  (void)device;
+  return 0;
+#endif
+}
+
+}  // extern "C"

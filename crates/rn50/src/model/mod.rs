@@ -1,0 +1,169 @@
+//! The network: ResNet definitions with torchvision's names and init, safetensors weights, memory format.
+pub mod memory_format;
+pub mod resnet;
+pub mod weights;
+
+pub use resnet::{Arch, ResNet, ResNetConfig, Stem};
+
+use tch::nn::VarStore;
+use tch::{Device, Tensor};
+
+/// A ResNet together with the store that owns its parameters and BN buffers.
+pub struct Model {
+    pub vs: VarStore,
+    pub net: ResNet,
+}
+
+impl Model {
+    /// A freshly initialised network on `device` (seed with `tch::manual_seed` for reproducibility).
+    pub fn new(config: ResNetConfig, device: Device) -> Self {
+        let vs = VarStore::new(device);
+        let net = ResNet::new(&vs.root(), config);
+        Self { vs, net }
+    }
+
+    pub fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
+        self.net.forward_t(x, train)
+    }
+
+    /// Every tensor of the state_dict (parameters and BN running statistics), sorted by name.
+    pub fn state(&self) -> Vec<(String, Tensor)> {
+        let mut v: Vec<_> = self.vs.variables().into_iter().collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// The trainable parameters, sorted by name.
+    pub fn parameters(&self) -> Vec<(String, Tensor)> {
+        self.state()
+            .into_iter()
+            .filter(|(_, t)| t.requires_grad())
+            .collect()
+    }
+
+    pub fn num_parameters(&self) -> i64 {
+        self.parameters()
+            .iter()
+            .map(|(_, t)| t.numel() as i64)
+            .sum()
+    }
+
+    /// Re-stride every 4-D weight to channels_last (NHWC in memory, NCHW logically), as
+    /// `model.to(memory_format=torch.channels_last)` does.
+    pub fn to_channels_last(&self) {
+        for (_, mut t) in self.state() {
+            if t.dim() == 4 {
+                memory_format::set_channels_last(&mut t);
+            }
+        }
+    }
+
+    pub fn device(&self) -> Device {
+        self.vs.device()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Kind;
+
+    #[test]
+    fn parameter_counts_match_torchvision() {
+        // torchvision.models.<arch>().parameters() summed (1000 classes).
+        let want = [
+            (Arch::ResNet18, 11_689_512),
+            (Arch::ResNet34, 21_797_672),
+            (Arch::ResNet50, 25_557_032),
+            (Arch::ResNet101, 44_549_160),
+            (Arch::ResNet152, 60_192_808),
+        ];
+        for (arch, n) in want {
+            let m = Model::new(ResNetConfig::new(arch), Device::Cpu);
+            assert_eq!(m.num_parameters(), n, "{arch}");
+        }
+    }
+
+    #[test]
+    fn shapes_and_key_names() {
+        let m = Model::new(ResNetConfig::new(Arch::ResNet50), Device::Cpu);
+        let state: std::collections::HashMap<_, _> = m.state().into_iter().collect();
+        let shape = |k: &str| state.get(k).unwrap_or_else(|| panic!("no {k}")).size();
+        assert_eq!(shape("conv1.weight"), [64, 3, 7, 7]);
+        assert_eq!(shape("layer1.0.downsample.0.weight"), [256, 64, 1, 1]);
+        assert_eq!(shape("layer2.0.conv2.weight"), [128, 128, 3, 3]);
+        assert_eq!(shape("layer4.2.bn3.running_var"), [2048]);
+        assert_eq!(shape("fc.weight"), [1000, 2048]);
+        assert_eq!(shape("fc.bias"), [1000]);
+        // BN buffers are state but not parameters.
+        assert!(!state["layer1.0.bn1.running_mean"].requires_grad());
+        let x = Tensor::randn([2, 3, 64, 64], (Kind::Float, Device::Cpu));
+        assert_eq!(m.forward_t(&x, false).size(), [2, 1000]);
+    }
+
+    #[test]
+    fn torchvision_init_and_zero_init_residual() {
+        tch::manual_seed(0);
+        let mut cfg = ResNetConfig::new(Arch::ResNet50);
+        cfg.zero_init_residual = true;
+        let m = Model::new(cfg, Device::Cpu);
+        let state: std::collections::HashMap<_, _> = m.state().into_iter().collect();
+        // Kaiming normal, fan_out, ReLU gain: std = sqrt(2 / (out_channels * k * k)).
+        let w = &state["layer3.0.conv2.weight"];
+        let std = f64::try_from(w.std(true)).unwrap();
+        let want = (2.0 / (256.0 * 9.0f64)).sqrt();
+        assert!((std / want - 1.0).abs() < 0.02, "std {std} vs {want}");
+        let mean = |k: &str| f64::try_from(state[k].mean(Kind::Float)).unwrap();
+        assert_eq!(
+            mean("layer3.0.bn3.weight"),
+            0.0,
+            "last BN γ of a block zeroed"
+        );
+        assert_eq!(mean("layer3.0.bn2.weight"), 1.0);
+        assert_eq!(mean("layer3.0.downsample.1.weight"), 1.0);
+        assert_eq!(mean("bn1.bias"), 0.0);
+        // nn.Linear: U(-1/sqrt(2048), 1/sqrt(2048)).
+        let bound = 1.0 / 2048f64.sqrt();
+        let max = f64::try_from(state["fc.weight"].abs().max()).unwrap();
+        assert!(max <= bound && max > 0.9 * bound, "{max} vs {bound}");
+
+        let mut cfg = ResNetConfig::new(Arch::ResNet18);
+        cfg.zero_init_residual = true;
+        let m = Model::new(cfg, Device::Cpu);
+        let state: std::collections::HashMap<_, _> = m.state().into_iter().collect();
+        assert_eq!(
+            f64::try_from(state["layer1.1.bn2.weight"].sum(Kind::Float)).unwrap(),
+            0.0
+        );
+    }
+
+    #[test]
+    fn cifar_stem_keeps_resolution_for_32px() {
+        let mut cfg = ResNetConfig::new(Arch::ResNet18);
+        cfg.stem = Stem::Cifar;
+        cfg.num_classes = 10;
+        let m = Model::new(cfg, Device::Cpu);
+        let x = Tensor::randn([2, 3, 32, 32], (Kind::Float, Device::Cpu));
+        assert_eq!(m.forward_t(&x, true).size(), [2, 10]);
+        assert_eq!(
+            m.state()
+                .iter()
+                .find(|(k, _)| k == "conv1.weight")
+                .unwrap()
+                .1
+                .size(),
+            [64, 3, 3, 3]
+        );
+    }
+
+    #[test]
+    fn arch_names() {
+        assert_eq!("resnet50".parse::<Arch>().unwrap(), Arch::ResNet50);
+        assert_eq!("ResNet-101".parse::<Arch>().unwrap(), Arch::ResNet101);
+        let e = "resnet51".parse::<Arch>().unwrap_err().to_string();
+        assert!(
+            e.contains("unknown architecture") && e.contains("resnet152"),
+            "{e}"
+        );
+    }
+}

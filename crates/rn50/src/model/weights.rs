@@ -1,0 +1,150 @@
+//! Weights as safetensors with torchvision's state_dict keys, so files move freely between rn50 and PyTorch
+//! (`safetensors.torch.load_file` + `model.load_state_dict`).
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use tch::Tensor;
+
+use super::Model;
+
+/// Keys a torchvision state_dict has that rn50 does not track (BN's step counter, unused with momentum 0.1).
+fn ignorable(key: &str) -> bool {
+    key.ends_with(".num_batches_tracked")
+}
+
+/// Writes the model's state (NCHW-contiguous, fp32 as trained) to `path` atomically: a temporary file in
+/// the same directory, fsync, rename. A crash leaves either the old file or the new one.
+pub fn save(model: &Model, path: &Path) -> Result<()> {
+    let tensors: Vec<(String, Tensor)> = model
+        .state()
+        .into_iter()
+        .map(|(k, t)| (k, t.detach().to_device(tch::Device::Cpu).contiguous()))
+        .collect();
+    write_atomic(path, |tmp| {
+        Tensor::write_safetensors(&tensors, tmp).map_err(Into::into)
+    })
+}
+
+/// Runs `write` on a temporary path next to `path`, syncs it, and renames it over `path`.
+pub fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} is not a file path", path.display()))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| -> Result<()> {
+        write(&tmp)?;
+        std::fs::File::open(&tmp)?.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        // Make the rename itself durable.
+        std::fs::File::open(dir)?.sync_all()?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.with_context(|| format!("writing {}", path.display()))
+}
+
+/// Loads `path` into the model. Every model tensor must be present with the same shape; extra keys other
+/// than `num_batches_tracked` are an error (they mean the file is for another architecture).
+pub fn load(model: &Model, path: &Path) -> Result<()> {
+    let file: BTreeMap<String, Tensor> = Tensor::read_safetensors(path)
+        .with_context(|| format!("reading weights {}", path.display()))?
+        .into_iter()
+        .collect();
+    let state = model.state();
+    let missing: Vec<&str> = state
+        .iter()
+        .filter(|(k, _)| !file.contains_key(k))
+        .map(|(k, _)| k.as_str())
+        .collect();
+    let known: std::collections::HashSet<&str> = state.iter().map(|(k, _)| k.as_str()).collect();
+    let unexpected: Vec<&str> = file
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !known.contains(k) && !ignorable(k))
+        .collect();
+    if !missing.is_empty() || !unexpected.is_empty() {
+        bail!(
+            "{} does not match {} ({} classes): missing {:?}, unexpected {:?}",
+            path.display(),
+            model.net.config.arch,
+            model.net.config.num_classes,
+            &missing[..missing.len().min(5)],
+            &unexpected[..unexpected.len().min(5)]
+        );
+    }
+    tch::no_grad(|| -> Result<()> {
+        for (k, mut t) in state {
+            let src = &file[&k];
+            if src.size() != t.size() {
+                bail!(
+                    "{}: {k} has shape {:?}, the model wants {:?}",
+                    path.display(),
+                    src.size(),
+                    t.size()
+                );
+            }
+            t.f_copy_(src).with_context(|| format!("copying {k}"))?;
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Arch, ResNetConfig};
+    use tch::Device;
+
+    #[test]
+    fn round_trip_is_exact_and_channels_last_is_saved_as_nchw() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        tch::manual_seed(1);
+        let a = Model::new(ResNetConfig::new(Arch::ResNet18), Device::Cpu);
+        a.to_channels_last();
+        save(&a, &path).unwrap();
+        tch::manual_seed(2);
+        let b = Model::new(ResNetConfig::new(Arch::ResNet18), Device::Cpu);
+        load(&b, &path).unwrap();
+        for ((ka, ta), (kb, tb)) in a.state().iter().zip(b.state().iter()) {
+            assert_eq!(ka, kb);
+            assert_eq!(ta, tb, "{ka}");
+        }
+        // Files written by rn50 are plain contiguous tensors.
+        let raw = Tensor::read_safetensors(&path).unwrap();
+        assert!(raw.iter().all(|(_, t)| t.is_contiguous()));
+        assert!(!dir.path().read_dir().unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .contains(".tmp")));
+    }
+
+    #[test]
+    fn wrong_architecture_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        save(
+            &Model::new(ResNetConfig::new(Arch::ResNet18), Device::Cpu),
+            &path,
+        )
+        .unwrap();
+        let err = load(
+            &Model::new(ResNetConfig::new(Arch::ResNet34), Device::Cpu),
+            &path,
+        )
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("missing"), "{err:#}");
+    }
+}

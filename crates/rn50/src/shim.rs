@@ -1,0 +1,310 @@
+//! Safe wrappers over `shim/shim.cpp`: the libtorch calls tch 0.26 lacks (CPU autocast, foreach SGD, AMP
+//! unscale, TF32, build facts, CUDA allocator statistics).
+use std::ffi::{c_char, c_int, CStr};
+
+use anyhow::{bail, Result};
+use tch::{Device, Kind, Tensor};
+use torch_sys::C_tensor;
+
+mod ffi {
+    use super::*;
+    extern "C" {
+        pub fn rn50_last_error() -> *const c_char;
+        pub fn rn50_free(p: *mut c_char);
+        pub fn rn50_autocast_enter(
+            device: c_int,
+            dtype: c_int,
+            prev_enabled: *mut c_int,
+            prev_dtype: *mut c_int,
+        ) -> c_int;
+        pub fn rn50_autocast_exit(device: c_int, prev_enabled: c_int, prev_dtype: c_int) -> c_int;
+        pub fn rn50_autocast_is_enabled(device: c_int) -> c_int;
+        pub fn rn50_set_tf32(on: c_int) -> c_int;
+        pub fn rn50_get_tf32() -> c_int;
+        pub fn rn50_sgd_foreach(
+            params: *const *const C_tensor,
+            grads: *const *const C_tensor,
+            bufs: *const *const C_tensor,
+            n: usize,
+            lr: f64,
+            momentum: f64,
+            weight_decay: f64,
+            nesterov: c_int,
+        ) -> c_int;
+        pub fn rn50_amp_unscale(
+            grads: *const *const C_tensor,
+            n: usize,
+            found_inf: *const C_tensor,
+            inv_scale: *const C_tensor,
+        ) -> c_int;
+        pub fn rn50_amp_update_scale(
+            scale: *const C_tensor,
+            growth_tracker: *const C_tensor,
+            found_inf: *const C_tensor,
+            growth: f64,
+            backoff: f64,
+            interval: i64,
+        ) -> c_int;
+        pub fn rn50_torch_version(major: *mut c_int, minor: *mut c_int, patch: *mut c_int)
+            -> c_int;
+        pub fn rn50_show_config() -> *mut c_char;
+        pub fn rn50_libtorch_path() -> *mut c_char;
+        pub fn rn50_cuda_compiled() -> c_int;
+        pub fn rn50_cuda_memory(device: c_int, peak: *mut i64, current: *mut i64) -> c_int;
+        pub fn rn50_cuda_reset_peak(device: c_int) -> c_int;
+    }
+}
+
+fn check(rc: c_int, what: &str) -> Result<()> {
+    if rc == 0 {
+        return Ok(());
+    }
+    // SAFETY: the shim keeps a thread-local NUL-terminated message alive until the next call on this thread.
+    let msg = unsafe { CStr::from_ptr(ffi::rn50_last_error()) }
+        .to_string_lossy()
+        .into_owned();
+    bail!("{what}: {msg}")
+}
+
+fn owned_string(p: *mut c_char) -> Option<String> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: p is a malloc'd NUL-terminated string from the shim, freed right after copying.
+    let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+    unsafe { ffi::rn50_free(p) };
+    Some(s)
+}
+
+fn ptrs(ts: &[Tensor]) -> Vec<*const C_tensor> {
+    ts.iter().map(|t| t.as_ptr()).collect()
+}
+
+fn device_code(device: Device) -> c_int {
+    match device {
+        Device::Cuda(_) => 1,
+        _ => 0,
+    }
+}
+
+/// An autocast region: ops inside run in `dtype` where PyTorch's autocast policy says so (convolutions and
+/// matmuls in bf16/fp16, reductions and losses in fp32). Dropping it restores the previous state.
+#[must_use = "autocast ends when the guard is dropped"]
+pub struct Autocast {
+    device: c_int,
+    prev_enabled: c_int,
+    prev_dtype: c_int,
+}
+
+impl Autocast {
+    pub fn enter(device: Device, dtype: Kind) -> Result<Self> {
+        let code = match dtype {
+            Kind::BFloat16 => 0,
+            Kind::Half => 1,
+            other => bail!("autocast supports bf16 and fp16, not {other:?}"),
+        };
+        let device = device_code(device);
+        let (mut prev_enabled, mut prev_dtype) = (0, 0);
+        // SAFETY: plain out-parameters.
+        check(
+            unsafe { ffi::rn50_autocast_enter(device, code, &mut prev_enabled, &mut prev_dtype) },
+            "autocast",
+        )?;
+        Ok(Self {
+            device,
+            prev_enabled,
+            prev_dtype,
+        })
+    }
+}
+
+impl Drop for Autocast {
+    fn drop(&mut self) {
+        // SAFETY: restores the state recorded by enter; cannot fail short of a libtorch bug.
+        let rc =
+            unsafe { ffi::rn50_autocast_exit(self.device, self.prev_enabled, self.prev_dtype) };
+        debug_assert_eq!(rc, 0);
+    }
+}
+
+pub fn autocast_enabled(device: Device) -> bool {
+    unsafe { ffi::rn50_autocast_is_enabled(device_code(device)) != 0 }
+}
+
+/// Allow TF32 in cuBLAS matmuls and cuDNN convolutions (Ampere and newer GPUs; no effect on CPU).
+pub fn set_tf32(on: bool) -> Result<()> {
+    check(unsafe { ffi::rn50_set_tf32(on as c_int) }, "set TF32")
+}
+
+pub fn tf32() -> bool {
+    unsafe { ffi::rn50_get_tf32() != 0 }
+}
+
+/// One SGD update of `params` with torch.optim.SGD's multi-tensor kernels. `grads` are modified in place
+/// (weight decay is added to them); `bufs` are the momentum buffers, zero-initialised.
+pub fn sgd_foreach(
+    params: &[Tensor],
+    grads: &[Tensor],
+    bufs: &[Tensor],
+    lr: f64,
+    momentum: f64,
+    weight_decay: f64,
+    nesterov: bool,
+) -> Result<()> {
+    let n = params.len();
+    if grads.len() != n || (momentum != 0.0 && bufs.len() != n) {
+        bail!(
+            "sgd_foreach: {n} params, {} grads, {} momentum buffers",
+            grads.len(),
+            bufs.len()
+        );
+    }
+    let (p, g, b) = (ptrs(params), ptrs(grads), ptrs(bufs));
+    // SAFETY: arrays of live tensor handles of the stated length.
+    let rc = unsafe {
+        ffi::rn50_sgd_foreach(
+            p.as_ptr(),
+            g.as_ptr(),
+            b.as_ptr(),
+            n,
+            lr,
+            momentum,
+            weight_decay,
+            nesterov as c_int,
+        )
+    };
+    check(rc, "SGD step")
+}
+
+/// GradScaler.unscale_: multiply grads by `inv_scale`; set `found_inf` to 1 if any is inf/NaN.
+pub fn amp_unscale(grads: &[Tensor], found_inf: &Tensor, inv_scale: &Tensor) -> Result<()> {
+    let g = ptrs(grads);
+    let rc = unsafe {
+        ffi::rn50_amp_unscale(g.as_ptr(), g.len(), found_inf.as_ptr(), inv_scale.as_ptr())
+    };
+    check(rc, "AMP unscale")
+}
+
+/// GradScaler.update: in place on `scale` and `growth_tracker`.
+pub fn amp_update_scale(
+    scale: &Tensor,
+    growth_tracker: &Tensor,
+    found_inf: &Tensor,
+    growth: f64,
+    backoff: f64,
+    interval: i64,
+) -> Result<()> {
+    let rc = unsafe {
+        ffi::rn50_amp_update_scale(
+            scale.as_ptr(),
+            growth_tracker.as_ptr(),
+            found_inf.as_ptr(),
+            growth,
+            backoff,
+            interval,
+        )
+    };
+    check(rc, "AMP scale update")
+}
+
+/// The libtorch version the shim was compiled against, e.g. "2.13.0".
+pub fn torch_version() -> String {
+    let (mut a, mut b, mut c) = (0, 0, 0);
+    unsafe { ffi::rn50_torch_version(&mut a, &mut b, &mut c) };
+    format!("{a}.{b}.{c}")
+}
+
+/// libtorch's own build summary (`torch.__config__.show()`).
+pub fn show_config() -> Option<String> {
+    owned_string(unsafe { ffi::rn50_show_config() })
+}
+
+/// The libtorch_cpu.so file this process actually loaded.
+pub fn libtorch_path() -> Option<String> {
+    owned_string(unsafe { ffi::rn50_libtorch_path() })
+}
+
+/// Whether this binary was built with the `cuda` feature (NCCL, allocator statistics).
+pub fn cuda_compiled() -> bool {
+    unsafe { ffi::rn50_cuda_compiled() != 0 }
+}
+
+/// (peak, current) bytes held by the CUDA caching allocator on `device`; None without the `cuda` feature.
+pub fn cuda_memory(device: usize) -> Option<(i64, i64)> {
+    let (mut peak, mut current) = (0, 0);
+    let rc = unsafe { ffi::rn50_cuda_memory(device as c_int, &mut peak, &mut current) };
+    (rc == 0).then_some((peak, current))
+}
+
+pub fn cuda_reset_peak(device: usize) {
+    unsafe { ffi::rn50_cuda_reset_peak(device as c_int) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn autocast_scope_casts_matmul_to_bf16_and_restores() {
+        let a = Tensor::ones([4, 4], (Kind::Float, Device::Cpu));
+        assert!(!autocast_enabled(Device::Cpu));
+        {
+            let _outer = Autocast::enter(Device::Cpu, Kind::BFloat16).unwrap();
+            {
+                let _inner = Autocast::enter(Device::Cpu, Kind::BFloat16).unwrap();
+                assert_eq!(a.matmul(&a).kind(), Kind::BFloat16);
+            }
+            assert!(
+                autocast_enabled(Device::Cpu),
+                "inner exit must not end the outer region"
+            );
+            assert_eq!(a.matmul(&a).kind(), Kind::BFloat16);
+        }
+        assert!(!autocast_enabled(Device::Cpu));
+        assert_eq!(a.matmul(&a).kind(), Kind::Float);
+    }
+
+    #[test]
+    fn autocast_rejects_fp32() {
+        assert!(Autocast::enter(Device::Cpu, Kind::Float).is_err());
+    }
+
+    #[test]
+    fn sgd_foreach_matches_formula() {
+        let p = Tensor::from_slice(&[1.0f32, -2.0]);
+        let g = Tensor::from_slice(&[0.5f32, 0.25]);
+        let b = Tensor::zeros([2], (Kind::Float, Device::Cpu));
+        // step 1: g' = g + 0.1 p; buf = g'; p -= 0.5 buf
+        sgd_foreach(
+            &[p.shallow_clone()],
+            &[g.shallow_clone()],
+            &[b.shallow_clone()],
+            0.5,
+            0.9,
+            0.1,
+            false,
+        )
+        .unwrap();
+        let want = [1.0 - 0.5 * (0.5 + 0.1), -2.0 - 0.5 * (0.25 - 0.2)];
+        let got: Vec<f32> = Vec::try_from(&p).unwrap();
+        for (a, b) in got.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{got:?} vs {want:?}");
+        }
+    }
+
+    #[test]
+    fn amp_unscale_detects_inf() {
+        let g = Tensor::from_slice(&[2.0f32, f32::INFINITY]);
+        let found = Tensor::zeros([1], (Kind::Float, Device::Cpu));
+        let inv = Tensor::from_slice(&[0.5f32]);
+        amp_unscale(&[g.shallow_clone()], &found, &inv).unwrap();
+        assert_eq!(f64::try_from(&found).unwrap(), 1.0);
+        assert_eq!(f64::try_from(g.get(0)).unwrap(), 1.0);
+    }
+
+    #[test]
+    fn version_is_the_pinned_libtorch() {
+        assert_eq!(torch_version(), "2.13.0");
+        assert!(libtorch_path().unwrap().contains("libtorch_cpu"));
+    }
+}
