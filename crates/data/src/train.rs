@@ -336,7 +336,8 @@ fn read_outer_inner(
                 bail!("member {shown:?}: class {wnid} appears twice in the archive");
             }
             last = Some(shown.clone());
-            if layout.class_marker(&wnid).exists() {
+            // Complete from an earlier run, unless its folder has been deleted since.
+            if layout.class_marker(&wnid).exists() && layout.train().join(&wnid).is_dir() {
                 skipped += 1;
                 continue; // the tar reader seeks (or reads, when hashing) past it
             }
@@ -391,6 +392,15 @@ fn read_outer_inner(
 fn extract_class(job: Job, layout: &Layout, opts: &ExtractOptions, shared: &Shared) -> Result<()> {
     let wnid = &job.wnid;
     let dir = layout.train().join(wnid);
+    // A stale marker (its folder was deleted) must not vouch for the partial folder an
+    // interruption now would leave.
+    let marker_path = layout.class_marker(wnid);
+    match std::fs::remove_file(&marker_path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(crate::output::io_error(e, "removing", &marker_path))
+        }
+        _ => {}
+    }
     remove_dir_all(&dir)?; // left by an interrupted run
     create_dir_all(&dir)?;
     let mut archive = tar::Archive::new(ChunkReader::new(job.data));
