@@ -74,7 +74,7 @@ pub fn sniff(bytes: &[u8]) -> Option<Format> {
 /// Decode any supported image (JPEG incl. grayscale/CMYK/YCCK/progressive, PNG) to RGB8.
 pub fn decode_rgb(bytes: &[u8]) -> Result<RgbImage, DecodeError> {
     let mut dec = Decoder::new()?;
-    let d = dec.decode(bytes, |w, h| Plan::full(w, h))?;
+    let d = dec.decode(bytes, Plan::full)?;
     Ok(RgbImage {
         width: d.width,
         height: d.height,
@@ -422,7 +422,7 @@ fn decode_png(bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usize), DecodeE
     }
     let size = reader
         .output_buffer_size()
-        .ok_or_else(|| DecodeError::BadDimensions(w, h))?;
+        .ok_or(DecodeError::BadDimensions(w, h))?;
     let mut raw_buf = vec![0; size];
     let frame = reader.next_frame(&mut raw_buf).map_err(|e| match e {
         png::DecodingError::IoError(_) => DecodeError::Truncated,

@@ -1,3 +1,59 @@
-//! rn50-pipeline: the ImageNet input pipeline (work in progress; see docs/pipeline.md).
+//! The rn50 input pipeline: JPEG → augmented uint8 NHWC batches, in pure Rust (no libtorch).
+//!
+//! # Trainer interface
+//!
+//! ```no_run
+//! use rn50_pipeline::{Dataset, Loader, LoaderConfig, Transform};
+//!
+//! # fn main() -> anyhow::Result<()> {
+//! // A folder (root/<class>/<image>), a shard directory or one shard file: auto-detected.
+//! let train = Dataset::open("/data/imagenet/train")?;
+//! assert_eq!(train.classes().len(), 1000);
+//! let config = LoaderConfig {
+//!     transform: Transform::train(176), // progressive resizing: any size
+//!     seed: 42,
+//!     rank: 0,
+//!     world_size: 1,
+//!     ..LoaderConfig::train(256, 8) // batch size, decode threads
+//! };
+//! let loader = Loader::new(train, config)?;
+//! for epoch in 0..90u64 {
+//!     for batch in loader.epoch(epoch, 0) {
+//!         let batch = batch?; // a bad image is skipped and counted, or an error (on_bad_image)
+//!         let [n, h, w, c] = batch.shape(); // NHWC, c == 3, uint8 RGB
+//!         let pixels: &[u8] = &batch; // n*h*w*3 bytes, contiguous
+//!         let labels: &[i64] = batch.labels(); // n class indices
+//!         # let _ = (n, h, w, c, pixels, labels);
+//!         // copy to the device, normalize there; dropping `batch` recycles its buffer
+//!     }
+//! }
+//! println!("bad images so far: {}", loader.stats().bad_images);
+//! # Ok(()) }
+//! ```
+//!
+//! * Determinism: sample order depends on (seed, epoch) and each sample's augmentation on
+//!   (seed, epoch, dataset index) only, so batches are identical for any worker count.
+//! * Resuming: `loader.epoch(epoch, start_batch)` skips the first `start_batch` batches.
+//! * Distributed: rank r of W gets positions r, r+W, … of the epoch permutation; with
+//!   `drop_last` (training) all ranks get `len / W` samples and the same number of batches;
+//!   without it (evaluation, [`LoaderConfig::val`]) every sample is loaded exactly once.
+//! * Dropping an [`Epoch`] mid-way stops and joins its worker threads.
+//! * Normalization (ImageNet mean/std) is left to the device: hosts move uint8.
+//!
+//! Shared helpers: [`decode::decode_rgb`] (any supported bytes → RGB8) and
+//! [`decode::encode_jpeg`]; [`synthetic`] makes ImageNet-sized JPEGs for benchmarks.
 
+pub mod bench;
+pub mod cli;
+pub mod crop;
 pub mod decode;
+pub mod loader;
+pub mod pack;
+pub mod sampler;
+pub mod source;
+pub mod synthetic;
+pub mod transform;
+
+pub use loader::{BadImagePolicy, Batch, Epoch, Loader, LoaderConfig, Stats};
+pub use source::Dataset;
+pub use transform::Transform;

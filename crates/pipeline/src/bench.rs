@@ -1,0 +1,92 @@
+//! Loader throughput measurement behind `rn50 bench-loader`.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::loader::{Loader, LoaderConfig};
+use crate::source::Dataset;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchResult {
+    pub dataset: String,
+    pub transform: String,
+    pub threads: usize,
+    pub batch_size: usize,
+    /// Timed batches and the images in them (after `warmup` untimed batches).
+    pub steps: usize,
+    pub warmup: usize,
+    pub images: u64,
+    pub seconds: f64,
+    pub images_per_sec: f64,
+    pub images_per_sec_per_core: f64,
+    /// Images that could not be decoded (over warmup and timed batches).
+    pub bad_images: u64,
+    /// Per-image worker time, averaged over all loaded images.
+    pub read_ms_per_image: f64,
+    pub decode_ms_per_image: f64,
+    pub augment_ms_per_image: f64,
+    pub dct_scaling: bool,
+    pub bad_examples: Vec<String>,
+}
+
+/// Run `warmup` untimed then `steps` timed batches, cycling through epochs as needed.
+pub fn run(
+    dataset: Dataset,
+    config: LoaderConfig,
+    steps: usize,
+    warmup: usize,
+) -> Result<BenchResult> {
+    let transform = format!("{:?}", config.transform);
+    let (threads, batch_size, dct_scaling) =
+        (config.workers, config.batch_size, config.dct_scaling);
+    let description = dataset.description().to_string();
+    let loader = Loader::new(dataset, config)?;
+    anyhow::ensure!(
+        loader.batches_per_epoch() > 0,
+        "dataset has {} images, fewer than one batch of {batch_size}",
+        loader.dataset().len()
+    );
+    let mut done = 0;
+    let mut images = 0u64;
+    let mut start = Instant::now();
+    let mut epoch = 0;
+    'outer: loop {
+        for batch in loader.epoch(epoch, 0) {
+            let batch = batch?;
+            done += 1;
+            if done == warmup {
+                start = Instant::now();
+            } else if done > warmup {
+                images += batch.n() as u64;
+            }
+            if done >= warmup + steps {
+                break 'outer;
+            }
+        }
+        epoch += 1;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let stats = loader.stats();
+    let per = |d: std::time::Duration| d.as_secs_f64() * 1e3 / stats.images.max(1) as f64;
+    let ips = images as f64 / seconds;
+    Ok(BenchResult {
+        dataset: description,
+        transform,
+        threads,
+        batch_size,
+        steps,
+        warmup,
+        images,
+        seconds,
+        images_per_sec: ips,
+        images_per_sec_per_core: ips / threads as f64,
+        bad_images: stats.bad_images,
+        read_ms_per_image: per(stats.read_time),
+        decode_ms_per_image: per(stats.decode_time),
+        augment_ms_per_image: per(stats.augment_time),
+        dct_scaling,
+        bad_examples: stats.bad_examples,
+    })
+}

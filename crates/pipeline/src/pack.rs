@@ -1,0 +1,203 @@
+//! `rn50 pack`: write a dataset into a few large shard files (see [`crate::source::shards`]).
+//!
+//! Every image is fully decoded once (bad ones are skipped and counted, or fail the pack), so
+//! shards contain only loadable records. Lossless mode stores the original bytes; with
+//! `max_side`, images whose shorter side exceeds it are shrunk to that shorter side (Pillow's
+//! bilinear filter, torchvision's size rounding) and re-encoded as JPEG at `quality`, like FFCV's
+//! `max_resolution`; smaller images keep their original bytes.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use fast_image_resize::images::{Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use indicatif::{ProgressBar, ProgressStyle};
+use rayon::prelude::*;
+
+use crate::crop::resize_shorter;
+use crate::decode::{decode_rgb, encode_jpeg, DecodeError};
+use crate::loader::BadImagePolicy;
+use crate::source::shards::{ShardMeta, ShardWriter, EXTENSION};
+use crate::source::Dataset;
+
+#[derive(Clone, Debug)]
+pub struct PackOptions {
+    /// Cap on the shorter side; `None` stores original bytes (lossless).
+    pub max_side: Option<usize>,
+    pub quality: u8,
+    /// Start a new shard once the current one reaches this many bytes.
+    pub shard_bytes: u64,
+    pub workers: usize,
+    pub on_bad_image: BadImagePolicy,
+    pub progress: bool,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct PackReport {
+    pub records: u64,
+    pub bad_images: u64,
+    pub reencoded: u64,
+    pub input_bytes: u64,
+    pub output_bytes: u64,
+    pub shards: Vec<PathBuf>,
+    pub bad_examples: Vec<String>,
+}
+
+enum Record {
+    Ok {
+        bytes: Vec<u8>,
+        input_len: usize,
+        reencoded: bool,
+    },
+    Bad(String),
+}
+
+/// Pack `dataset` into `out_dir/shard-NNNNN.rn50shard`.
+pub fn pack(dataset: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<PackReport> {
+    if let Some(s) = opts.max_side {
+        anyhow::ensure!(s > 0, "--max-side must be positive");
+    }
+    std::fs::create_dir_all(out_dir)
+        .with_context(|| format!("cannot create {}", out_dir.display()))?;
+    if let Some(existing) = crate::source::shards::shard_files(out_dir)? {
+        bail!(
+            "{} already holds {} .{EXTENSION} files; choose an empty directory",
+            out_dir.display(),
+            existing.len()
+        );
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.workers.max(1))
+        .build()
+        .context("cannot start worker threads")?;
+    let bar = if opts.progress {
+        ProgressBar::new(dataset.len() as u64)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{elapsed_precise}] {wide_bar} {pos}/{len} ({per_sec}, eta {eta})",
+        )
+        .expect("valid template"),
+    );
+    bar.set_message("packing");
+    let meta = ShardMeta {
+        format_version: 1,
+        classes: dataset.classes().to_vec(),
+        records: 0,
+        max_side: opts.max_side,
+        quality: opts.max_side.map(|_| opts.quality),
+    };
+    let mut report = PackReport::default();
+    let mut writer: Option<ShardWriter> = None;
+    let chunk = 64 * opts.workers.max(1);
+    for start in (0..dataset.len()).step_by(chunk) {
+        let end = (start + chunk).min(dataset.len());
+        // Order-preserving parallel map: shards list samples in dataset order.
+        let records: Vec<Record> = pool.install(|| {
+            (start..end)
+                .into_par_iter()
+                .map_init(Vec::new, |buf, i| prepare(dataset, i, buf, opts))
+                .collect()
+        });
+        for (i, rec) in (start..end).zip(records) {
+            match rec {
+                Record::Bad(msg) => {
+                    report.bad_images += 1;
+                    if report.bad_examples.len() < 20 {
+                        report.bad_examples.push(msg.clone());
+                    }
+                    if opts.on_bad_image == BadImagePolicy::Fail {
+                        bail!("bad image {msg}");
+                    }
+                }
+                Record::Ok {
+                    bytes,
+                    input_len,
+                    reencoded,
+                } => {
+                    if writer
+                        .as_ref()
+                        .is_some_and(|w| w.size() >= opts.shard_bytes)
+                    {
+                        let w = writer.take().expect("checked above");
+                        report.shards.push(w.finish()?);
+                    }
+                    if writer.is_none() {
+                        let path =
+                            out_dir.join(format!("shard-{:05}.{EXTENSION}", report.shards.len()));
+                        writer = Some(ShardWriter::create(&path, meta.clone())?);
+                    }
+                    let w = writer.as_mut().expect("created above");
+                    w.push(&bytes, dataset.label(i) as u32)?;
+                    report.records += 1;
+                    report.reencoded += u64::from(reencoded);
+                    report.input_bytes += input_len as u64;
+                    report.output_bytes += bytes.len() as u64;
+                }
+            }
+        }
+        bar.set_position(end as u64);
+    }
+    if let Some(w) = writer {
+        report.shards.push(w.finish()?);
+    }
+    bar.finish_and_clear();
+    if report.records == 0 {
+        bail!("no loadable images in {}", dataset.description());
+    }
+    Ok(report)
+}
+
+fn prepare(dataset: &Dataset, i: usize, buf: &mut Vec<u8>, opts: &PackOptions) -> Record {
+    let bytes = match dataset.read(i, buf) {
+        Ok(b) => b,
+        Err(e) => return Record::Bad(format!("{}: {e:#}", dataset.name(i))),
+    };
+    let input_len = bytes.len();
+    let result = std::panic::catch_unwind(|| encode_record(bytes, opts))
+        .unwrap_or_else(|_| Err(DecodeError::Panic("while packing".into())));
+    match result {
+        Ok(Some(out)) => Record::Ok {
+            bytes: out,
+            input_len,
+            reencoded: true,
+        },
+        Ok(None) => Record::Ok {
+            bytes: bytes.to_vec(),
+            input_len,
+            reencoded: false,
+        },
+        Err(e) => Record::Bad(format!("{}: {e}", dataset.name(i))),
+    }
+}
+
+/// Validate `bytes` by decoding; `Some(jpeg)` if it had to be shrunk and re-encoded.
+fn encode_record(bytes: &[u8], opts: &PackOptions) -> Result<Option<Vec<u8>>, DecodeError> {
+    let img = decode_rgb(bytes)?;
+    let Some(cap) = opts.max_side else {
+        return Ok(None);
+    };
+    if img.width.min(img.height) <= cap {
+        return Ok(None);
+    }
+    let (nw, nh) = resize_shorter(img.width, img.height, cap);
+    let err = |e: &dyn std::fmt::Display| DecodeError::Encode(format!("resize: {e}"));
+    let src = ImageRef::new(
+        img.width as u32,
+        img.height as u32,
+        &img.pixels,
+        PixelType::U8x3,
+    )
+    .map_err(|e| err(&e))?;
+    let mut dst = Image::new(nw as u32, nh as u32, PixelType::U8x3);
+    Resizer::new()
+        .resize(
+            &src,
+            &mut dst,
+            &ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear)),
+        )
+        .map_err(|e| err(&e))?;
+    encode_jpeg(nw, nh, dst.buffer(), opts.quality).map(Some)
+}

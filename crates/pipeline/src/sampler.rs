@@ -1,0 +1,51 @@
+//! Sample order per epoch and per rank, with `torch.utils.data.DistributedSampler` semantics
+//! minus its padding: the epoch's permutation depends only on (seed, epoch); rank `r` of `W`
+//! takes positions `r, r + W, r + 2W, …` of it. Every sample thus goes to exactly one rank per
+//! epoch (no duplicated padding samples, which would skew evaluation). When ranks must run the
+//! same number of steps (training), [`Sampler::indices`] with `equal_split` truncates every rank
+//! to `len / W` samples, like DistributedSampler's `drop_last=True`.
+
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sampler {
+    pub len: usize,
+    pub shuffle: bool,
+    pub seed: u64,
+    pub rank: usize,
+    pub world_size: usize,
+}
+
+impl Sampler {
+    /// This rank's dataset indices for `epoch`, in the order they are to be loaded.
+    pub fn indices(&self, epoch: u64, equal_split: bool) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.len).collect();
+        if self.shuffle {
+            order.shuffle(&mut rng_for(self.seed, epoch, u64::MAX, b"shuffle!"));
+        }
+        let world = self.world_size.max(1);
+        let mut mine: Vec<usize> = order.into_iter().skip(self.rank).step_by(world).collect();
+        if equal_split {
+            mine.truncate(self.len / world);
+        }
+        mine
+    }
+}
+
+/// A ChaCha8 stream keyed by (seed, epoch, index, purpose): independent of thread count,
+/// rank and world size. ChaCha is a PRF, so structured keys are fine.
+pub fn rng_for(seed: u64, epoch: u64, index: u64, purpose: &[u8; 8]) -> ChaCha8Rng {
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&seed.to_le_bytes());
+    key[8..16].copy_from_slice(&epoch.to_le_bytes());
+    key[16..24].copy_from_slice(&index.to_le_bytes());
+    key[24..].copy_from_slice(purpose);
+    ChaCha8Rng::from_seed(key)
+}
+
+/// The RNG driving sample `index`'s augmentation in `epoch`.
+pub fn sample_rng(seed: u64, epoch: u64, index: usize) -> ChaCha8Rng {
+    rng_for(seed, epoch, index as u64, b"augment!")
+}

@@ -1,0 +1,271 @@
+//! Per-sample decode + augmentation into a caller-provided `size x size x 3` slot.
+//!
+//! Decoding is planned around the crop: libjpeg-turbo decodes only the rows/columns the crop
+//! needs and, when the crop will be shrunk by 2x or more anyway, decodes at 1/2, 1/4 or 1/8 scale
+//! in the DCT domain. The resize (bilinear with antialiasing, i.e. Pillow's filter, which is what
+//! torchvision uses on PIL images) runs on that smaller region.
+
+use std::time::{Duration, Instant};
+
+use fast_image_resize::images::{CroppedImage, Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use rand::Rng;
+
+use crate::crop::{center_offset, random_resized_crop, resize_shorter, CropBox};
+use crate::decode::{DecodeError, Decoder, Plan};
+
+/// The augmentation applied to every sample.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Transform {
+    /// torchvision `RandomResizedCrop(size, scale, ratio)` + `RandomHorizontalFlip()`.
+    Train {
+        size: usize,
+        scale: [f64; 2],
+        ratio: [f64; 2],
+    },
+    /// torchvision `Resize(resize)` (shorter side) + `CenterCrop(crop)`.
+    Val { resize: usize, crop: usize },
+}
+
+impl Transform {
+    /// The standard ImageNet training transform at `size` (224 normally; smaller for
+    /// progressive resizing).
+    pub fn train(size: usize) -> Transform {
+        Transform::Train {
+            size,
+            scale: [0.08, 1.0],
+            ratio: [3.0 / 4.0, 4.0 / 3.0],
+        }
+    }
+
+    /// The standard evaluation transform (256 → 224 normally).
+    pub fn val(resize: usize, crop: usize) -> Transform {
+        Transform::Val { resize, crop }
+    }
+
+    /// Side length of the square output.
+    pub fn output_size(&self) -> usize {
+        match *self {
+            Transform::Train { size, .. } => size,
+            Transform::Val { crop, .. } => crop,
+        }
+    }
+
+    pub fn is_train(&self) -> bool {
+        matches!(self, Transform::Train { .. })
+    }
+
+    /// Reject configurations that would make no sense (or divide by zero).
+    pub fn validate(&self) -> anyhow::Result<()> {
+        match *self {
+            Transform::Train { size, scale, ratio } => {
+                anyhow::ensure!(size > 0, "train size must be positive");
+                anyhow::ensure!(
+                    scale[0] > 0.0 && scale[0] <= scale[1],
+                    "scale must satisfy 0 < min <= max, got {scale:?}"
+                );
+                anyhow::ensure!(
+                    ratio[0] > 0.0 && ratio[0] <= ratio[1],
+                    "ratio must satisfy 0 < min <= max, got {ratio:?}"
+                );
+            }
+            Transform::Val { resize, crop } => {
+                anyhow::ensure!(
+                    crop > 0 && resize >= crop,
+                    "val transform needs 0 < crop <= resize, got resize {resize}, crop {crop}"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the augmenter did with one sample (for tests and statistics).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Applied {
+    /// Crop box in original pixels (for `Val`, the center crop mapped back to the original).
+    pub crop: [f64; 4],
+    pub flipped: bool,
+    /// DCT downscale used by the decoder (1 = full resolution).
+    pub downscale: usize,
+    pub decode_time: Duration,
+    pub augment_time: Duration,
+}
+
+/// One worker's decode + augment state (reusable buffers, no per-sample allocation).
+pub struct Augmenter {
+    transform: Transform,
+    decoder: Decoder,
+    resizer: Resizer,
+    dct_scaling: bool,
+}
+
+impl Augmenter {
+    /// `dct_scaling`: allow decoding at 1/2..1/8 scale when the crop is shrunk at least that much
+    /// (faster; output differs slightly from a full-resolution resize).
+    pub fn new(transform: Transform, dct_scaling: bool) -> Result<Augmenter, DecodeError> {
+        Ok(Augmenter {
+            transform,
+            decoder: Decoder::new()?,
+            resizer: Resizer::new(),
+            dct_scaling,
+        })
+    }
+
+    pub fn transform(&self) -> &Transform {
+        &self.transform
+    }
+
+    /// Decode `bytes` and write the augmented `size x size` RGB8 image into `out`. The RNG is
+    /// the sample's own (seeded from seed, epoch, index), so results don't depend on threads.
+    pub fn apply<R: Rng>(
+        &mut self,
+        bytes: &[u8],
+        rng: &mut R,
+        out: &mut [u8],
+    ) -> Result<Applied, DecodeError> {
+        let t0 = Instant::now();
+        let size = self.transform.output_size();
+        assert_eq!(out.len(), size * size * 3, "output slot has the wrong size");
+        let dct = self.dct_scaling;
+        // Source box in original pixels; `clip` = the resize may not look outside it (train:
+        // torchvision crops, then resizes) vs. may (val: it resizes the whole image, then crops).
+        let mut src = [0.0f64; 4];
+        let transform = self.transform.clone();
+        let decoded = self.decoder.decode(bytes, |w, h| match transform {
+            Transform::Train { size, scale, ratio } => {
+                let CropBox { x, y, w: cw, h: ch } = random_resized_crop(w, h, scale, ratio, rng);
+                src = [x as f64, y as f64, cw as f64, ch as f64];
+                Plan {
+                    region: [x, y, cw, ch],
+                    downscale: pick_downscale(dct, cw, ch, size, size),
+                }
+            }
+            Transform::Val { resize, crop } => {
+                let (nw, nh) = resize_shorter(w, h, resize);
+                let (sx, sy) = (w as f64 / nw as f64, h as f64 / nh as f64);
+                let (left, top) = (center_offset(nw, crop), center_offset(nh, crop));
+                src = [
+                    left as f64 * sx,
+                    top as f64 * sy,
+                    crop.min(nw) as f64 * sx,
+                    crop.min(nh) as f64 * sy,
+                ];
+                // The bilinear filter reaches `scale` pixels beyond the box; keep them.
+                let (mx, my) = (sx.max(1.0).ceil() + 1.0, sy.max(1.0).ceil() + 1.0);
+                let x0 = (src[0] - mx).floor().max(0.0) as usize;
+                let y0 = (src[1] - my).floor().max(0.0) as usize;
+                let x1 = ((src[0] + src[2] + mx).ceil() as usize).min(w);
+                let y1 = ((src[1] + src[3] + my).ceil() as usize).min(h);
+                Plan {
+                    region: [x0, y0, x1 - x0, y1 - y0],
+                    downscale: pick_downscale(dct, w, h, nw, nh),
+                }
+            }
+        })?;
+        let t1 = Instant::now();
+
+        let d = decoded.downscale as f64;
+        let (bw, bh) = (decoded.width, decoded.height);
+        // The box in decoded-buffer pixels.
+        let mut b = [
+            (src[0] - decoded.origin[0] as f64) / d,
+            (src[1] - decoded.origin[1] as f64) / d,
+            src[2] / d,
+            src[3] / d,
+        ];
+        b[0] = b[0].clamp(0.0, bw as f64 - 1.0);
+        b[1] = b[1].clamp(0.0, bh as f64 - 1.0);
+        b[2] = b[2].min(bw as f64 - b[0]).max(f64::MIN_POSITIVE);
+        b[3] = b[3].min(bh as f64 - b[1]).max(f64::MIN_POSITIVE);
+
+        let resize_err = |e: &dyn std::fmt::Display| DecodeError::Jpeg(format!("resize: {e}"));
+        let src_img = ImageRef::new(bw as u32, bh as u32, decoded.pixels, PixelType::U8x3)
+            .map_err(|e| resize_err(&e))?;
+        let mut dst = Image::from_slice_u8(size as u32, size as u32, out, PixelType::U8x3)
+            .map_err(|e| resize_err(&e))?;
+        let alg = ResizeAlg::Convolution(FilterType::Bilinear);
+        if self.transform.is_train() {
+            // Restrict the filter to the crop (torchvision crops first): view the integer window
+            // containing the box, and crop the fractional rest inside it.
+            let ix0 = b[0].floor() as u32;
+            let iy0 = b[1].floor() as u32;
+            let ix1 = ((b[0] + b[2]).ceil() as u32).clamp(ix0 + 1, bw as u32);
+            let iy1 = ((b[1] + b[3]).ceil() as u32).clamp(iy0 + 1, bh as u32);
+            let view = CroppedImage::new(&src_img, ix0, iy0, ix1 - ix0, iy1 - iy0)
+                .map_err(|e| resize_err(&e))?;
+            let opts = ResizeOptions::new().resize_alg(alg).crop(
+                b[0] - ix0 as f64,
+                b[1] - iy0 as f64,
+                b[2],
+                b[3],
+            );
+            self.resizer
+                .resize(&view, &mut dst, &opts)
+                .map_err(|e| resize_err(&e))?;
+        } else {
+            let opts = ResizeOptions::new()
+                .resize_alg(alg)
+                .crop(b[0], b[1], b[2], b[3]);
+            self.resizer
+                .resize(&src_img, &mut dst, &opts)
+                .map_err(|e| resize_err(&e))?;
+        }
+        let flipped = self.transform.is_train() && rng.random::<f64>() < 0.5;
+        if flipped {
+            for row in out.chunks_exact_mut(size * 3) {
+                flip_row(row);
+            }
+        }
+        let t2 = Instant::now();
+        Ok(Applied {
+            crop: src,
+            flipped,
+            downscale: decoded.downscale,
+            decode_time: t1 - t0,
+            augment_time: t2 - t1,
+        })
+    }
+}
+
+/// Largest DCT downscale (8, 4, 2) that still leaves at least `tw x th` pixels for the box.
+fn pick_downscale(enabled: bool, w: usize, h: usize, tw: usize, th: usize) -> usize {
+    if !enabled {
+        return 1;
+    }
+    [8, 4, 2]
+        .into_iter()
+        .find(|&d| w >= tw * d && h >= th * d)
+        .unwrap_or(1)
+}
+
+fn flip_row(row: &mut [u8]) {
+    let n = row.len() / 3;
+    for i in 0..n / 2 {
+        let j = n - 1 - i;
+        for c in 0..3 {
+            row.swap(i * 3 + c, j * 3 + c);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn downscale_keeps_enough_pixels() {
+        assert_eq!(pick_downscale(true, 2000, 1800, 224, 224), 8);
+        assert_eq!(pick_downscale(true, 1000, 900, 224, 224), 4);
+        assert_eq!(pick_downscale(true, 500, 375, 224, 224), 1);
+        assert_eq!(pick_downscale(true, 500, 460, 224, 224), 2);
+        assert_eq!(pick_downscale(false, 2000, 1800, 224, 224), 1);
+    }
+
+    #[test]
+    fn flip_reverses_pixels() {
+        let mut row = vec![1, 2, 3, 4, 5, 6, 7, 8, 9];
+        flip_row(&mut row);
+        assert_eq!(row, vec![7, 8, 9, 4, 5, 6, 1, 2, 3]);
+    }
+}

@@ -1,0 +1,194 @@
+//! Augmentations against torchvision: crop-box statistics (RandomResizedCrop.get_params) and
+//! pixels (Resize + CenterCrop, resized_crop + hflip) on the real ImageNet samples.
+
+mod common;
+
+use common::*;
+use rand::SeedableRng;
+use rn50_pipeline::crop::random_resized_crop;
+use rn50_pipeline::transform::{Augmenter, Transform};
+
+/// Two-sample Kolmogorov–Smirnov statistic.
+fn ks(mut a: Vec<f64>, mut b: Vec<f64>) -> f64 {
+    a.sort_by(f64::total_cmp);
+    b.sort_by(f64::total_cmp);
+    let (mut i, mut j, mut d) = (0, 0, 0.0f64);
+    while i < a.len() && j < b.len() {
+        let x = a[i].min(b[j]);
+        while i < a.len() && a[i] <= x {
+            i += 1;
+        }
+        while j < b.len() && b[j] <= x {
+            j += 1;
+        }
+        d = d.max((i as f64 / a.len() as f64 - j as f64 / b.len() as f64).abs());
+    }
+    d
+}
+
+#[test]
+fn crop_boxes_follow_torchvision_distribution() {
+    const N: usize = 20_000;
+    let dims = [(500usize, 375usize), (120, 1000), (64, 48)];
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args = vec![N.to_string()];
+    for (w, h) in dims {
+        args.push(w.to_string());
+        args.push(h.to_string());
+    }
+    let manifest = reference("rrc_params", tmp.path(), &args);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    // alpha = 0.001 critical value for two samples of N.
+    let crit = 1.95 * (2.0 / N as f64).sqrt();
+    for ((w, h), m) in dims.iter().zip(manifest.as_array().unwrap()) {
+        let theirs: Vec<[f64; 4]> = m["boxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| {
+                let v: Vec<f64> = b
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap())
+                    .collect();
+                [v[0], v[1], v[2], v[3]]
+            })
+            .collect();
+        let ours: Vec<[f64; 4]> = (0..N)
+            .map(|_| {
+                let c = random_resized_crop(*w, *h, [0.08, 1.0], [0.75, 4.0 / 3.0], &mut rng);
+                [c.x as f64, c.y as f64, c.w as f64, c.h as f64]
+            })
+            .collect();
+        type Feature = (&'static str, fn(&[f64; 4]) -> f64);
+        let features: [Feature; 6] = [
+            ("x", |b| b[0]),
+            ("y", |b| b[1]),
+            ("w", |b| b[2]),
+            ("h", |b| b[3]),
+            ("area", |b| b[2] * b[3]),
+            ("aspect", |b| b[2] / b[3]),
+        ];
+        for (name, f) in features {
+            let d = ks(ours.iter().map(f).collect(), theirs.iter().map(f).collect());
+            eprintln!("{w}x{h} {name}: KS {d:.4} (critical {crit:.4})");
+            assert!(
+                d < crit,
+                "{w}x{h}: {name} distribution differs from torchvision (KS {d:.4})"
+            );
+        }
+    }
+}
+
+#[test]
+fn ks_detects_a_different_distribution() {
+    // The statistical test above has teeth: uniform (not log-uniform) aspect ratios fail it.
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    let n = 20_000;
+    let log_uniform: Vec<f64> = (0..n)
+        .map(|_| rand::Rng::random_range(&mut rng, 0.75f64.ln()..(4.0f64 / 3.0).ln()).exp())
+        .collect();
+    let uniform: Vec<f64> = (0..n)
+        .map(|_| rand::Rng::random_range(&mut rng, 0.75..4.0 / 3.0))
+        .collect();
+    assert!(ks(log_uniform, uniform) > 1.95 * (2.0 / n as f64).sqrt());
+}
+
+fn imagenet_files() -> Vec<String> {
+    jpeg_files("imagenet")
+        .iter()
+        .map(|f| f.display().to_string())
+        .collect()
+}
+
+#[test]
+fn val_transform_matches_torchvision() {
+    let files = imagenet_files();
+    assert!(files.len() >= 200);
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args = vec!["256".to_string(), "224".to_string()];
+    args.extend(files.iter().cloned());
+    reference("val", tmp.path(), &args);
+    for dct in [false, true] {
+        let mut aug = Augmenter::new(Transform::val(256, 224), dct).unwrap();
+        let mut out = vec![0u8; 224 * 224 * 3];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+        let (mut sum, mut worst, mut scaled) = (0.0, 0.0f64, 0);
+        for (n, f) in files.iter().enumerate() {
+            let applied = aug
+                .apply(&std::fs::read(f).unwrap(), &mut rng, &mut out)
+                .unwrap();
+            scaled += usize::from(applied.downscale > 1);
+            let e = mae(&out, &reference_pixels(tmp.path(), n));
+            sum += e;
+            worst = worst.max(e);
+        }
+        let mean = sum / files.len() as f64;
+        eprintln!("val, dct scaling {dct}: mean abs error {mean:.3}, worst image {worst:.3}, {scaled} decoded downscaled");
+        if dct {
+            assert!(scaled > 0, "no image exercised DCT downscaling");
+            assert!(
+                mean < 2.0 && worst < 6.0,
+                "mean {mean:.3}, worst {worst:.3}"
+            );
+        } else {
+            assert_eq!(scaled, 0);
+            assert!(
+                mean < 0.5 && worst < 1.0,
+                "mean {mean:.3}, worst {worst:.3}"
+            );
+        }
+    }
+}
+
+#[test]
+fn train_transform_matches_torchvision_resized_crop() {
+    let files: Vec<String> = imagenet_files().into_iter().step_by(4).collect();
+    for dct in [false, true] {
+        let mut aug = Augmenter::new(Transform::train(224), dct).unwrap();
+        let mut outs = Vec::new();
+        let mut jobs = Vec::new();
+        for (n, f) in files.iter().enumerate() {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(n as u64);
+            let mut out = vec![0u8; 224 * 224 * 3];
+            let a = aug
+                .apply(&std::fs::read(f).unwrap(), &mut rng, &mut out)
+                .unwrap();
+            let [x, y, w, h] = a.crop;
+            jobs.push(
+                serde_json::json!({"file": f, "x": x, "y": y, "w": w, "h": h, "flip": a.flipped}),
+            );
+            outs.push(out);
+        }
+        assert!(jobs.iter().any(|j| j["flip"] == true) && jobs.iter().any(|j| j["flip"] == false));
+        let tmp = tempfile::tempdir().unwrap();
+        let jobs_file = tmp.path().join("jobs.json");
+        std::fs::write(&jobs_file, serde_json::to_string(&jobs).unwrap()).unwrap();
+        let out_dir = tmp.path().join("out");
+        reference(
+            "resized_crop",
+            &out_dir,
+            &["224".into(), jobs_file.display().to_string()],
+        );
+        let errs: Vec<f64> = outs
+            .iter()
+            .enumerate()
+            .map(|(n, o)| mae(o, &reference_pixels(&out_dir, n)))
+            .collect();
+        let mean = errs.iter().sum::<f64>() / errs.len() as f64;
+        let worst = errs.iter().cloned().fold(0.0, f64::max);
+        eprintln!("train, dct scaling {dct}: mean abs error {mean:.3}, worst {worst:.3}");
+        if dct {
+            assert!(
+                mean < 2.0 && worst < 6.0,
+                "mean {mean:.3}, worst {worst:.3}"
+            );
+        } else {
+            assert!(
+                mean < 0.5 && worst < 1.0,
+                "mean {mean:.3}, worst {worst:.3}"
+            );
+        }
+    }
+}

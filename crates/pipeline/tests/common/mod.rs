@@ -1,0 +1,107 @@
+//! Helpers shared by the integration tests: locating shared test data and the Python reference
+//! implementation (Pillow / torchvision).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `RN50_SHARED_DATA`, else `<repo>/../shared/data`.
+pub fn shared_data() -> PathBuf {
+    let p = std::env::var_os("RN50_SHARED_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data"))
+        });
+    assert!(
+        p.join("jpeg").is_dir(),
+        "shared test data not found at {} (set RN50_SHARED_DATA)",
+        p.display()
+    );
+    p
+}
+
+/// Sorted files of a directory under shared/data/jpeg (licence files left out).
+pub fn jpeg_files(sub: &str) -> Vec<PathBuf> {
+    let dir = shared_data().join("jpeg").join(sub);
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            !p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("LICENSE")
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// An ImageFolder view of the 220 ImageNet samples: `<tmp>/<wnid>/<wnid>.JPEG` (symlinks).
+pub fn imagenet_folder(tmp: &Path) -> PathBuf {
+    let root = tmp.join("imagenet");
+    for f in jpeg_files("imagenet") {
+        let stem = f.file_stem().unwrap().to_string_lossy().to_string();
+        let dir = root.join(&stem);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    root
+}
+
+fn python() -> PathBuf {
+    std::env::var_os("RN50_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../.venv/bin/python"
+            ))
+        })
+}
+
+/// Run `scripts/pipeline_reference.py MODE OUT ARGS...` and return its manifest.
+/// Fails (never skips) when Python or its packages are missing.
+pub fn reference(mode: &str, out: &Path, args: &[String]) -> serde_json::Value {
+    let py = python();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/pipeline_reference.py"
+    );
+    let output = Command::new(&py)
+        .arg(script)
+        .arg(mode)
+        .arg(out)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run the reference Python {} ({e}); set RN50_PYTHON to an interpreter \
+                 with Pillow and torchvision (./dev sets up .venv)",
+                py.display()
+            )
+        });
+    assert!(
+        output.status.success(),
+        "reference script failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Raw RGB written by the reference script for item `n`.
+pub fn reference_pixels(out: &Path, n: usize) -> Vec<u8> {
+    std::fs::read(out.join(format!("{n}.rgb"))).unwrap()
+}
+
+/// Mean absolute difference per channel value.
+pub fn mae(a: &[u8], b: &[u8]) -> f64 {
+    assert_eq!(a.len(), b.len(), "images differ in size");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (*x as i32 - *y as i32).unsigned_abs() as u64)
+        .sum::<u64>() as f64
+        / a.len().max(1) as f64
+}

@@ -1,0 +1,124 @@
+//! Real troublesome files: every crashtest/edge JPEG decodes or is rejected with an error (no
+//! panic), and the ones Pillow can read decode to the same colours.
+
+mod common;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use common::*;
+use rand::SeedableRng;
+use rn50_pipeline::decode::decode_rgb;
+use rn50_pipeline::transform::{Augmenter, Transform};
+
+/// Decode through every path (full, train crop with DCT scaling, val) and report panics.
+fn exercise(bytes: &[u8]) -> Result<bool, String> {
+    catch_unwind(AssertUnwindSafe(|| {
+        let ok = decode_rgb(bytes).is_ok();
+        for t in [
+            Transform::train(224),
+            Transform::train(32),
+            Transform::val(256, 224),
+        ] {
+            let size = t.output_size();
+            let mut aug = Augmenter::new(t, true).unwrap();
+            let mut out = vec![0u8; size * size * 3];
+            for seed in 0..2 {
+                // Ok or Err both fine: region/scaled decoding may stop before a corrupt tail.
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+                let _ = aug.apply(bytes, &mut rng, &mut out);
+            }
+        }
+        ok
+    }))
+    .map_err(|p| {
+        p.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default()
+    })
+}
+
+#[test]
+fn crashtest_and_edge_files_never_panic() {
+    let mut files = jpeg_files("crashtest");
+    assert!(files.len() >= 100, "expected the 111 crashtest files");
+    files.extend(jpeg_files("edge"));
+    let mut panics = Vec::new();
+    let (mut decoded, mut rejected) = (0, 0);
+    for f in &files {
+        let bytes = std::fs::read(f).unwrap();
+        match exercise(&bytes) {
+            Ok(true) => decoded += 1,
+            Ok(false) => rejected += 1,
+            Err(msg) => panics.push(format!("{}: {msg}", f.display())),
+        }
+    }
+    eprintln!("{decoded} decoded, {rejected} rejected");
+    assert!(
+        panics.is_empty(),
+        "decoder panicked on:\n{}",
+        panics.join("\n")
+    );
+    assert!(decoded > 0 && rejected > 0);
+}
+
+#[test]
+fn edge_files_match_pillow() {
+    let files = jpeg_files("edge");
+    let tmp = tempfile::tempdir().unwrap();
+    let args: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    let manifest = reference("decode", tmp.path(), &args);
+    let mut compared = Vec::new();
+    let mut failures = Vec::new();
+    for (n, (f, m)) in files.iter().zip(manifest.as_array().unwrap()).enumerate() {
+        let name = f.file_name().unwrap().to_string_lossy().to_string();
+        let ours = decode_rgb(&std::fs::read(f).unwrap());
+        if !m["ok"].as_bool().unwrap() {
+            // Pillow rejects it (the truncated file): so must we.
+            if ours.is_ok() {
+                failures.push(format!(
+                    "{name}: Pillow rejects it ({}), we decoded it",
+                    m["error"]
+                ));
+            }
+            continue;
+        }
+        let img = match ours {
+            Ok(img) => img,
+            Err(e) => {
+                failures.push(format!("{name}: Pillow decodes it, we fail: {e}"));
+                continue;
+            }
+        };
+        let (w, h) = (
+            m["width"].as_u64().unwrap() as usize,
+            m["height"].as_u64().unwrap() as usize,
+        );
+        if (img.width, img.height) != (w, h) {
+            failures.push(format!(
+                "{name}: size {}x{} vs Pillow {w}x{h}",
+                img.width, img.height
+            ));
+            continue;
+        }
+        let err = mae(&img.pixels, &reference_pixels(tmp.path(), n));
+        eprintln!("{name}: mean abs error {err:.3}");
+        if err > 0.5 {
+            failures.push(format!("{name}: mean abs error {err:.3} vs Pillow"));
+        }
+        compared.push(name);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    for must in [
+        "cmyk_from_imagenet.jpg",
+        "ref_ycck.jpg",
+        "png_named_as.JPEG",
+        "hopper_gray.jpg",
+        "progressive_imagenet.jpg",
+    ] {
+        assert!(
+            compared.iter().any(|c| c == must),
+            "{must} was not compared"
+        );
+    }
+}

@@ -1,0 +1,270 @@
+//! Loader behaviour: sharding, determinism, resumption, backpressure, clean shutdown and bad
+//! images, on the real ImageNet samples and crashtest files.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use rn50_pipeline::sampler::Sampler;
+use rn50_pipeline::{BadImagePolicy, Dataset, Loader, LoaderConfig, Transform};
+
+#[test]
+fn every_sample_once_per_epoch_across_ranks() {
+    for len in [0usize, 1, 7, 100, 1001] {
+        for world in 1..=8 {
+            for epoch in [0u64, 3] {
+                let mut seen = vec![0u32; len];
+                let mut equal = Vec::new();
+                for rank in 0..world {
+                    let s = Sampler {
+                        len,
+                        shuffle: true,
+                        seed: 5,
+                        rank,
+                        world_size: world,
+                    };
+                    for i in s.indices(epoch, false) {
+                        seen[i] += 1;
+                    }
+                    let eq = s.indices(epoch, true);
+                    assert_eq!(eq.len(), len / world);
+                    equal.extend(eq);
+                }
+                assert!(
+                    seen.iter().all(|&c| c == 1),
+                    "len {len} world {world}: {seen:?}"
+                );
+                equal.sort();
+                equal.dedup();
+                assert_eq!(
+                    equal.len(),
+                    len / world * world,
+                    "equal split repeats samples"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn order_depends_on_seed_and_epoch_only() {
+    let s = |seed, rank| Sampler {
+        len: 500,
+        shuffle: true,
+        seed,
+        rank,
+        world_size: 4,
+    };
+    assert_eq!(s(1, 2).indices(0, false), s(1, 2).indices(0, false));
+    assert_ne!(s(1, 2).indices(0, false), s(1, 2).indices(1, false));
+    assert_ne!(s(1, 2).indices(0, false), s(2, 2).indices(0, false));
+    let ordered = Sampler {
+        len: 10,
+        shuffle: false,
+        seed: 0,
+        rank: 1,
+        world_size: 3,
+    };
+    assert_eq!(ordered.indices(9, false), vec![1, 4, 7]);
+}
+
+fn small_train(batch: usize, workers: usize) -> LoaderConfig {
+    LoaderConfig {
+        transform: Transform::train(48),
+        seed: 11,
+        ..LoaderConfig::train(batch, workers)
+    }
+}
+
+type Run = Vec<(Vec<u8>, Vec<i64>, Vec<usize>)>;
+
+fn collect(loader: &Loader, epoch: u64, start: usize) -> Run {
+    loader
+        .epoch(epoch, start)
+        .map(|b| {
+            let b = b.unwrap();
+            assert_eq!(b.shape(), [b.n(), 48, 48, 3]);
+            assert_eq!(b.len(), b.n() * 48 * 48 * 3);
+            (b.to_vec(), b.labels().to_vec(), b.indices().to_vec())
+        })
+        .collect()
+}
+
+#[test]
+fn identical_batches_for_any_worker_count_and_resumable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = Dataset::open(imagenet_folder(tmp.path())).unwrap();
+    assert_eq!(ds.len(), 220);
+    let one = Loader::new(ds.clone(), small_train(16, 1)).unwrap();
+    let three = Loader::new(
+        ds.clone(),
+        LoaderConfig {
+            prefetch: 5,
+            ..small_train(16, 3)
+        },
+    )
+    .unwrap();
+    assert_eq!(one.batches_per_epoch(), 13); // 220 / 16, last partial batch dropped
+    let a = collect(&one, 0, 0);
+    let b = collect(&three, 0, 0);
+    assert_eq!(a.len(), 13);
+    assert!(a == b, "batches differ between 1 and 3 workers");
+    for (_, labels, idx) in &a {
+        assert_eq!(labels.len(), 16);
+        for (l, i) in labels.iter().zip(idx) {
+            assert_eq!(*l, ds.label(*i));
+        }
+    }
+    // Resuming at batch 9 gives exactly the tail of the epoch.
+    assert!(collect(&three, 0, 9) == a[9..], "resumed epoch differs");
+    assert!(collect(&one, 0, 13).is_empty());
+    // Another epoch: another order and other crops.
+    let e1 = collect(&one, 1, 0);
+    assert_ne!(e1[0].2, a[0].2);
+}
+
+#[test]
+fn eval_sharding_loads_every_sample_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = Dataset::open(imagenet_folder(tmp.path())).unwrap();
+    for world in [1usize, 3, 8] {
+        let mut seen = vec![0u32; ds.len()];
+        for rank in 0..world {
+            let cfg = LoaderConfig {
+                transform: Transform::val(40, 32),
+                rank,
+                world_size: world,
+                ..LoaderConfig::val(32, 2)
+            };
+            let loader = Loader::new(ds.clone(), cfg).unwrap();
+            let mut n = 0;
+            for b in loader.epoch(0, 0) {
+                let b = b.unwrap();
+                for (l, &i) in b.labels().iter().zip(b.indices()) {
+                    assert_eq!(*l, ds.label(i));
+                    seen[i] += 1;
+                }
+                n += b.n();
+            }
+            assert_eq!(n, loader.samples_per_epoch());
+        }
+        assert!(
+            seen.iter().all(|&c| c == 1),
+            "world {world}: not every sample exactly once"
+        );
+    }
+}
+
+#[test]
+fn backpressure_buffer_reuse_and_clean_drop() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = Dataset::open(imagenet_folder(tmp.path())).unwrap();
+    let cfg = LoaderConfig {
+        prefetch: 2,
+        ..small_train(8, 2)
+    };
+    let loader = Loader::new(ds, cfg).unwrap();
+    {
+        let mut it = loader.epoch(0, 0);
+        let first = it.next().unwrap().unwrap();
+        drop(first);
+        // Dropped with work outstanding: must stop and join without hanging.
+    }
+    // Workers may run at most `prefetch` batches ahead of the one consumed.
+    let decoded = loader.stats().images;
+    assert!(
+        decoded <= 8 * (1 + 2),
+        "decoded {decoded} images with only one batch consumed"
+    );
+    // A full epoch recycles a bounded set of buffers.
+    let mut ptrs = std::collections::HashSet::new();
+    let mut batches = 0;
+    for b in loader.epoch(1, 0) {
+        ptrs.insert(b.unwrap().as_ptr() as usize);
+        batches += 1;
+    }
+    assert_eq!(batches, 27);
+    assert!(
+        ptrs.len() <= 2 + 2 + 2,
+        "{} distinct buffers for {batches} batches",
+        ptrs.len()
+    );
+}
+
+/// A folder with 12 good ImageNet files and every crashtest file plus two sure failures.
+fn mixed_folder(root: &std::path::Path) -> (std::path::PathBuf, usize) {
+    let good = root.join("mixed/good");
+    let bad = root.join("mixed/odd");
+    std::fs::create_dir_all(&good).unwrap();
+    std::fs::create_dir_all(&bad).unwrap();
+    for f in jpeg_files("imagenet").iter().take(12) {
+        std::fs::copy(f, good.join(f.file_name().unwrap())).unwrap();
+    }
+    let mut n = 12;
+    for f in jpeg_files("crashtest") {
+        std::fs::copy(&f, bad.join(f.file_name().unwrap())).unwrap();
+        n += 1;
+    }
+    let edge = shared_data().join("jpeg/edge/truncated_jpeg.jpg");
+    std::fs::copy(edge, bad.join("zz_truncated.jpg")).unwrap();
+    std::fs::write(bad.join("zz_text.JPEG"), "not an image").unwrap();
+    (root.join("mixed"), n + 2)
+}
+
+#[test]
+fn bad_images_are_skipped_and_counted_or_fail_with_the_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (root, total) = mixed_folder(tmp.path());
+    let ds = Dataset::open(&root).unwrap();
+    assert_eq!(ds.len(), total);
+    for t in [Transform::train(32), Transform::val(40, 32)] {
+        let cfg = LoaderConfig {
+            transform: t.clone(),
+            ..LoaderConfig::val(16, 2)
+        };
+        let loader = Loader::new(ds.clone(), cfg).unwrap();
+        let mut labels = BTreeMap::new();
+        for b in loader.epoch(0, 0) {
+            for l in b.unwrap().labels() {
+                *labels.entry(*l).or_insert(0) += 1;
+            }
+        }
+        let s = loader.stats();
+        assert_eq!(s.images + s.bad_images, total as u64, "{t:?}");
+        assert!(s.bad_images >= 2, "{t:?}: {s:?}");
+        assert_eq!(labels[&0], 12, "all good images delivered with their label");
+        assert_eq!(s.bad_examples.len() as u64, s.bad_images.min(20));
+        assert!(
+            s.bad_examples.iter().all(|e| e.contains("/mixed/odd/")),
+            "{s:?}"
+        );
+    }
+    // Without the crashtest files exactly the two sure failures are counted.
+    for f in jpeg_files("crashtest") {
+        std::fs::remove_file(root.join("odd").join(f.file_name().unwrap())).unwrap();
+    }
+    let ds = Dataset::open(&root).unwrap();
+    let loader = Loader::new(ds.clone(), LoaderConfig::val(16, 2)).unwrap();
+    let n: usize = loader.epoch(0, 0).map(|b| b.unwrap().n()).sum();
+    let s = loader.stats();
+    assert_eq!((n, s.bad_images), (12, 2), "{s:?}");
+    let cfg = LoaderConfig {
+        on_bad_image: BadImagePolicy::Fail,
+        ..LoaderConfig::val(16, 2)
+    };
+    let loader = Loader::new(ds, cfg).unwrap();
+    let mut it = loader.epoch(0, 0);
+    let err = loop {
+        match it.next() {
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => break format!("{e:#}"),
+            None => panic!("epoch ended without reporting the bad images"),
+        }
+    };
+    assert!(
+        err.contains("bad image") && err.contains("/mixed/odd/"),
+        "{err}"
+    );
+    assert!(it.next().is_none(), "iteration continues after a failure");
+}

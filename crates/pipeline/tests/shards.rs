@@ -1,0 +1,172 @@
+//! Packed shards: pack → read round trips (lossless: identical bytes; re-encode: within JPEG
+//! error), the loader sees the same samples from shards as from the folder, and damaged shard
+//! files are rejected with an error.
+
+mod common;
+
+use common::*;
+use fast_image_resize::images::{Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use rn50_pipeline::crop::resize_shorter;
+use rn50_pipeline::decode::decode_rgb;
+use rn50_pipeline::pack::{pack, PackOptions};
+use rn50_pipeline::source::shards::ShardSet;
+use rn50_pipeline::{BadImagePolicy, Dataset, Loader, LoaderConfig, Transform};
+
+fn options(max_side: Option<usize>) -> PackOptions {
+    PackOptions {
+        max_side,
+        quality: 90,
+        shard_bytes: 4 << 20,
+        workers: 2,
+        on_bad_image: BadImagePolicy::Skip,
+        progress: false,
+    }
+}
+
+fn labels_and_pixels(ds: Dataset) -> (Vec<i64>, Vec<u8>) {
+    let cfg = LoaderConfig {
+        transform: Transform::val(40, 32),
+        ..LoaderConfig::val(64, 2)
+    };
+    let loader = Loader::new(ds, cfg).unwrap();
+    let (mut labels, mut pixels) = (Vec::new(), Vec::new());
+    for b in loader.epoch(0, 0) {
+        let b = b.unwrap();
+        labels.extend_from_slice(b.labels());
+        pixels.extend_from_slice(&b);
+    }
+    (labels, pixels)
+}
+
+#[test]
+fn lossless_pack_round_trips() {
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = Dataset::open(imagenet_folder(tmp.path())).unwrap();
+    let out = tmp.path().join("shards");
+    let report = pack(&folder, &out, &options(None)).unwrap();
+    assert_eq!(report.records, 220);
+    assert_eq!(report.bad_images, 0);
+    assert!(
+        report.shards.len() >= 4,
+        "4 MiB shards: expected several, got {}",
+        report.shards.len()
+    );
+    let shards = Dataset::open(&out).unwrap();
+    assert_eq!(shards.len(), folder.len());
+    assert_eq!(shards.classes(), folder.classes());
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for i in 0..folder.len() {
+        assert_eq!(shards.label(i), folder.label(i));
+        assert_eq!(
+            shards.read(i, &mut a).unwrap(),
+            folder.read(i, &mut b).unwrap(),
+            "record {i}"
+        );
+    }
+    // The loader yields the very same batches from shards as from the folder.
+    assert!(labels_and_pixels(shards) == labels_and_pixels(folder.clone()));
+    // A single shard file opens on its own too.
+    let one = Dataset::open(&report.shards[0]).unwrap();
+    assert!(!one.is_empty() && one.len() < 220);
+    // Packing into a directory that already holds shards is refused.
+    assert!(pack(&folder, &out, &options(None)).is_err());
+}
+
+#[test]
+fn reencoded_pack_is_within_jpeg_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = Dataset::open(imagenet_folder(tmp.path())).unwrap();
+    let out = tmp.path().join("small");
+    let cap = 160;
+    let report = pack(&folder, &out, &options(Some(cap))).unwrap();
+    assert_eq!(report.records, 220);
+    assert!(report.reencoded > 150, "{} re-encoded", report.reencoded);
+    assert!(report.output_bytes < report.input_bytes / 2);
+    let shards = Dataset::open(&out).unwrap();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let mut worst = 0.0f64;
+    let mut errs = Vec::new();
+    for i in 0..folder.len() {
+        let orig = decode_rgb(folder.read(i, &mut a).unwrap()).unwrap();
+        let packed = decode_rgb(shards.read(i, &mut b).unwrap()).unwrap();
+        assert_eq!(shards.label(i), folder.label(i));
+        if orig.width.min(orig.height) <= cap {
+            assert_eq!(packed, orig, "small image {i} must be stored unchanged");
+            continue;
+        }
+        let (w, h) = resize_shorter(orig.width, orig.height, cap);
+        assert_eq!((packed.width, packed.height), (w, h), "record {i}");
+        // Reference: the same shrink without the JPEG round trip.
+        let src = ImageRef::new(
+            orig.width as u32,
+            orig.height as u32,
+            &orig.pixels,
+            PixelType::U8x3,
+        )
+        .unwrap();
+        let mut dst = Image::new(w as u32, h as u32, PixelType::U8x3);
+        let opts = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
+        Resizer::new().resize(&src, &mut dst, &opts).unwrap();
+        let e = mae(dst.buffer(), &packed.pixels);
+        worst = worst.max(e);
+        errs.push(e);
+    }
+    let mean = errs.iter().sum::<f64>() / errs.len() as f64;
+    eprintln!("re-encode at quality 90: mean abs error {mean:.2}, worst image {worst:.2}");
+    // JPEG at quality 90 with 4:2:0 chroma: a few levels on average, more on fine texture.
+    assert!(
+        mean < 4.0 && worst < 12.0,
+        "mean {mean:.2}, worst {worst:.2}"
+    );
+    assert!(worst > 0.0, "re-encoding should not be lossless");
+}
+
+#[test]
+fn damaged_shards_are_rejected_and_bad_images_left_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    for (class, files) in [
+        ("a", jpeg_files("imagenet")[..5].to_vec()),
+        ("b", jpeg_files("crashtest")[..30].to_vec()),
+    ] {
+        std::fs::create_dir_all(src.join(class)).unwrap();
+        for f in files {
+            std::fs::copy(&f, src.join(class).join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    std::fs::write(src.join("b/zz.jpg"), b"\xff\xd8 garbage").unwrap();
+    let ds = Dataset::open(&src).unwrap();
+    let fail = PackOptions {
+        on_bad_image: BadImagePolicy::Fail,
+        ..options(None)
+    };
+    let err = pack(&ds, &tmp.path().join("fail"), &fail).unwrap_err();
+    assert!(format!("{err:#}").contains("/src/b/"), "{err:#}");
+
+    let out = tmp.path().join("ok");
+    let report = pack(&ds, &out, &options(None)).unwrap();
+    assert!(report.bad_images >= 1);
+    assert_eq!(report.records + report.bad_images, ds.len() as u64);
+    let set = ShardSet::open(&out).unwrap();
+    assert_eq!(set.meta().records, report.records);
+    // Every stored record decodes: bad ones never reach the shards.
+    let shards = Dataset::open(&out).unwrap();
+    let mut buf = Vec::new();
+    for i in 0..shards.len() {
+        decode_rgb(shards.read(i, &mut buf).unwrap()).unwrap();
+    }
+
+    // Truncation and garbage are detected when opening.
+    let path = &report.shards[0];
+    let bytes = std::fs::read(path).unwrap();
+    std::fs::write(path, &bytes[..bytes.len() - 10]).unwrap();
+    let err = Dataset::open(&out).unwrap_err();
+    assert!(format!("{err:#}").contains("truncated"), "{err:#}");
+    std::fs::write(
+        path,
+        b"RN50SHD1 but nothing else, certainly no footer at all........",
+    )
+    .unwrap();
+    assert!(Dataset::open(&out).is_err());
+}
