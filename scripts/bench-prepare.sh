@@ -85,6 +85,13 @@ printf 'file\tbytes\tmd5\n%s\t%s\t%s\n' "$(basename "$TRAIN")" "$BYTES" \
 # --- runs --------------------------------------------------------------------------------------
 OUT=$WORK/out
 now() { date +%s.%N; }
+# CPU seconds (user + system) used so far by this shell's finished children. `times` must run in
+# this shell, not a $(…) subshell, which would see only its own.
+cpu_now() {
+    times >"$WORK/times.txt"
+    awk 'NR == 2 { for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]); t += a[1] * 60 + a[2] } printf "%.3f", t }' \
+        "$WORK/times.txt"
+}
 finish() { if [[ $SYNC == 1 ]]; then sync; fi; }
 
 gnu_tar() {
@@ -106,21 +113,27 @@ run() {
     rm -rf "$OUT"
     sync
     cat "$TRAIN" >/dev/null # same page-cache state for every contender
-    local t0 t1
+    local t0 t1 c0 c1
+    c0=$(cpu_now)
     t0=$(now)
     "$@" >"$WORK/$name.log" 2>&1 || { log "$name failed:"; cat "$WORK/$name.log" >&2; exit 1; }
     finish
     t1=$(now)
+    c1=$(cpu_now)
     LAST=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
-    log "$name: $LAST s"
+    LAST_CPU=$(awk -v a="$c0" -v b="$c1" 'BEGIN { printf "%.3f", b - a }')
+    log "$name: $LAST s wall, $LAST_CPU s CPU"
 }
 
-declare -A BEST ALL
+declare -A BEST ALL CPU
 record() {
-    local name=$1 t=$2
+    local name=$1 t=$LAST
     ALL[$name]="${ALL[$name]:-}$t "
     if [[ -z ${BEST[$name]:-} ]] || awk -v a="$t" -v b="${BEST[$name]}" 'BEGIN { exit !(a < b) }'; then
         BEST[$name]=$t
+    fi
+    if [[ -z ${CPU[$name]:-} ]] || awk -v a="$LAST_CPU" -v b="${CPU[$name]}" 'BEGIN { exit !(a < b) }'; then
+        CPU[$name]=$LAST_CPU
     fi
 }
 
@@ -128,10 +141,10 @@ NAMES=(gnu-tar prepare-j1 prepare-j2 prepare-j2-verify)
 for ((r = 1; r <= REPS; r++)); do
     log "round $r/$REPS"
     run gnu-tar gnu_tar "$OUT"
-    record gnu-tar "$LAST"
+    record gnu-tar
     if ((r == 1)); then mv "$OUT/train" "$WORK/gnu-train"; fi
     run prepare-j1 "${PREP[@]}" --train-tar "$TRAIN" --out "$OUT" -j 1
-    record prepare-j1 "$LAST"
+    record prepare-j1
     if ((r == 1)); then
         log "comparing prepare's tree with GNU tar's, file by file"
         diff -r "$WORK/gnu-train" "$OUT/train" >/dev/null || { log "the trees differ!"; exit 1; }
@@ -139,21 +152,23 @@ for ((r = 1; r <= REPS; r++)); do
         rm -rf "$WORK/gnu-train"
     fi
     run prepare-j2 "${PREP[@]}" --train-tar "$TRAIN" --out "$OUT" -j 2
-    record prepare-j2 "$LAST"
+    record prepare-j2
     run prepare-j2-verify "${PREP[@]}" --train-tar "$TRAIN" --out "$OUT" -j 2 \
         --verify --checksums "$FIX/checksums.tsv"
-    record prepare-j2-verify "$LAST"
+    record prepare-j2-verify
 done
 rm -rf "$OUT"
 
 # --- report ------------------------------------------------------------------------------------
 echo
 echo "rn50 prepare vs GNU tar $(tar --version | head -1 | awk '{print $NF}'): $BYTES-byte train tar," \
-    "$CLASSES class tars, $FILES JPEGs; $(nproc) CPUs; best of $REPS; sync in timing: $SYNC"
-printf '%-20s %9s %9s %14s   %s\n' "run" "best s" "MB/s" "vs GNU tar" "all runs (s)"
+    "$CLASSES class tars, $FILES JPEGs; $(nproc) CPUs, load average now $(cut -d' ' -f1-3 /proc/loadavg);" \
+    "best of $REPS; sync in timing: $SYNC"
+printf '%-20s %8s %8s %11s %8s %11s   %s\n' "run" "wall s" "MB/s" "vs GNU tar" "CPU s" "CPU vs GNU" "all runs, wall s"
 for name in "${NAMES[@]}"; do
     awk -v n="$name" -v t="${BEST[$name]}" -v g="${BEST[gnu-tar]}" -v b="$BYTES" -v all="${ALL[$name]}" \
-        'BEGIN { printf "%-20s %9.3f %9.1f %13.2fx   %s\n", n, t, b / t / 1e6, g / t, all }'
+        -v c="${CPU[$name]}" -v gc="${CPU[gnu-tar]}" \
+        'BEGIN { printf "%-20s %8.3f %8.1f %10.2fx %8.3f %10.2fx   %s\n", n, t, b / t / 1e6, g / t, c, gc / c, all }'
 done
 awk -v a="${BEST[prepare-j1]}" -v b="${BEST[prepare-j2]}" \
     'BEGIN { printf "prepare -j 2 vs -j 1: %.2fx\n", a / b }'

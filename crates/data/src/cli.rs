@@ -188,6 +188,9 @@ pub fn run(cmd: &PrepareCmd) -> Result<()> {
                 r.val_images,
                 r.val_classes
             );
+            for n in &r.notes {
+                println!("  note: {n}");
+            }
             for p in &r.problems {
                 println!("  {p}");
             }

@@ -381,6 +381,13 @@ fn check_reports_what_is_missing() {
         r.problems
     );
     assert!(check(&fx.dir.path().join("nowhere"), Expect::Auto).is_err());
+
+    // A tree from another tool (no markers): counted, held to ImageNet only when asked.
+    std::fs::remove_dir_all(out.join(".rn50-prepare")).unwrap();
+    let r = check(&out, Expect::Auto).unwrap();
+    assert!(r.ok() && !r.notes.is_empty(), "{:?}", r.problems);
+    assert_eq!(r.val_images, 23);
+    assert!(!check(&out, Expect::ImageNet).unwrap().ok());
 }
 
 #[test]
