@@ -162,6 +162,7 @@ pub fn extract_train(
         .then(|| crate::labels::imagenet_wnids().len() as u64);
 
     let (job_tx, job_rx) = bounded::<Job>(threads * 4);
+    let mut seen = Vec::new();
     let (input, skipped) = std::thread::scope(|s| {
         for _ in 0..threads {
             let job_rx = job_rx.clone();
@@ -189,6 +190,7 @@ pub fn extract_train(
             layout,
             &shared,
             &mut input_back,
+            &mut seen,
             &|| {
                 bar.set_position(pos.load(Ordering::Relaxed));
                 bar.set_message(rate_message(
@@ -214,7 +216,7 @@ pub fn extract_train(
         )?;
     }
 
-    // Totals from every class marker: this run's classes and earlier runs'.
+    // Totals from the markers of this archive's classes: this run's and earlier runs'.
     let mut stats = ArchiveStats {
         extracted_classes: shared.classes.load(Ordering::Relaxed),
         extracted_images: shared.images.load(Ordering::Relaxed),
@@ -224,7 +226,8 @@ pub fn extract_train(
         md5: md5.clone(),
         ..Default::default()
     };
-    for wnid in marked_classes(layout)? {
+    seen.sort();
+    for wnid in seen {
         let m: ClassMarker = read_json(&layout.class_marker(&wnid))?
             .ok_or_else(|| anyhow!("class marker for {wnid} vanished"))?;
         stats.classes.insert(wnid, m.images);
@@ -265,6 +268,7 @@ pub fn marked_classes(layout: &Layout) -> Result<Vec<String>> {
 /// of classes skipped as already complete; gives the input back for the final hash. An error is
 /// recorded in `shared` before the workers' channels close, so it, not their "reading
 /// stopped", is the error reported.
+#[allow(clippy::too_many_arguments)]
 fn read_outer(
     input: Input,
     jobs: Sender<Job>,
@@ -272,6 +276,7 @@ fn read_outer(
     layout: &Layout,
     shared: &Shared,
     input_back: &mut Option<Input>,
+    seen: &mut Vec<String>,
     tick: &dyn Fn(),
 ) -> u64 {
     let mut current: Option<Sender<Msg>> = None;
@@ -282,6 +287,7 @@ fn read_outer(
         layout,
         shared,
         input_back,
+        seen,
         tick,
         &mut current,
     );
@@ -299,6 +305,7 @@ fn read_outer_inner(
     layout: &Layout,
     shared: &Shared,
     input_back: &mut Option<Input>,
+    seen_classes: &mut Vec<String>,
     tick: &dyn Fn(),
     current: &mut Option<Sender<Msg>>,
 ) -> Result<u64> {
@@ -336,6 +343,7 @@ fn read_outer_inner(
                 bail!("member {shown:?}: class {wnid} appears twice in the archive");
             }
             last = Some(shown.clone());
+            seen_classes.push(wnid.clone());
             // Complete from an earlier run, unless its folder has been deleted since.
             if layout.class_marker(&wnid).exists() && layout.train().join(&wnid).is_dir() {
                 skipped += 1;
