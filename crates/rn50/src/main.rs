@@ -12,8 +12,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Verify and extract the ILSVRC2012 archives into an ImageFolder tree (parallel, resumable).
+    Prepare(rn50_data::cli::PrepareCmd),
+    /// Pack an image folder into a few large shard files for fast sequential reading.
+    Pack(rn50_pipeline::cli::PackCmd),
     /// Training throughput on synthetic data (images/s, step time, data wait, memory).
     Bench(rn50::bench::BenchArgs),
+    /// Input-pipeline throughput: decode + augment + batch, without the model.
+    BenchLoader(rn50_pipeline::cli::BenchLoaderCmd),
     /// Check this node: libtorch, CPU features, GPUs, cuDNN/NCCL, Gloo, launcher environment.
     Doctor(rn50::doctor::DoctorArgs),
 }
@@ -21,7 +27,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
+        Command::Prepare(a) => rn50_data::cli::run(a),
+        Command::Pack(a) => rn50_pipeline::cli::run_pack(a),
         Command::Bench(a) => rn50::bench::command(a),
+        Command::BenchLoader(a) => rn50_pipeline::cli::run_bench_loader(a),
         Command::Doctor(a) => rn50::doctor::command(a),
     };
     match result {

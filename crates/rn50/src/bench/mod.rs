@@ -302,18 +302,27 @@ pub fn render(r: &BenchResult) -> String {
 /// `rn50 bench` as a command: resolve, run with a progress line, print, write JSON.
 pub fn command(args: &BenchArgs) -> Result<()> {
     let (cfg, device) = args.resolve()?;
-    let is_tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // Drawn on stderr, hidden when it is not a terminal (logs, CI).
+    let bar = indicatif::ProgressBar::new((cfg.warmup + cfg.steps) as u64).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {pos}/{len} steps {msg} (ETA {eta})",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(format!("bench {} b{}", cfg.arch, cfg.batch_size));
     let r = run(&cfg, device, |i, n, secs| {
-        if is_tty {
-            eprint!(
-                "\r  step {i}/{n}  {:.2} img/s   ",
-                cfg.batch_size as f64 / secs
-            );
+        bar.set_position(i as u64);
+        let phase = if i <= cfg.warmup {
+            "warm-up"
+        } else {
+            "measuring"
+        };
+        bar.set_message(format!("{phase} {:.2} img/s", cfg.batch_size as f64 / secs));
+        if i == n {
+            bar.finish_and_clear();
         }
     })?;
-    if is_tty {
-        eprintln!();
-    }
     match &args.json {
         Some(p) if p.as_os_str() == "-" => println!("{}", serde_json::to_string_pretty(&r)?),
         Some(p) => {

@@ -109,3 +109,77 @@ impl TrainStep {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Arch, ResNetConfig, Stem};
+    use tch::Kind;
+
+    fn small_step(precision: Precision, channels_last: bool) -> TrainStep {
+        tch::manual_seed(0);
+        let mut cfg = ResNetConfig::new(Arch::ResNet18);
+        cfg.stem = Stem::Cifar;
+        cfg.num_classes = 10;
+        let model = Model::new(cfg, Device::Cpu);
+        TrainStep::new(
+            model,
+            StepConfig {
+                precision,
+                channels_last,
+                label_smoothing: 0.0,
+                sgd: SgdConfig::default(),
+            },
+        )
+    }
+
+    #[test]
+    fn bf16_channels_last_steps_fit_a_batch() {
+        let mut step = small_step(Precision::Bf16, true);
+        let images = Tensor::randint(256, [8, 32, 32, 3], (Kind::Uint8, Device::Cpu));
+        let labels = Tensor::randint(10, [8], (Kind::Int64, Device::Cpu));
+        let losses: Vec<f64> = (0..6)
+            .map(|_| f64::try_from(&step.step_u8(&images, &labels, 0.05).unwrap().loss).unwrap())
+            .collect();
+        assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+        assert!(
+            losses[5] < 0.5 * losses[0],
+            "memorising one batch must cut the loss: {losses:?}"
+        );
+        // Parameters stay fp32 and channels_last under autocast.
+        let (_, w) = step
+            .model
+            .parameters()
+            .into_iter()
+            .find(|(k, _)| k == "layer1.0.conv1.weight")
+            .unwrap();
+        assert_eq!(w.kind(), Kind::Float);
+        assert!(crate::model::memory_format::is_channels_last(&w));
+    }
+
+    #[test]
+    fn loss_scaler_skips_overflowing_steps() {
+        let mut step = small_step(Precision::Fp32, false);
+        step.scaler = Some(GradScaler::with_scale(Device::Cpu, 1024.0));
+        let before: Vec<Tensor> = step.model.parameters().iter().map(|(_, t)| t.copy()).collect();
+        let images = Tensor::randint(256, [4, 32, 32, 3], (Kind::Uint8, Device::Cpu));
+        let labels = Tensor::randint(10, [4], (Kind::Int64, Device::Cpu));
+        // One NaN pixel makes every gradient non-finite, as an fp16 overflow would: the update must be
+        // skipped, every parameter left untouched, and the scale halved.
+        let x = step.input.normalize(&images).copy();
+        let _ = x.get(0).get(0).get(0).get(0).fill_(f64::NAN);
+        let out = step.step(&x, &labels, 0.1).unwrap();
+        assert!(out.skipped);
+        for (b, (k, a)) in before.iter().zip(step.model.parameters()) {
+            assert_eq!(b, &a, "{k} changed on a skipped step");
+        }
+        assert_eq!(step.scaler.as_ref().unwrap().current_scale(), 512.0);
+        // With a sane scale the step goes through.
+        step.scaler = Some(GradScaler::with_scale(Device::Cpu, 1024.0));
+        assert!(!step.step_u8(&images, &labels, 0.1).unwrap().skipped);
+        assert!(before
+            .iter()
+            .zip(step.model.parameters())
+            .any(|(b, (_, a))| b != &a));
+    }
+}

@@ -73,3 +73,22 @@ impl FromStr for Precision {
             .map_err(|_| anyhow::anyhow!("unknown precision '{s}': fp32, bf16 or fp16"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_support_rules() {
+        assert!(Precision::Bf16.check(Device::Cpu, true).is_ok());
+        let e = Precision::Bf16
+            .check(Device::Cpu, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("AMX or AVX512-BF16"), "{e}");
+        assert!(Precision::Fp16.check(Device::Cpu, true).is_err());
+        assert!(Precision::Fp16.check(Device::Cuda(0), false).is_ok());
+        assert!(Precision::Fp32.check(Device::Cpu, false).is_ok());
+        assert_eq!("BF16".parse::<Precision>().unwrap(), Precision::Bf16);
+    }
+}
