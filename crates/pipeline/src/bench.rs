@@ -6,7 +6,8 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::loader::{Loader, LoaderConfig};
-use crate::source::Dataset;
+use crate::source::{Dataset, Source};
+use std::sync::Arc;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct BenchResult {
@@ -31,7 +32,30 @@ pub struct BenchResult {
     pub bad_examples: Vec<String>,
 }
 
-/// Run `warmup` untimed then `steps` timed batches, cycling through epochs as needed.
+/// The dataset repeated `times` times as one epoch, so a benchmark over a small set measures
+/// steady-state throughput rather than epoch-boundary pipeline drains.
+struct Repeated {
+    inner: Dataset,
+    times: usize,
+}
+
+impl Source for Repeated {
+    fn len(&self) -> usize {
+        self.inner.len() * self.times
+    }
+    fn label(&self, i: usize) -> i64 {
+        self.inner.label(i % self.inner.len())
+    }
+    fn read<'a>(&'a self, i: usize, buf: &'a mut Vec<u8>) -> Result<&'a [u8]> {
+        self.inner.read(i % self.inner.len(), buf)
+    }
+    fn name(&self, i: usize) -> String {
+        self.inner.name(i % self.inner.len())
+    }
+}
+
+/// Run `warmup` untimed then `steps` timed batches in one epoch (the dataset repeated as
+/// needed).
 pub fn run(
     dataset: Dataset,
     config: LoaderConfig,
@@ -42,6 +66,18 @@ pub fn run(
     let (threads, batch_size, dct_scaling) =
         (config.workers, config.batch_size, config.dct_scaling);
     let description = dataset.description().to_string();
+    anyhow::ensure!(!dataset.is_empty(), "{description} is empty");
+    let needed = (steps + warmup) * batch_size;
+    let times = needed.div_ceil(dataset.len()).max(1);
+    let classes = dataset.classes().to_vec();
+    let dataset = Dataset::from_source(
+        Arc::new(Repeated {
+            inner: dataset,
+            times,
+        }),
+        classes,
+        description.clone(),
+    );
     let loader = Loader::new(dataset, config)?;
     anyhow::ensure!(
         loader.batches_per_epoch() > 0,

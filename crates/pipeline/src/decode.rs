@@ -185,6 +185,9 @@ impl Decoder {
             out: Vec::new(),
             cmyk: Vec::new(),
         };
+        // Accurate IDCT and smooth (fancy) upsampling stay on: they match Pillow bit for bit,
+        // and libjpeg-turbo 3.1.0's fast (merged) upsampling segfaulted in jpeg_skip_scanlines
+        // under partial decompression in our stress runs.
         d.set(raw::TJPARAM_TJPARAM_SCANLIMIT, MAX_SCANS)?;
         d.set(raw::TJPARAM_TJPARAM_MAXPIXELS, MAX_PIXELS as c_int)?;
         Ok(d)

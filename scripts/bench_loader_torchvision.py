@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""torchvision baseline for `rn50 bench-loader`: the same measurement with a DataLoader.
+
+ImageFolder + PIL decode + the same transforms (RandomResizedCrop + RandomHorizontalFlip, or
+Resize + CenterCrop with --val) + PILToTensor (uint8, as ours: normalization belongs on the
+device), N worker processes, the same batch size, warm-up and timed steps. Prints one line and
+optionally writes JSON with the same keys as `rn50 bench-loader --json`.
+"""
+import argparse
+import json
+import time
+
+import torch
+from torch.utils.data import DataLoader
+from torchvision import datasets, transforms as T
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("data")
+    p.add_argument("-j", "--workers", type=int, default=2)
+    p.add_argument("-b", "--batch-size", type=int, default=256)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--val", action="store_true")
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--val-resize", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json")
+    a = p.parse_args()
+
+    if a.val:
+        tf = T.Compose([T.Resize(a.val_resize), T.CenterCrop(a.size), T.PILToTensor()])
+    else:
+        tf = T.Compose([T.RandomResizedCrop(a.size), T.RandomHorizontalFlip(), T.PILToTensor()])
+    ds = datasets.ImageFolder(a.data, tf)
+    # As rn50 bench-loader: repeat a small set so one epoch covers the run (no epoch drains).
+    needed = (a.steps + a.warmup) * a.batch_size
+    ds = torch.utils.data.ConcatDataset([ds] * max(1, -(-needed // len(ds))))
+    torch.manual_seed(a.seed)
+    loader = DataLoader(
+        ds, batch_size=a.batch_size, shuffle=not a.val, drop_last=not a.val,
+        num_workers=a.workers, persistent_workers=a.workers > 0,
+    )
+    done, images, start = 0, 0, time.perf_counter()
+    while done < a.warmup + a.steps:
+        for x, _ in loader:
+            done += 1
+            if done == a.warmup:
+                start = time.perf_counter()
+            elif done > a.warmup:
+                images += x.shape[0]
+            if done >= a.warmup + a.steps:
+                break
+    seconds = time.perf_counter() - start
+    ips = images / seconds
+    r = {
+        "dataset": a.data, "threads": a.workers, "batch_size": a.batch_size, "steps": a.steps,
+        "warmup": a.warmup, "images": images, "seconds": seconds, "images_per_sec": ips,
+        "images_per_sec_per_core": ips / max(a.workers, 1), "bad_images": 0,
+    }
+    print(f"torchvision: {ips:.1f} images/s, {ips / max(a.workers, 1):.1f} images/s per core "
+          f"({a.workers} workers)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(r, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
