@@ -32,7 +32,9 @@ fn main() {
         .flag("-Wno-unused-parameter");
     if env::var_os("CARGO_FEATURE_CUDA").is_some() {
         // CUDA and NCCL headers: from CUDA_HOME if set, else the pip wheels' nvidia packages next to torch.
-        let nvidia = root.parent().map(|p| p.join("nvidia")).unwrap_or_default();
+        // (Resolve links first: `.venv/libtorch` points into site-packages, where nvidia/ sits next to torch/.)
+        let real = std::fs::canonicalize(&root).unwrap_or_else(|_| root.clone());
+        let nvidia = real.parent().map(|p| p.join("nvidia")).unwrap_or_default();
         let mut dirs = vec![
             nvidia.join("cu13/include"),
             nvidia.join("cuda_runtime/include"),

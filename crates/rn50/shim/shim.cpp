@@ -4,7 +4,7 @@
 // - TF32 switches;
 // - multi-tensor (foreach) SGD and AMP unscale, the kernels torch.optim.SGD and GradScaler use;
 // - build/config strings and where libtorch was loaded from, for `rn50 doctor`;
-// - CUDA caching-allocator statistics (only with the `cuda` feature).
+// - CUDA caching-allocator statistics.
 //
 // Every entry point is extern "C", catches all exceptions, and reports failure as a non-zero return with
 // the message available from rn50_last_error(). Tensors cross the boundary as tch's `at::Tensor*` handles.
@@ -19,9 +19,7 @@
 #include <string>
 #include <vector>
 
-#ifdef RN50_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
+#include <c10/core/CachingDeviceAllocator.h>
 
 namespace {
 thread_local std::string last_error;
@@ -168,30 +166,18 @@ int rn50_cuda_compiled() {
 }
 
 // Peak and current bytes allocated by the CUDA caching allocator on `device` (torch.cuda.max_memory_allocated).
+// Through c10's device-generic allocator interface, so no CUDA headers are needed.
 int rn50_cuda_memory(int device, int64_t* peak, int64_t* current) {
-#ifdef RN50_CUDA
   return guarded([&] {
-    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+    auto stats = c10::getDeviceAllocator(at::kCUDA)->getDeviceStats(static_cast<c10::DeviceIndex>(device));
     auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     *peak = stats.allocated_bytes[all].peak;
     *current = stats.allocated_bytes[all].current;
   });
-#else
-  (void)device;
-  *peak = -1;
-  *current = -1;
-  last_error = "rn50 was built without the `cuda` feature";
-  return 1;
-#endif
 }
 
 int rn50_cuda_reset_peak(int device) {
-#ifdef RN50_CUDA
-  return guarded([&] { c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device)); });
-#else
-  (void)device;
-  return 0;
-#endif
+  return guarded([&] { c10::getDeviceAllocator(at::kCUDA)->resetPeakStats(static_cast<c10::DeviceIndex>(device)); });
 }
 
 }  // extern "C"

@@ -81,7 +81,7 @@ fn nccl_version() -> Option<String> {
 /// Which launcher started this process, from the variables each one sets.
 pub fn detect_launcher(var: impl Fn(&str) -> Option<String>) -> (String, Option<String>) {
     let pick = |keys: [&str; 3]| -> Option<String> {
-        let [r, w, l] = keys.map(|k| var(k));
+        let [r, w, l] = keys.map(&var);
         Some(format!(
             "rank {} of {}, local rank {}",
             r?,

@@ -26,6 +26,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    rn50::alloc::keep_freed_memory();
     let result = match &cli.command {
         Command::Prepare(a) => rn50_data::cli::run(a),
         Command::Pack(a) => rn50_pipeline::cli::run_pack(a),

@@ -224,12 +224,12 @@ pub fn libtorch_path() -> Option<String> {
     owned_string(unsafe { ffi::rn50_libtorch_path() })
 }
 
-/// Whether this binary was built with the `cuda` feature (NCCL, allocator statistics).
+/// Whether this binary was built with the `cuda` feature (NCCL process groups).
 pub fn cuda_compiled() -> bool {
     unsafe { ffi::rn50_cuda_compiled() != 0 }
 }
 
-/// (peak, current) bytes held by the CUDA caching allocator on `device`; None without the `cuda` feature.
+/// (peak, current) bytes allocated by the CUDA caching allocator on `device`; None where there is no CUDA.
 pub fn cuda_memory(device: usize) -> Option<(i64, i64)> {
     let (mut peak, mut current) = (0, 0);
     let rc = unsafe { ffi::rn50_cuda_memory(device as c_int, &mut peak, &mut current) };

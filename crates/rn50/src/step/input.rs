@@ -55,7 +55,7 @@ impl Normalizer {
         }
         let buf = self.buf.as_mut().expect("buffer allocated above");
         tch::no_grad(|| {
-            let _ = buf.copy_(&nchw);
+            buf.copy_(&nchw);
             let _ = buf.g_mul_(&self.scale);
             let _ = buf.g_add_(&self.shift);
         });

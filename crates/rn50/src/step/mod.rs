@@ -161,7 +161,12 @@ mod tests {
     fn loss_scaler_skips_overflowing_steps() {
         let mut step = small_step(Precision::Fp32, false);
         step.scaler = Some(GradScaler::with_scale(Device::Cpu, 1024.0));
-        let before: Vec<Tensor> = step.model.parameters().iter().map(|(_, t)| t.copy()).collect();
+        let before: Vec<Tensor> = step
+            .model
+            .parameters()
+            .iter()
+            .map(|(_, t)| t.copy())
+            .collect();
         let images = Tensor::randint(256, [4, 32, 32, 3], (Kind::Uint8, Device::Cpu));
         let labels = Tensor::randint(10, [4], (Kind::Int64, Device::Cpu));
         // One NaN pixel makes every gradient non-finite, as an fp16 overflow would: the update must be
