@@ -24,10 +24,10 @@ use crate::transform::{Augmenter, Transform};
 /// What to do with an image that cannot be decoded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum BadImagePolicy {
-    /// Leave it out of its batch (which is one sample shorter) and count it.
+    /// Leave the image out (its batch is one shorter) and count it.
     #[default]
     Skip,
-    /// Stop: the epoch yields an error naming the file.
+    /// Stop with an error naming the file.
     Fail,
 }
 
