@@ -8,6 +8,7 @@ Rust tests compare against their own output. Called by crates/pipeline/tests/*.r
   val OUT RESIZE CROP FILE...        Resize(RESIZE) + CenterCrop(CROP) on the PIL image
   resized_crop OUT SIZE JOBS.json    F.resized_crop(img, y, x, h, w, SIZE) (+ hflip) per job
   rrc_params OUT N W H [W H ...]     RandomResizedCrop.get_params N times per image size
+  imagefolder OUT ROOT               torchvision ImageFolder's classes and (path, label) samples
 """
 import json
 import os
@@ -74,6 +75,12 @@ def main():
                 i, j, bh, bw = T.RandomResizedCrop.get_params(stub, [0.08, 1.0], [3 / 4, 4 / 3])
                 boxes.append([j, i, bw, bh])
             manifest.append({"width": w, "height": h, "boxes": boxes})
+    elif mode == "imagefolder":
+        from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
+        classes, class_to_idx = find_classes(args[0])
+        samples = make_dataset(args[0], class_to_idx, IMG_EXTENSIONS)
+        manifest = {"classes": classes, "samples": samples}
     else:
         sys.exit(f"unknown mode {mode}")
     with open(os.path.join(out, "manifest.json"), "w") as f:

@@ -268,3 +268,58 @@ fn bad_images_are_skipped_and_counted_or_fail_with_the_name() {
     );
     assert!(it.next().is_none(), "iteration continues after a failure");
 }
+
+#[test]
+fn image_folder_matches_torchvision() {
+    // Nested directories, mixed-case and non-image extensions, a symlinked class, an empty class.
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("tree");
+    let img = jpeg_files("imagenet")[0].clone();
+    for rel in [
+        "b/x.JPEG",
+        "b/a.jpg",
+        "b/sub/z.png",
+        "b/sub-dir/y.Jpeg",
+        "b/sub/deeper/w.webp",
+        "a/1.jpeg",
+        "a/notes.txt",
+        "a/2.JPG",
+        "C/upper.PNG",
+        "c_/q.bmp",
+        "ext/e.jpg",
+    ] {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::copy(&img, &p).unwrap();
+    }
+    std::fs::create_dir_all(root.join("empty")).unwrap();
+    std::os::unix::fs::symlink(root.join("ext"), root.join("linked")).unwrap();
+    std::fs::write(root.join("stray.jpg"), b"not in a class").unwrap();
+
+    // torchvision rejects a class without images, and so do we.
+    let err = Dataset::open(&root).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("no image files for the classes empty"),
+        "{err:#}"
+    );
+    std::fs::remove_dir(root.join("empty")).unwrap();
+    let manifest = reference(
+        "imagefolder",
+        &tmp.path().join("ref"),
+        &[root.display().to_string()],
+    );
+    let ds = Dataset::open(&root).unwrap();
+    let classes: Vec<String> = manifest["classes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ds.classes(), classes.as_slice());
+    let samples = manifest["samples"].as_array().unwrap();
+    assert_eq!(ds.len(), samples.len());
+    for (i, s) in samples.iter().enumerate() {
+        assert_eq!(ds.name(i), s[0].as_str().unwrap(), "sample {i}");
+        assert_eq!(ds.label(i), s[1].as_i64().unwrap(), "sample {i}");
+    }
+}

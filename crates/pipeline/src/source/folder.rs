@@ -44,6 +44,7 @@ impl ImageFolder {
         }
         let mut files = Vec::new();
         let mut labels = Vec::new();
+        let mut counts = Vec::with_capacity(classes.len());
         for (label, class) in classes.iter().enumerate() {
             let mut found = Vec::new();
             walk(&root.join(class), &mut found)?;
@@ -55,11 +56,24 @@ impl ImageFolder {
                     p.file_name().map(|f| f.to_owned()),
                 )
             });
+            counts.push(found.len());
             labels.extend(std::iter::repeat_n(label as u32, found.len()));
             files.extend(found);
         }
-        if files.is_empty() {
-            bail!("{} contains no image files", root.display());
+        // torchvision refuses empty classes too (a sign of an incomplete extraction).
+        let empty: Vec<&str> = classes
+            .iter()
+            .zip(&counts)
+            .filter(|(_, &n)| n == 0)
+            .map(|(c, _)| c.as_str())
+            .collect();
+        if !empty.is_empty() {
+            bail!(
+                "{}: no image files for the classes {} (extensions: {})",
+                root.display(),
+                empty.join(", "),
+                IMG_EXTENSIONS.join(", ")
+            );
         }
         Ok(ImageFolder {
             root: root.to_path_buf(),
@@ -86,8 +100,12 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     let entries =
         std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
     for entry in entries {
-        let path = entry?.path();
-        if path.is_dir() {
+        let entry = entry?;
+        let path = entry.path();
+        // d_type avoids a stat per file (1.3 M of them); only symlinks need one.
+        let ft = entry.file_type()?;
+        let is_dir = ft.is_dir() || (ft.is_symlink() && path.is_dir());
+        if is_dir {
             walk(&path, out)?;
         } else if has_image_extension(&path) {
             out.push(path);
