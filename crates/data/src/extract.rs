@@ -83,6 +83,24 @@ impl Shared {
     }
 }
 
+/// Starts a named worker thread (names show in `top -H` and profilers); a failure to start one
+/// is recorded as the run's error.
+pub fn spawn_named<'scope, F>(
+    s: &'scope std::thread::Scope<'scope, '_>,
+    name: String,
+    shared: &Shared,
+    f: F,
+) where
+    F: FnOnce() + Send + 'scope,
+{
+    if let Err(e) = std::thread::Builder::new()
+        .name(name.clone())
+        .spawn_scoped(s, f)
+    {
+        shared.fail(anyhow::anyhow!("starting thread {name}: {e}"));
+    }
+}
+
 /// Reads a whole member into `buf`, refusing oversized or truncated ones.
 pub fn read_member(entry: &mut impl Read, size: u64, buf: &mut Vec<u8>) -> Result<()> {
     if size > MAX_IMAGE_BYTES {

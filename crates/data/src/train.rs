@@ -18,7 +18,7 @@ use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
 use crate::archive::{classify, is_plain_component, Input, Member};
 use crate::chunks::{ChunkReader, Msg, Pool};
-use crate::extract::{read_member, store_image, ExtractOptions, Shared};
+use crate::extract::{read_member, spawn_named, store_image, ExtractOptions, Shared};
 use crate::output::{
     create_dir_all, read_json, remove_dir_all, write_json_atomic, ArchiveMarker, ClassMarker,
     Layout, OddRecord,
@@ -164,10 +164,10 @@ pub fn extract_train(
     let (job_tx, job_rx) = bounded::<Job>(threads * 4);
     let mut seen = Vec::new();
     let (input, skipped) = std::thread::scope(|s| {
-        for _ in 0..threads {
+        for i in 0..threads {
             let job_rx = job_rx.clone();
             let shared = &shared;
-            s.spawn(move || {
+            spawn_named(s, format!("train-{i}"), shared, move || {
                 for job in job_rx {
                     let wnid = job.wnid.clone();
                     if let Err(e) = extract_class(job, layout, opts, shared) {

@@ -14,7 +14,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use crossbeam_channel::bounded;
 
 use crate::archive::{classify, Input, Member};
-use crate::extract::{read_member, store_image, ExtractOptions, Shared};
+use crate::extract::{read_member, spawn_named, store_image, ExtractOptions, Shared};
 use crate::labels::ValLabels;
 use crate::output::{
     create_dir_all, remove_dir_all, write_json_atomic, ArchiveMarker, Layout, OddRecord,
@@ -68,10 +68,10 @@ pub fn extract_val(
     // Images in flight are bounded by count; each is at most MAX_IMAGE_BYTES.
     let (tx, rx) = bounded::<Item>(threads * 32);
     let input = std::thread::scope(|s| {
-        for _ in 0..threads {
+        for i in 0..threads {
             let rx = rx.clone();
             let (shared, per_class, odd) = (&shared, &per_class, &odd);
-            s.spawn(move || {
+            spawn_named(s, format!("val-{i}"), shared, move || {
                 let mut made = HashSet::new();
                 for item in rx {
                     if shared.failed() {
