@@ -11,3 +11,4 @@ pub mod machine;
 pub mod model;
 pub mod shim;
 pub mod step;
+pub mod train;

@@ -1,0 +1,171 @@
+//! Learning-rate recipes for ImageNet training: linear scaling with the global batch (Goyal et al. 2017),
+//! gradual warmup, then a step, cosine or linear decay. Time is measured in (fractional) epochs so the same
+//! recipe holds for any batch size and world size.
+use std::f64::consts::PI;
+use std::fmt;
+
+use anyhow::{bail, Result};
+
+/// `--lr` is per 256 images: the effective rate scales with the global batch.
+pub fn scaled_lr(lr_per_256: f64, global_batch: usize) -> f64 {
+    lr_per_256 * global_batch as f64 / 256.0
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Decay {
+    /// Multiply by `gamma` at each milestone epoch (÷10 at 30, 60, 80 for 90 epochs).
+    Step { milestones: Vec<f64>, gamma: f64 },
+    /// Half a cosine from the peak down to `final_lr` at the last epoch.
+    Cosine { final_lr: f64 },
+    /// A straight line from the peak down to zero at the last epoch.
+    Linear,
+}
+
+impl Decay {
+    pub fn step_default() -> Self {
+        Decay::Step {
+            milestones: vec![30.0, 60.0, 80.0],
+            gamma: 0.1,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LrSchedule {
+    /// The peak rate (already scaled for the global batch).
+    pub peak_lr: f64,
+    pub warmup_epochs: f64,
+    pub epochs: f64,
+    pub decay: Decay,
+}
+
+impl LrSchedule {
+    pub fn new(peak_lr: f64, warmup_epochs: f64, epochs: f64, decay: Decay) -> Result<Self> {
+        if !peak_lr.is_finite() || peak_lr <= 0.0 {
+            bail!("the learning rate must be positive (got {peak_lr})");
+        }
+        if epochs <= 0.0 || warmup_epochs < 0.0 || warmup_epochs >= epochs {
+            bail!("need 0 <= --warmup-epochs < --epochs (got {warmup_epochs} and {epochs})");
+        }
+        if let Decay::Step { milestones, gamma } = &decay {
+            if gamma.is_nan() || *gamma <= 0.0 || milestones.windows(2).any(|w| w[0] >= w[1]) {
+                bail!("step decay needs increasing milestones and gamma > 0 (got {milestones:?}, {gamma})");
+            }
+        }
+        Ok(Self {
+            peak_lr,
+            warmup_epochs,
+            epochs,
+            decay,
+        })
+    }
+
+    /// The rate for the step that ends at fractional epoch `t` (epoch + (batch + 1) / batches_per_epoch):
+    /// during warmup it rises linearly from ~0 to the peak, reaching it at `warmup_epochs`.
+    pub fn at(&self, t: f64) -> f64 {
+        let w = self.warmup_epochs;
+        if t < w {
+            return self.peak_lr * (t / w).max(0.0);
+        }
+        let progress = ((t - w) / (self.epochs - w)).clamp(0.0, 1.0);
+        match &self.decay {
+            Decay::Step { milestones, gamma } => {
+                let passed = milestones.iter().filter(|&&m| t >= m).count();
+                self.peak_lr * gamma.powi(passed as i32)
+            }
+            Decay::Cosine { final_lr } => {
+                final_lr + 0.5 * (self.peak_lr - final_lr) * (1.0 + (PI * progress).cos())
+            }
+            Decay::Linear => self.peak_lr * (1.0 - progress),
+        }
+    }
+}
+
+impl fmt::Display for LrSchedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let decay = match &self.decay {
+            Decay::Step { milestones, gamma } => format!("step ×{gamma} at {milestones:?}"),
+            Decay::Cosine { final_lr } => format!("cosine to {final_lr}"),
+            Decay::Linear => "linear to 0".into(),
+        };
+        write!(
+            f,
+            "peak {} after {} warmup epochs, {decay}, {} epochs",
+            self.peak_lr, self.warmup_epochs, self.epochs
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-12 * b.abs().max(1.0)
+    }
+
+    #[test]
+    fn linear_scaling_rule() {
+        assert_eq!(scaled_lr(0.1, 256), 0.1);
+        assert!(
+            close(scaled_lr(0.1, 8192), 3.2),
+            "Goyal et al.: 8k batch, lr 3.2"
+        );
+        assert!(close(scaled_lr(0.1, 32), 0.0125));
+    }
+
+    #[test]
+    fn step_schedule_of_the_reference_recipe() {
+        let s = LrSchedule::new(0.1, 0.0, 90.0, Decay::step_default()).unwrap();
+        let want = [
+            (0.0, 0.1),
+            (29.99, 0.1),
+            (30.0, 0.01),
+            (59.0, 0.01),
+            (60.0, 0.001),
+            (80.0, 0.0001),
+            (89.9, 0.0001),
+        ];
+        for (t, lr) in want {
+            assert!(close(s.at(t), lr), "epoch {t}: {} vs {lr}", s.at(t));
+        }
+    }
+
+    #[test]
+    fn warmup_then_cosine() {
+        let s = LrSchedule::new(3.2, 5.0, 90.0, Decay::Cosine { final_lr: 0.0 }).unwrap();
+        assert!(close(s.at(1.0), 3.2 / 5.0));
+        assert!(close(s.at(2.5), 1.6));
+        assert!(close(s.at(5.0), 3.2), "peak right after warmup");
+        assert!(close(s.at(47.5), 1.6), "half way through the decay");
+        assert!(s.at(90.0).abs() < 1e-12);
+        // Monotone after warmup.
+        let v: Vec<f64> = (50..=900).map(|i| s.at(i as f64 / 10.0)).collect();
+        assert!(v.windows(2).all(|w| w[1] <= w[0]));
+    }
+
+    #[test]
+    fn linear_decay() {
+        let s = LrSchedule::new(1.0, 0.0, 10.0, Decay::Linear).unwrap();
+        assert!(close(s.at(0.0), 1.0));
+        assert!(close(s.at(7.5), 0.25));
+        assert_eq!(s.at(10.0), 0.0);
+    }
+
+    #[test]
+    fn nonsense_is_rejected() {
+        assert!(LrSchedule::new(0.0, 0.0, 90.0, Decay::Linear).is_err());
+        assert!(LrSchedule::new(0.1, 90.0, 90.0, Decay::Linear).is_err());
+        assert!(LrSchedule::new(
+            0.1,
+            0.0,
+            90.0,
+            Decay::Step {
+                milestones: vec![60.0, 30.0],
+                gamma: 0.1
+            }
+        )
+        .is_err());
+    }
+}
