@@ -7,7 +7,7 @@ use crate::shim;
 
 pub struct GradScaler {
     pub scale: Tensor,
-    growth_tracker: Tensor,
+    pub(crate) growth_tracker: Tensor,
     found_inf: Tensor,
     inv_scale: Tensor,
     pub growth_factor: f64,

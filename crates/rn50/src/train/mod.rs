@@ -1,2 +1,3 @@
-//! The training loop's parts (issue 5 builds `rn50 train` from them): the learning-rate recipe first.
+//! The training loop's parts (`rn50 train` is built from them): learning-rate recipe, checkpoints.
+pub mod checkpoint;
 pub mod schedule;

@@ -1,0 +1,282 @@
+//! Training checkpoints: one safetensors file holding the model state (torchvision keys under `model.`),
+//! the SGD momentum buffers (`optim.<param>`), the loss scaler (`scaler.*`), and in the header's metadata the
+//! position (epoch, batch within epoch) and the run's configuration as JSON. Written atomically (temporary
+//! file, fsync, rename): a crash mid-write leaves the previous checkpoint as it was.
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use safetensors::tensor::{Dtype, View};
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use crate::model::weights::write_atomic;
+use crate::step::TrainStep;
+
+const META_KEY: &str = "rn50";
+
+/// Where training stands; with the loader's (seed, epoch, batch) determinism this is all resume needs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Position {
+    pub epoch: u64,
+    /// Batches of `epoch` already trained.
+    pub batch_in_epoch: u64,
+    pub global_step: u64,
+    pub best_acc1: f64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Meta {
+    format: u32,
+    position: Position,
+    config: serde_json::Value,
+}
+
+/// A CPU copy of a tensor in the form safetensors serialises.
+struct HostTensor {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl HostTensor {
+    fn new(t: &Tensor) -> Result<Self> {
+        let t = t.detach().to_device(Device::Cpu).contiguous();
+        let dtype = match t.kind() {
+            Kind::Float => Dtype::F32,
+            Kind::Double => Dtype::F64,
+            Kind::Half => Dtype::F16,
+            Kind::BFloat16 => Dtype::BF16,
+            Kind::Int64 => Dtype::I64,
+            Kind::Int => Dtype::I32,
+            Kind::Uint8 => Dtype::U8,
+            Kind::Bool => Dtype::BOOL,
+            k => bail!("cannot checkpoint a {k:?} tensor"),
+        };
+        let numel = t.numel();
+        let mut bytes = vec![0u8; numel * t.kind().elt_size_in_bytes()];
+        t.f_copy_data_u8(&mut bytes, numel)?;
+        Ok(Self {
+            dtype,
+            shape: t.size().iter().map(|&d| d as usize).collect(),
+            bytes,
+        })
+    }
+}
+
+impl View for &HostTensor {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+/// Everything of `step` that changes while training, by checkpoint key.
+fn state_tensors(step: &TrainStep) -> Vec<(String, Tensor)> {
+    let mut out: Vec<(String, Tensor)> = step
+        .model
+        .state()
+        .into_iter()
+        .map(|(k, t)| (format!("model.{k}"), t))
+        .collect();
+    for g in &step.opt.groups {
+        for (name, buf) in g.names.iter().zip(&g.momentum_buffers) {
+            out.push((format!("optim.{name}"), buf.shallow_clone()));
+        }
+    }
+    if let Some(s) = &step.scaler {
+        out.push(("scaler.scale".into(), s.scale.shallow_clone()));
+        out.push((
+            "scaler.growth_tracker".into(),
+            s.growth_tracker.shallow_clone(),
+        ));
+    }
+    out
+}
+
+/// Writes a checkpoint of `step` at `position`, with `config` (the run's full configuration) in the header.
+pub fn save(
+    path: &Path,
+    step: &TrainStep,
+    position: &Position,
+    config: &serde_json::Value,
+) -> Result<()> {
+    let tensors: BTreeMap<String, HostTensor> = state_tensors(step)
+        .iter()
+        .map(|(k, t)| Ok((k.clone(), HostTensor::new(t)?)))
+        .collect::<Result<_>>()?;
+    let meta = Meta {
+        format: 1,
+        position: position.clone(),
+        config: config.clone(),
+    };
+    let info = HashMap::from([(META_KEY.to_string(), serde_json::to_string(&meta)?)]);
+    write_atomic(path, |tmp| {
+        safetensors::serialize_to_file(
+            tensors.iter().map(|(k, v)| (k.as_str(), v)),
+            &Some(info),
+            tmp,
+        )
+        .map_err(|e| anyhow::anyhow!("{e:?}"))
+    })
+}
+
+/// Reads only the header: position and configuration (to rebuild the run before loading its tensors).
+pub fn read_meta(path: &Path) -> Result<(Position, serde_json::Value)> {
+    let bytes =
+        std::fs::read(path).with_context(|| format!("reading checkpoint {}", path.display()))?;
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes)
+        .map_err(|e| anyhow::anyhow!("{} is not a safetensors file: {e:?}", path.display()))?;
+    let json = header
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get(META_KEY))
+        .with_context(|| {
+            format!(
+                "{} is not an rn50 checkpoint (no '{META_KEY}' metadata)",
+                path.display()
+            )
+        })?;
+    let meta: Meta =
+        serde_json::from_str(json).with_context(|| format!("{}: bad metadata", path.display()))?;
+    Ok((meta.position, meta.config))
+}
+
+/// Restores `step` (built with the same architecture and options) from `path` and returns the position.
+pub fn load(path: &Path, step: &mut TrainStep) -> Result<(Position, serde_json::Value)> {
+    let (position, config) = read_meta(path)?;
+    let file: HashMap<String, Tensor> = Tensor::read_safetensors(path)
+        .with_context(|| format!("reading checkpoint {}", path.display()))?
+        .into_iter()
+        .collect();
+    let targets = state_tensors(step);
+    let missing: Vec<&str> = targets
+        .iter()
+        .filter(|(k, _)| !file.contains_key(k))
+        .map(|(k, _)| k.as_str())
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "{} does not fit this model/optimizer: missing {:?}",
+            path.display(),
+            &missing[..missing.len().min(5)]
+        );
+    }
+    tch::no_grad(|| -> Result<()> {
+        for (k, mut t) in targets {
+            let src = &file[&k];
+            if src.size() != t.size() {
+                bail!(
+                    "{}: {k} has shape {:?}, expected {:?}",
+                    path.display(),
+                    src.size(),
+                    t.size()
+                );
+            }
+            t.f_copy_(src).with_context(|| format!("restoring {k}"))?;
+        }
+        Ok(())
+    })?;
+    Ok((position, config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Arch, Model, ResNetConfig, Stem};
+    use crate::step::{Precision, SgdConfig, StepConfig};
+
+    fn step(seed: i64) -> TrainStep {
+        tch::manual_seed(seed);
+        let mut model = ResNetConfig::new(Arch::ResNet18);
+        model.stem = Stem::Cifar;
+        model.num_classes = 10;
+        let sgd = SgdConfig {
+            nesterov: true,
+            no_bn_bias_decay: true,
+            ..SgdConfig::default()
+        };
+        let cfg = StepConfig {
+            precision: Precision::Fp32,
+            channels_last: true,
+            label_smoothing: 0.1,
+            sgd,
+        };
+        TrainStep::new(Model::new(model, Device::Cpu), cfg)
+    }
+
+    fn batch(i: i64) -> (Tensor, Tensor) {
+        tch::manual_seed(100 + i);
+        (
+            Tensor::randint(256, [4, 32, 32, 3], (Kind::Uint8, Device::Cpu)),
+            Tensor::randint(10, [4], (Kind::Int64, Device::Cpu)),
+        )
+    }
+
+    #[test]
+    fn round_trip_gives_bit_identical_next_steps() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ckpt.safetensors");
+        let mut a = step(0);
+        for i in 0..2 {
+            let (x, y) = batch(i);
+            a.step_u8(&x, &y, 0.05).unwrap();
+        }
+        let pos = Position {
+            epoch: 3,
+            batch_in_epoch: 2,
+            global_step: 2,
+            best_acc1: 12.5,
+        };
+        let config = serde_json::json!({"arch": "resnet18", "lr": 0.05});
+        save(&path, &a, &pos, &config).unwrap();
+
+        // A differently initialised run restored from the file continues exactly like the original.
+        let mut b = step(7);
+        let (p, c) = load(&path, &mut b).unwrap();
+        assert_eq!((p, c), (pos, config));
+        for i in 2..4 {
+            let (x, y) = batch(i);
+            let la = f64::try_from(&a.step_u8(&x, &y, 0.05).unwrap().loss).unwrap();
+            let lb = f64::try_from(&b.step_u8(&x, &y, 0.05).unwrap().loss).unwrap();
+            assert_eq!(la.to_bits(), lb.to_bits(), "step {i}: {la} vs {lb}");
+        }
+        for ((k, ta), (_, tb)) in a.model.state().iter().zip(b.model.state().iter()) {
+            assert!(ta.equal(tb), "{k} differs after resuming");
+        }
+    }
+
+    #[test]
+    fn a_torn_write_leaves_the_previous_checkpoint_loadable() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ckpt.safetensors");
+        let a = step(0);
+        let pos = Position {
+            epoch: 1,
+            ..Position::default()
+        };
+        save(&path, &a, &pos, &serde_json::json!({})).unwrap();
+        // A writer killed half way: its temporary file is left behind, torn, and never renamed.
+        let err = write_atomic(&path, |tmp| {
+            std::fs::write(tmp, b"partial")?;
+            bail!("killed")
+        });
+        assert!(err.is_err());
+        let mut b = step(1);
+        assert_eq!(load(&path, &mut b).unwrap().0, pos);
+        // A torn file given directly is a clear error, not a panic.
+        let torn = dir.path().join("torn.safetensors");
+        let full = std::fs::read(&path).unwrap();
+        std::fs::write(&torn, &full[..full.len() / 2]).unwrap();
+        assert!(load(&torn, &mut b).is_err());
+    }
+}
