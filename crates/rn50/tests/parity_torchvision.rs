@@ -79,6 +79,7 @@ fn check_case(name: &str) {
         weight_decay: c["weight_decay"].as_f64().unwrap(),
         nesterov: c["nesterov"].as_bool().unwrap(),
         no_bn_bias_decay: c["no_bn_bias_decay"].as_bool().unwrap(),
+        lars_eta: None,
     };
     let cfg = StepConfig {
         precision: Precision::Fp32,
