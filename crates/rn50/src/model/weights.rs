@@ -1,6 +1,6 @@
 //! Weights as safetensors with torchvision's state_dict keys, so files move freely between rn50 and PyTorch
 //! (`safetensors.torch.load_file` + `model.load_state_dict`).
-use std::collections::BTreeMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -57,38 +57,64 @@ pub fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Res
 /// Loads `path` into the model. Every model tensor must be present with the same shape; extra keys other
 /// than `num_batches_tracked` are an error (they mean the file is for another architecture).
 pub fn load(model: &Model, path: &Path) -> Result<()> {
-    let file: BTreeMap<String, Tensor> = Tensor::read_safetensors(path)
+    let file: HashMap<String, Tensor> = Tensor::read_safetensors(path)
         .with_context(|| format!("reading weights {}", path.display()))?
         .into_iter()
         .collect();
     let state = model.state();
-    let missing: Vec<&str> = state
-        .iter()
-        .filter(|(k, _)| !file.contains_key(k))
-        .map(|(k, _)| k.as_str())
-        .collect();
-    let known: std::collections::HashSet<&str> = state.iter().map(|(k, _)| k.as_str()).collect();
-    let unexpected: Vec<&str> = file
+    let known: HashSet<&str> = state.iter().map(|(k, _)| k.as_str()).collect();
+    let mut unexpected: Vec<&str> = file
         .keys()
         .map(String::as_str)
         .filter(|k| !known.contains(k) && !ignorable(k))
         .collect();
-    if !missing.is_empty() || !unexpected.is_empty() {
+    unexpected.sort_unstable();
+    let c = &model.net.config;
+    if !unexpected.is_empty() {
         bail!(
-            "{} does not match {} ({} classes): missing {:?}, unexpected {:?}",
+            "{} does not match {} ({} classes): unexpected {:?}",
             path.display(),
-            model.net.config.arch,
-            model.net.config.num_classes,
-            &missing[..missing.len().min(5)],
+            c.arch,
+            c.num_classes,
             &unexpected[..unexpected.len().min(5)]
         );
     }
-    tch::no_grad(|| -> Result<()> {
-        for (k, mut t) in state {
+    copy_into(state, &file, path).with_context(|| {
+        format!(
+            "{} does not match {} ({} classes)",
+            path.display(),
+            c.arch,
+            c.num_classes
+        )
+    })
+}
+
+/// Copies `file[name]` into each target tensor in place (keeping its memory format), after checking that
+/// every name is present with the target's shape.
+pub(crate) fn copy_into(
+    targets: Vec<(String, Tensor)>,
+    file: &HashMap<String, Tensor>,
+    path: &Path,
+) -> Result<()> {
+    let missing: Vec<&str> = targets
+        .iter()
+        .filter(|(k, _)| !file.contains_key(k))
+        .map(|(k, _)| k.as_str())
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "{} lacks {} tensor(s): {:?}",
+            path.display(),
+            missing.len(),
+            &missing[..missing.len().min(5)]
+        );
+    }
+    tch::no_grad(|| {
+        for (k, mut t) in targets {
             let src = &file[&k];
             if src.size() != t.size() {
                 bail!(
-                    "{}: {k} has shape {:?}, the model wants {:?}",
+                    "{}: {k} has shape {:?}, expected {:?}",
                     path.display(),
                     src.size(),
                     t.size()
@@ -145,6 +171,9 @@ mod tests {
             &path,
         )
         .unwrap_err();
-        assert!(format!("{err:#}").contains("missing"), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("does not match resnet34"),
+            "{err:#}"
+        );
     }
 }

@@ -11,7 +11,7 @@ use safetensors::tensor::{Dtype, View};
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::model::weights::write_atomic;
+use crate::model::weights::{copy_into, write_atomic};
 use crate::step::TrainStep;
 
 const META_KEY: &str = "rn50";
@@ -158,34 +158,8 @@ pub fn load(path: &Path, step: &mut TrainStep) -> Result<(Position, serde_json::
         .with_context(|| format!("reading checkpoint {}", path.display()))?
         .into_iter()
         .collect();
-    let targets = state_tensors(step);
-    let missing: Vec<&str> = targets
-        .iter()
-        .filter(|(k, _)| !file.contains_key(k))
-        .map(|(k, _)| k.as_str())
-        .collect();
-    if !missing.is_empty() {
-        bail!(
-            "{} does not fit this model/optimizer: missing {:?}",
-            path.display(),
-            &missing[..missing.len().min(5)]
-        );
-    }
-    tch::no_grad(|| -> Result<()> {
-        for (k, mut t) in targets {
-            let src = &file[&k];
-            if src.size() != t.size() {
-                bail!(
-                    "{}: {k} has shape {:?}, expected {:?}",
-                    path.display(),
-                    src.size(),
-                    t.size()
-                );
-            }
-            t.f_copy_(src).with_context(|| format!("restoring {k}"))?;
-        }
-        Ok(())
-    })?;
+    copy_into(state_tensors(step), &file, path)
+        .context("the checkpoint does not fit this model/optimizer")?;
     Ok((position, config))
 }
 
