@@ -18,6 +18,8 @@ enum Command {
     Pack(rn50_pipeline::cli::PackCmd),
     /// Training throughput on synthetic data (images/s, step time, data wait, memory).
     Bench(rn50::bench::BenchArgs),
+    /// Evaluate saved weights: top-1/top-5 over every validation image once.
+    Eval(rn50::train::eval::EvalArgs),
     /// Input-pipeline throughput: decode + augment + batch, without the model.
     BenchLoader(rn50_pipeline::cli::BenchLoaderCmd),
     /// Check this node: libtorch, CPU features, GPUs, cuDNN/NCCL, Gloo, launcher environment.
@@ -31,6 +33,7 @@ fn main() -> ExitCode {
         Command::Prepare(a) => rn50_data::cli::run(a),
         Command::Pack(a) => rn50_pipeline::cli::run_pack(a),
         Command::Bench(a) => rn50::bench::command(a),
+        Command::Eval(a) => rn50::train::eval::command(a),
         Command::BenchLoader(a) => rn50_pipeline::cli::run_bench_loader(a),
         Command::Doctor(a) => rn50::doctor::command(a),
     };

@@ -89,6 +89,30 @@ pub fn load(model: &Model, path: &Path) -> Result<()> {
     })
 }
 
+/// The number of classes a weights file was trained for (the length of `fc.bias`), from its header alone.
+pub fn num_classes(path: &Path) -> Result<i64> {
+    use std::io::Read;
+    let not_st = || format!("{} is not a safetensors file", path.display());
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("opening weights {}", path.display()))?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).with_context(not_st)?;
+    let n = u64::from_le_bytes(len);
+    if n > 100 << 20 {
+        bail!("{} (header of {n} bytes)", not_st());
+    }
+    let mut header = vec![0u8; n as usize];
+    f.read_exact(&mut header).with_context(not_st)?;
+    // The header is JSON: {"fc.bias": {"dtype": "F32", "shape": [1000], ...}, ...}.
+    let meta: serde_json::Value = serde_json::from_slice(&header).with_context(not_st)?;
+    match meta["fc.bias"]["shape"].as_array().map(Vec::as_slice) {
+        Some([n]) => n
+            .as_i64()
+            .with_context(|| format!("{}: bad fc.bias shape", path.display())),
+        _ => bail!("{} has no 1-D fc.bias: not ResNet weights", path.display()),
+    }
+}
+
 /// Copies `file[name]` into each target tensor in place (keeping its memory format), after checking that
 /// every name is present with the target's shape.
 pub(crate) fn copy_into(

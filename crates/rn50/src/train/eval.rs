@@ -1,0 +1,168 @@
+//! Evaluation: every image of a dataset exactly once (Resize + CenterCrop), top-1/top-5, normalised on the
+//! device, BN in eval mode, under the chosen precision.
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rn50_pipeline::{Dataset, Loader, LoaderConfig, Transform};
+use serde::Serialize;
+use tch::{Kind, Tensor};
+
+use crate::device::{device_name, parse_device};
+use crate::model::{weights, Arch, Model, ResNetConfig};
+use crate::step::{Normalizer, Precision};
+use crate::train::metrics::Accuracy;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EvalResult {
+    pub acc1: f64,
+    pub acc5: f64,
+    pub images: u64,
+    pub bad_images: u64,
+    pub seconds: f64,
+    pub images_per_sec: f64,
+}
+
+/// Runs `model` over one pass of `loader`.
+pub fn evaluate(
+    model: &Model,
+    loader: &Loader,
+    precision: Precision,
+    channels_last: bool,
+) -> Result<EvalResult> {
+    let device = model.device();
+    let mut norm = Normalizer::new(device, channels_last);
+    let mut acc = Accuracy::new(device);
+    let start = Instant::now();
+    for batch in loader.epoch(0, 0) {
+        let b = batch?;
+        if b.n() == 0 {
+            continue;
+        }
+        let shape = [b.n() as i64, b.h() as i64, b.w() as i64, 3];
+        let images = Tensor::f_from_data_size(&b, &shape, Kind::Uint8)?.to_device(device);
+        let labels = Tensor::from_slice(b.labels()).to_device(device);
+        drop(b); // the buffer goes back to the loader while the model runs
+        let x = norm.normalize(&images);
+        let logits = tch::no_grad(|| -> Result<Tensor> {
+            let _autocast = precision.autocast(device)?;
+            Ok(model.forward_t(&x, false))
+        })?;
+        acc.add(&logits, &labels);
+    }
+    let (acc1, acc5) = acc.percent();
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(EvalResult {
+        acc1,
+        acc5,
+        images: acc.images,
+        bad_images: loader.stats().bad_images,
+        seconds,
+        images_per_sec: acc.images as f64 / seconds.max(1e-9),
+    })
+}
+
+/// Evaluate saved weights on a validation set.
+#[derive(Args, Debug, Clone)]
+pub struct EvalArgs {
+    /// The data: a folder with `val/` (ImageFolder layout or packed shards), or the validation folder itself.
+    pub data: PathBuf,
+    /// Weights to evaluate (safetensors with torchvision's keys, e.g. from `rn50 train` or converted from PyTorch).
+    #[arg(long)]
+    pub weights: PathBuf,
+    /// Model architecture.
+    #[arg(short = 'a', long = "arch", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
+    pub arch: Arch,
+    /// Batch size.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 64)]
+    pub batch_size: usize,
+    /// Decode threads [default: the CPUs this process may use].
+    #[arg(short = 'j', long = "workers")]
+    pub workers: Option<usize>,
+    /// Resize the shorter side to this, then center-crop `--crop`.
+    #[arg(long, default_value_t = 256)]
+    pub resize: usize,
+    #[arg(long, default_value_t = 224)]
+    pub crop: usize,
+    /// Device: auto, cpu, cuda, cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Numeric precision [default: bf16 on CPUs with AMX/AVX512-BF16, else fp32; fp16 on GPU].
+    #[arg(long, value_enum)]
+    pub precision: Option<Precision>,
+    /// Use the contiguous NCHW memory format instead of channels_last.
+    #[arg(long)]
+    pub no_channels_last: bool,
+    /// Write the result as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// The validation part of DATA: DATA/val if it exists, else DATA.
+fn val_dir(data: &Path) -> PathBuf {
+    let val = data.join("val");
+    if val.is_dir() {
+        val
+    } else {
+        data.to_path_buf()
+    }
+}
+
+pub fn command(args: &EvalArgs) -> Result<()> {
+    if args.batch_size == 0 {
+        bail!("--batch-size must be at least 1");
+    }
+    let device = parse_device(&args.device)?;
+    let cpu = crate::machine::cpu_info();
+    let precision = args
+        .precision
+        .unwrap_or(match (device.is_cuda(), cpu.has_bf16()) {
+            (true, _) => Precision::Fp16,
+            (false, true) => Precision::Bf16,
+            (false, false) => Precision::Fp32,
+        });
+    precision.check(device, cpu.has_bf16())?;
+    let dir = val_dir(&args.data);
+    let dataset = Dataset::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
+    let classes = weights::num_classes(&args.weights)?;
+    if dataset.classes().len() as i64 != classes {
+        bail!(
+            "{} has {} classes but {} was trained for {classes}: labels would not line up",
+            dir.display(),
+            dataset.classes().len(),
+            args.weights.display()
+        );
+    }
+    let mut cfg = ResNetConfig::new(args.arch);
+    cfg.num_classes = classes;
+    let model = Model::new(cfg, device);
+    weights::load(&model, &args.weights)?;
+    let channels_last = !args.no_channels_last;
+    if channels_last {
+        model.to_channels_last();
+    }
+    let workers = args.workers.unwrap_or(cpu.logical_cores).max(1);
+    let loader_cfg = LoaderConfig {
+        transform: Transform::val(args.resize, args.crop),
+        ..LoaderConfig::val(args.batch_size, workers)
+    };
+    let loader = Loader::new(dataset, loader_cfg)?;
+    let r = evaluate(&model, &loader, precision, channels_last)?;
+    println!(
+        "eval {} on {} ({}, {precision}): Acc@1 {:.3}  Acc@5 {:.3}  ({} images, {} unreadable, {:.1} img/s)",
+        args.arch,
+        dir.display(),
+        device_name(device),
+        r.acc1,
+        r.acc5,
+        r.images,
+        r.bad_images,
+        r.images_per_sec
+    );
+    if let Some(p) = &args.json {
+        std::fs::write(p, serde_json::to_string_pretty(&r)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,58 @@
+//! Top-k accuracy, counted on the device so evaluation syncs once at the end, not per batch.
+use tch::{Kind, Tensor};
+
+/// Running top-1/top-5 counts.
+pub struct Accuracy {
+    correct1: Tensor,
+    correct5: Tensor,
+    pub images: u64,
+}
+
+impl Accuracy {
+    pub fn new(device: tch::Device) -> Self {
+        let z = || Tensor::zeros([], (Kind::Int64, device));
+        Self {
+            correct1: z(),
+            correct5: z(),
+            images: 0,
+        }
+    }
+
+    /// Adds a batch of logits `[n, classes]` against `labels` `[n]`; top-5 is top-min(5, classes).
+    pub fn add(&mut self, logits: &Tensor, labels: &Tensor) {
+        let k = logits.size()[1].min(5);
+        let (_, idx) = logits.topk(k, 1, true, true);
+        let hits = idx.eq_tensor(&labels.unsqueeze(1));
+        let _ = self.correct1.g_add_(&hits.narrow(1, 0, 1).sum(Kind::Int64));
+        let _ = self
+            .correct5
+            .g_add_(&hits.any_dim(1, false).sum(Kind::Int64));
+        self.images += labels.size()[0] as u64;
+    }
+
+    /// (top-1 %, top-5 %).
+    pub fn percent(&self) -> (f64, f64) {
+        let n = self.images.max(1) as f64;
+        let get = |t: &Tensor| i64::try_from(t).unwrap_or(0) as f64 * 100.0 / n;
+        (get(&self.correct1), get(&self.correct5))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    #[test]
+    fn counts_top1_and_top5() {
+        let mut acc = Accuracy::new(Device::Cpu);
+        // 6 classes; rows rank the classes 5 > 4 > 3 > 2 > 1 > 0.
+        let logits = Tensor::arange(6, (Kind::Float, Device::Cpu)).repeat([4, 1]);
+        let labels = Tensor::from_slice(&[5i64, 1, 0, 3]);
+        acc.add(&logits, &labels);
+        assert_eq!(acc.images, 4);
+        let (t1, t5) = acc.percent();
+        assert_eq!(t1, 25.0, "only label 5 is top-1");
+        assert_eq!(t5, 75.0, "labels 5, 1, 3 are in the top 5; 0 is not");
+    }
+}

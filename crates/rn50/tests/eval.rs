@@ -1,0 +1,129 @@
+//! `rn50 eval` end to end on real ImageNet photos in an ImageFolder tree: every image counted once, the
+//! right labels, and clear errors when weights and data do not fit.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rn50::model::{weights, Arch, Model, ResNetConfig};
+use tch::{Device, Tensor};
+
+fn shared() -> PathBuf {
+    std::env::var_os("RN50_SHARED_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"))
+}
+
+/// DATA/val/<wnid>/ with two copies of each class's sample photo, for the first `classes` wnids.
+fn val_tree(root: &Path, classes: usize) {
+    let mut photos: Vec<PathBuf> = std::fs::read_dir(shared().join("jpeg/imagenet"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    photos.sort();
+    for p in photos.iter().take(classes) {
+        let wnid = p.file_stem().unwrap().to_str().unwrap();
+        let dir = root.join("val").join(wnid);
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..2 {
+            std::fs::copy(p, dir.join(format!("img{i}.JPEG"))).unwrap();
+        }
+    }
+}
+
+/// ResNet-18 weights whose logits ignore the image and always favour class `winner`.
+fn constant_weights(path: &Path, classes: i64, winner: i64) {
+    let mut cfg = ResNetConfig::new(Arch::ResNet18);
+    cfg.num_classes = classes;
+    let model = Model::new(cfg, Device::Cpu);
+    tch::no_grad(|| {
+        for (k, mut t) in model.state() {
+            if k == "fc.weight" {
+                let _ = t.zero_();
+            } else if k == "fc.bias" {
+                let mut b = vec![0f32; classes as usize];
+                b[winner as usize] = 5.0;
+                t.copy_(&Tensor::from_slice(&b));
+            }
+        }
+    });
+    weights::save(&model, path).unwrap();
+}
+
+fn rn50(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_rn50"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn eval_counts_every_image_once_with_the_right_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    val_tree(dir.path(), 3);
+    let w = dir.path().join("w.safetensors");
+    constant_weights(&w, 3, 1);
+    let json = dir.path().join("eval.json");
+    let out = rn50(&[
+        "eval",
+        "-a",
+        "resnet18",
+        "--weights",
+        w.to_str().unwrap(),
+        "-b",
+        "4",
+        "-j",
+        "2",
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--json",
+        json.to_str().unwrap(),
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["images"], 6);
+    // Always predicting class 1: exactly its two images are right; with 3 classes top-"5" is everything.
+    assert!(
+        (v["acc1"].as_f64().unwrap() - 100.0 / 3.0).abs() < 1e-9,
+        "{v}"
+    );
+    assert_eq!(v["acc5"].as_f64().unwrap(), 100.0);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Acc@1 33.333"));
+}
+
+#[test]
+fn eval_rejects_weights_for_another_class_count() {
+    let dir = tempfile::tempdir().unwrap();
+    val_tree(dir.path(), 2);
+    let w = dir.path().join("w.safetensors");
+    constant_weights(&w, 3, 0);
+    let out = rn50(&[
+        "eval",
+        "-a",
+        "resnet18",
+        "--weights",
+        w.to_str().unwrap(),
+        dir.path().to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("has 2 classes but"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"));
+    let out = rn50(&[
+        "eval",
+        "-a",
+        "resnet34",
+        "--weights",
+        w.to_str().unwrap(),
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+}
