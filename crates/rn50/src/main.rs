@@ -18,6 +18,8 @@ enum Command {
     Pack(rn50_pipeline::cli::PackCmd),
     /// Training throughput on synthetic data (images/s, step time, data wait, memory).
     Bench(rn50::bench::BenchArgs),
+    /// Train on DATA/train with per-epoch evaluation on DATA/val; checkpoints, resume, preemption-safe.
+    Train(rn50::train::run::TrainArgs),
     /// Evaluate saved weights: top-1/top-5 over every validation image once.
     Eval(rn50::train::eval::EvalArgs),
     /// Input-pipeline throughput: decode + augment + batch, without the model.
@@ -33,6 +35,7 @@ fn main() -> ExitCode {
         Command::Prepare(a) => rn50_data::cli::run(a),
         Command::Pack(a) => rn50_pipeline::cli::run_pack(a),
         Command::Bench(a) => rn50::bench::command(a),
+        Command::Train(a) => rn50::train::run::command(a),
         Command::Eval(a) => rn50::train::eval::command(a),
         Command::BenchLoader(a) => rn50_pipeline::cli::run_bench_loader(a),
         Command::Doctor(a) => rn50::doctor::command(a),

@@ -4,4 +4,5 @@ pub mod checkpoint;
 pub mod ema;
 pub mod eval;
 pub mod metrics;
+pub mod run;
 pub mod schedule;

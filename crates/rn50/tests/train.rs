@@ -1,0 +1,206 @@
+//! `rn50 train` end to end: an ImageNet-shaped folder of real photos, ResNet-50 at 224 px for a few steps,
+//! evaluation, checkpoints, resume; SIGTERM gives a resumable checkpoint; bad data layouts are clear errors.
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn shared() -> PathBuf {
+    std::env::var_os("RN50_SHARED_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"))
+}
+
+/// DATA/{train,val}/<wnid>/ from the first `classes` sample photos (train: 2 copies, val: 1).
+fn tree(root: &Path, classes: usize, val_classes: usize) {
+    let mut photos: Vec<PathBuf> = std::fs::read_dir(shared().join("jpeg/imagenet"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    photos.sort();
+    for (c, p) in photos.iter().take(classes).enumerate() {
+        let wnid = p.file_stem().unwrap().to_str().unwrap();
+        for (split, copies) in [("train", 2), ("val", usize::from(c < val_classes))] {
+            if copies == 0 {
+                continue;
+            }
+            let dir = root.join(split).join(wnid);
+            std::fs::create_dir_all(&dir).unwrap();
+            for i in 0..copies {
+                std::fs::copy(p, dir.join(format!("{wnid}_{i}.JPEG"))).unwrap();
+            }
+        }
+    }
+}
+
+fn rn50(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_rn50"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn resnet50_trains_evaluates_checkpoints_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    tree(&data, 4, 4);
+    let out = dir.path().join("run");
+    let (d, o) = (data.to_str().unwrap(), out.to_str().unwrap());
+    let common = [
+        "train",
+        d,
+        "-a",
+        "resnet50",
+        "-b",
+        "4",
+        "-j",
+        "2",
+        "--steps-per-epoch",
+        "2",
+        "--device",
+        "cpu",
+    ];
+    let r = rn50(&[&common[..], &["--epochs", "2", "--out", o, "-p", "1"]].concat());
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let m = lines(&out.join("metrics.jsonl"));
+    assert_eq!(m.len(), 2);
+    for rec in &m {
+        assert!(rec["train_loss"].as_f64().unwrap().is_finite());
+        let acc1 = rec["acc1"].as_f64().unwrap();
+        assert!(
+            (0.0..=100.0).contains(&acc1) && (acc1 * 4.0 / 100.0).fract() == 0.0,
+            "4 val images: {acc1}"
+        );
+    }
+    for f in [
+        "checkpoint.safetensors",
+        "best.safetensors",
+        "final.safetensors",
+    ] {
+        assert!(out.join(f).exists(), "{f}");
+    }
+    // Resume for one more epoch: only epoch 2 runs.
+    let ckpt = out.join("checkpoint.safetensors");
+    let r = rn50(
+        &[
+            &common[..],
+            &[
+                "--epochs",
+                "3",
+                "--out",
+                o,
+                "--resume",
+                ckpt.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+    );
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let m = lines(&out.join("metrics.jsonl"));
+    assert_eq!(
+        m.iter()
+            .map(|r| r["epoch"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+    // The trained weights evaluate with `rn50 eval` as well.
+    let final_w = out.join("final.safetensors");
+    let r = rn50(&[
+        "eval",
+        "-a",
+        "resnet50",
+        "--weights",
+        final_w.to_str().unwrap(),
+        d,
+        "-b",
+        "4",
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+}
+
+#[test]
+fn sigterm_saves_a_resumable_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rn50"))
+        .args([
+            "train",
+            "--dummy",
+            "-a",
+            "resnet18",
+            "-b",
+            "2",
+            "--image-size",
+            "32",
+            "--epochs",
+            "1",
+        ])
+        .args([
+            "--steps-per-epoch",
+            "100000",
+            "-p",
+            "1",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until it reports its third step, then ask it to stop as SLURM would.
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("[    3/") {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "rn50 train ended before training"
+        );
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(3), "preemption exit code");
+    let (pos, cfg) =
+        rn50::train::checkpoint::read_meta(&out.join("checkpoint.safetensors")).unwrap();
+    assert_eq!(pos.epoch, 0);
+    assert!(pos.batch_in_epoch >= 3, "{pos:?}");
+    assert_eq!(cfg["arch"], "resnet18");
+}
+
+#[test]
+fn mismatched_class_sets_are_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    tree(dir.path(), 3, 2);
+    let r = rn50(&[
+        "train",
+        dir.path().to_str().unwrap(),
+        "-a",
+        "resnet18",
+        "--device",
+        "cpu",
+    ]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(
+        !r.status.success() && err.contains("must be the same set"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"));
+    let r = rn50(&[
+        "train",
+        dir.path().join("nope").to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    assert!(!r.status.success() && String::from_utf8_lossy(&r.stderr).contains("opening"));
+}
