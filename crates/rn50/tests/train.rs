@@ -204,3 +204,85 @@ fn mismatched_class_sets_are_a_clear_error() {
     ]);
     assert!(!r.status.success() && String::from_utf8_lossy(&r.stderr).contains("opening"));
 }
+
+/// (epoch, step) → loss from a run's steps.jsonl.
+fn step_losses(run: &Path) -> std::collections::BTreeMap<(u64, u64), f64> {
+    lines(&run.join("steps.jsonl"))
+        .iter()
+        .map(|r| {
+            (
+                (r["epoch"].as_u64().unwrap(), r["step"].as_u64().unwrap()),
+                r["loss"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn resuming_mid_epoch_reproduces_the_uninterrupted_losses_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    tree(&data, 4, 4);
+    let d = data.to_str().unwrap();
+    let args = |run: &Path| -> Vec<String> {
+        let flags =
+            "-a resnet18 -b 1 -j 2 --image-size 64 --val-resize 73 --val-crop 64 --epochs 2 \
+                     --steps-per-epoch 6 -p 1 --device cpu --precision fp32";
+        let mut v = vec![
+            "train".to_string(),
+            d.to_string(),
+            "--out".into(),
+            run.to_str().unwrap().into(),
+        ];
+        v.extend(flags.split_whitespace().map(String::from));
+        v
+    };
+    let whole = dir.path().join("whole");
+    let r = Command::new(env!("CARGO_BIN_EXE_rn50"))
+        .args(args(&whole))
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let want = step_losses(&whole);
+    assert_eq!(want.len(), 12);
+
+    // Interrupt a second run with SIGTERM after its second step, then resume it.
+    let part = dir.path().join("part");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rn50"))
+        .args(args(&part))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("[    2/") {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "ended early");
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert_eq!(child.wait().unwrap().code(), Some(3));
+    let ckpt = part.join("checkpoint.safetensors");
+    let (pos, _) = rn50::train::checkpoint::read_meta(&ckpt).unwrap();
+    assert!(
+        pos.epoch == 0 && (2..4).contains(&pos.batch_in_epoch),
+        "{pos:?}"
+    );
+    let mut resume = args(&part);
+    resume.extend(["--resume".to_string(), ckpt.to_str().unwrap().to_string()]);
+    let r = Command::new(env!("CARGO_BIN_EXE_rn50"))
+        .args(&resume)
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+
+    let got = step_losses(&part);
+    assert_eq!(got.len(), 12, "every step logged once: {got:?}");
+    for (k, loss) in &want {
+        assert_eq!(
+            got[k].to_bits(),
+            loss.to_bits(),
+            "step {k:?}: {} vs {loss}",
+            got[k]
+        );
+    }
+}

@@ -92,7 +92,7 @@ pub struct TrainArgs {
     pub evaluate: bool,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Run directory: checkpoints, metrics.jsonl, weights.
+    /// Run directory: checkpoints, metrics.jsonl (per epoch), steps.jsonl (per logged step), weights.
     #[arg(long, default_value = "runs/train")]
     pub out: PathBuf,
     /// Synthetic data instead of DATA (no disk, no decode).
@@ -273,10 +273,17 @@ pub fn command(args: &TrainArgs) -> Result<()> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGUSR1] {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
-    let mut metrics = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(args.out.join("metrics.jsonl"))?;
+    let append = |name: &str| {
+        let path = args.out.join(name);
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))
+    };
+    // Per-epoch records, and every logged step with its loss at full precision.
+    let mut metrics = append("metrics.jsonl")?;
+    let mut steps_log = append("steps.jsonl")?;
     let ckpt_path = args.out.join("checkpoint.safetensors");
     let dummy = match &data {
         Data::Dummy { classes } => Some((
@@ -333,6 +340,8 @@ pub fn command(args: &TrainArgs) -> Result<()> {
                 }
                 loss_sum += loss;
                 loss_n += 1;
+                let rec = serde_json::json!({"epoch": epoch, "step": i, "loss": loss, "lr": lr});
+                writeln!(steps_log, "{rec}")?;
                 eprintln!(
                     "epoch {epoch} [{:>5}/{per_epoch}] loss {loss:.4} lr {lr:.5} {:.1} img/s",
                     i + 1,
