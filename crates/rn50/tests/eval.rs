@@ -1,33 +1,13 @@
 //! `rn50 eval` end to end on real ImageNet photos in an ImageFolder tree: every image counted once, the
 //! right labels, and clear errors when weights and data do not fit.
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
+
+use std::path::Path;
+
+use common::{image_tree, rn50};
 
 use rn50::model::{weights, Arch, Model, ResNetConfig};
 use tch::{Device, Tensor};
-
-fn shared() -> PathBuf {
-    std::env::var_os("RN50_SHARED_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"))
-}
-
-/// DATA/val/<wnid>/ with two copies of each class's sample photo, for the first `classes` wnids.
-fn val_tree(root: &Path, classes: usize) {
-    let mut photos: Vec<PathBuf> = std::fs::read_dir(shared().join("jpeg/imagenet"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    photos.sort();
-    for p in photos.iter().take(classes) {
-        let wnid = p.file_stem().unwrap().to_str().unwrap();
-        let dir = root.join("val").join(wnid);
-        std::fs::create_dir_all(&dir).unwrap();
-        for i in 0..2 {
-            std::fs::copy(p, dir.join(format!("img{i}.JPEG"))).unwrap();
-        }
-    }
-}
 
 /// ResNet-18 weights whose logits ignore the image and always favour class `winner`.
 fn constant_weights(path: &Path, classes: i64, winner: i64) {
@@ -48,17 +28,10 @@ fn constant_weights(path: &Path, classes: i64, winner: i64) {
     weights::save(&model, path).unwrap();
 }
 
-fn rn50(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_rn50"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
 #[test]
 fn eval_counts_every_image_once_with_the_right_labels() {
     let dir = tempfile::tempdir().unwrap();
-    val_tree(dir.path(), 3);
+    image_tree(dir.path(), "val", 3, 2);
     let w = dir.path().join("w.safetensors");
     constant_weights(&w, 3, 1);
     let json = dir.path().join("eval.json");
@@ -100,7 +73,7 @@ fn eval_counts_every_image_once_with_the_right_labels() {
 #[test]
 fn eval_rejects_weights_for_another_class_count() {
     let dir = tempfile::tempdir().unwrap();
-    val_tree(dir.path(), 2);
+    image_tree(dir.path(), "val", 2, 2);
     let w = dir.path().join("w.safetensors");
     constant_weights(&w, 3, 0);
     let out = rn50(&[

@@ -1,42 +1,17 @@
 //! `rn50 train` end to end: an ImageNet-shaped folder of real photos, ResNet-50 at 224 px for a few steps,
 //! evaluation, checkpoints, resume; SIGTERM gives a resumable checkpoint; bad data layouts are clear errors.
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
-fn shared() -> PathBuf {
-    std::env::var_os("RN50_SHARED_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"))
-}
+use common::{image_tree, rn50};
 
-/// DATA/{train,val}/<wnid>/ from the first `classes` sample photos (train: 2 copies, val: 1).
+/// DATA/{train,val}/<wnid>/: `classes` classes with 2 training copies, the first `val_classes` with 1 val copy.
 fn tree(root: &Path, classes: usize, val_classes: usize) {
-    let mut photos: Vec<PathBuf> = std::fs::read_dir(shared().join("jpeg/imagenet"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    photos.sort();
-    for (c, p) in photos.iter().take(classes).enumerate() {
-        let wnid = p.file_stem().unwrap().to_str().unwrap();
-        for (split, copies) in [("train", 2), ("val", usize::from(c < val_classes))] {
-            if copies == 0 {
-                continue;
-            }
-            let dir = root.join(split).join(wnid);
-            std::fs::create_dir_all(&dir).unwrap();
-            for i in 0..copies {
-                std::fs::copy(p, dir.join(format!("{wnid}_{i}.JPEG"))).unwrap();
-            }
-        }
-    }
-}
-
-fn rn50(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_rn50"))
-        .args(args)
-        .output()
-        .unwrap()
+    image_tree(root, "train", classes, 2);
+    image_tree(root, "val", val_classes, 1);
 }
 
 fn lines(path: &Path) -> Vec<serde_json::Value> {

@@ -42,6 +42,22 @@ impl Precision {
         self == Precision::Fp16
     }
 
+    /// The requested precision, or the default for the device (fp16 AMP on GPU; bf16 on CPUs with native
+    /// bf16, else fp32), checked against what the device supports.
+    pub fn resolve(
+        requested: Option<Precision>,
+        device: Device,
+        cpu_bf16: bool,
+    ) -> Result<Precision> {
+        let p = requested.unwrap_or(match (device.is_cuda(), cpu_bf16) {
+            (true, _) => Precision::Fp16,
+            (false, true) => Precision::Bf16,
+            (false, false) => Precision::Fp32,
+        });
+        p.check(device, cpu_bf16)?;
+        Ok(p)
+    }
+
     /// Whether this precision can run on `device`; `cpu_bf16` says if the CPU has native bf16.
     pub fn check(self, device: Device, cpu_bf16: bool) -> Result<()> {
         match (self, device) {
@@ -90,5 +106,18 @@ mod tests {
         assert!(Precision::Fp16.check(Device::Cuda(0), false).is_ok());
         assert!(Precision::Fp32.check(Device::Cpu, false).is_ok());
         assert_eq!("BF16".parse::<Precision>().unwrap(), Precision::Bf16);
+        assert_eq!(
+            Precision::resolve(None, Device::Cpu, true).unwrap(),
+            Precision::Bf16
+        );
+        assert_eq!(
+            Precision::resolve(None, Device::Cpu, false).unwrap(),
+            Precision::Fp32
+        );
+        assert_eq!(
+            Precision::resolve(None, Device::Cuda(0), false).unwrap(),
+            Precision::Fp16
+        );
+        assert!(Precision::resolve(Some(Precision::Bf16), Device::Cpu, false).is_err());
     }
 }

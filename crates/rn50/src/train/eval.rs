@@ -115,14 +115,7 @@ pub fn command(args: &EvalArgs) -> Result<()> {
     }
     let device = parse_device(&args.device)?;
     let cpu = crate::machine::cpu_info();
-    let precision = args
-        .precision
-        .unwrap_or(match (device.is_cuda(), cpu.has_bf16()) {
-            (true, _) => Precision::Fp16,
-            (false, true) => Precision::Bf16,
-            (false, false) => Precision::Fp32,
-        });
-    precision.check(device, cpu.has_bf16())?;
+    let precision = Precision::resolve(args.precision, device, cpu.has_bf16())?;
     let dir = val_dir(&args.data);
     let dataset = Dataset::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
     let classes = weights::num_classes(&args.weights)?;

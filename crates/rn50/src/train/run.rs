@@ -143,14 +143,7 @@ pub fn command(args: &TrainArgs) -> Result<()> {
     }
     let device = parse_device(&args.device)?;
     let cpu = crate::machine::cpu_info();
-    let precision = args
-        .precision
-        .unwrap_or(match (device.is_cuda(), cpu.has_bf16()) {
-            (true, _) => Precision::Fp16,
-            (false, true) => Precision::Bf16,
-            (false, false) => Precision::Fp32,
-        });
-    precision.check(device, cpu.has_bf16())?;
+    let precision = Precision::resolve(args.precision, device, cpu.has_bf16())?;
     let workers = args.workers.unwrap_or(cpu.logical_cores).max(1);
     tch::manual_seed(args.seed as i64);
 

@@ -1,0 +1,32 @@
+//! Helpers shared by the integration tests: the shared real data and small ImageFolder trees made from it.
+use std::path::{Path, PathBuf};
+
+pub fn shared() -> PathBuf {
+    std::env::var_os("RN50_SHARED_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"))
+}
+
+/// `root/split/<wnid>/<wnid>_<i>.JPEG`: `copies` copies of each of the first `classes` ImageNet sample photos.
+pub fn image_tree(root: &Path, split: &str, classes: usize, copies: usize) {
+    let mut photos: Vec<PathBuf> = std::fs::read_dir(shared().join("jpeg/imagenet"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    photos.sort();
+    for p in photos.iter().take(classes) {
+        let wnid = p.file_stem().unwrap().to_str().unwrap();
+        let dir = root.join(split).join(wnid);
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..copies {
+            std::fs::copy(p, dir.join(format!("{wnid}_{i}.JPEG"))).unwrap();
+        }
+    }
+}
+
+pub fn rn50(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_rn50"))
+        .args(args)
+        .output()
+        .unwrap()
+}
