@@ -250,7 +250,7 @@ fn gib(bytes: f64) -> String {
 pub fn render(r: &BenchResult) -> String {
     let c = &r.config;
     let mut s = format!(
-        "rn50 bench: {} batch {} {}px {}{} on {} ({} threads), data={:?}, {} steps after {} warm-up\n",
+        "rn50 bench: {} batch {} {}px {}{} on {} ({} threads), data={}, {} steps after {} warm-up\n",
         c.arch,
         c.batch_size,
         c.image_size,
@@ -258,7 +258,7 @@ pub fn render(r: &BenchResult) -> String {
         if c.channels_last { " channels_last" } else { "" },
         c.device,
         c.threads,
-        c.data,
+        format!("{:?}", c.data).to_lowercase(),
         c.steps,
         c.warmup
     );
