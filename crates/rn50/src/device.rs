@@ -1,6 +1,45 @@
 //! Choosing the compute device: `auto`, `cpu`, `cuda`, `cuda:N`.
 use anyhow::{bail, Result};
+use clap::Args;
 use tch::Device;
+
+use crate::step::Precision;
+
+/// Where and how the network computes: the flags `train` and `eval` share.
+#[derive(Args, Debug, Clone, serde::Serialize)]
+pub struct ComputeArgs {
+    /// Device: auto (CUDA if present, else CPU), cpu, cuda, cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Numeric precision [default: bf16 on CPUs with AMX/AVX512-BF16, else fp32; fp16 on GPU].
+    #[arg(long, value_enum)]
+    pub precision: Option<Precision>,
+    /// Use the contiguous NCHW memory format instead of channels_last.
+    #[arg(long)]
+    pub no_channels_last: bool,
+}
+
+/// [`ComputeArgs`] resolved against this machine.
+pub struct Compute {
+    pub device: Device,
+    pub precision: Precision,
+    pub channels_last: bool,
+    pub cpu: crate::machine::CpuInfo,
+}
+
+impl ComputeArgs {
+    pub fn resolve(&self) -> Result<Compute> {
+        let device = parse_device(&self.device)?;
+        let cpu = crate::machine::cpu_info();
+        let precision = Precision::resolve(self.precision, device, cpu.has_bf16())?;
+        Ok(Compute {
+            device,
+            precision,
+            channels_last: !self.no_channels_last,
+            cpu,
+        })
+    }
+}
 
 /// Resolves a `--device` value; asking for CUDA where there is none is an error, not a silent CPU run.
 pub fn parse_device(spec: &str) -> Result<Device> {

@@ -8,29 +8,36 @@ pub struct Ema {
     pub decay: f64,
     /// (name, shadow tensor, is a trainable parameter), in `Model::state()` order.
     shadow: Vec<(String, Tensor, bool)>,
+    /// Handles on the tracked model's tensors (shared storage), so a step does not rebuild the name map.
+    source: Vec<Tensor>,
 }
 
 impl Ema {
     /// Starts from the model's current weights (same device, dtype and memory format).
     pub fn new(model: &Model, decay: f64) -> Self {
+        let state = model.state();
         let shadow = tch::no_grad(|| {
-            model
-                .state()
-                .into_iter()
-                .map(|(k, t)| (k, t.detach().copy(), t.requires_grad()))
+            state
+                .iter()
+                .map(|(k, t)| (k.clone(), t.detach().copy(), t.requires_grad()))
                 .collect()
         });
-        Self { decay, shadow }
+        let source = state.into_iter().map(|(_, t)| t).collect();
+        Self {
+            decay,
+            shadow,
+            source,
+        }
     }
 
-    /// Folds the model's current weights into the average (in place, on the device, no sync).
-    pub fn update(&mut self, model: &Model) {
+    /// Folds the tracked model's current weights into the average (in place, on the device, no sync).
+    pub fn update(&mut self) {
         tch::no_grad(|| {
-            for ((_, s, trainable), (_, t)) in self.shadow.iter_mut().zip(model.state()) {
+            for ((_, s, trainable), t) in self.shadow.iter_mut().zip(&self.source) {
                 if *trainable {
-                    let _ = s.lerp_(&t, 1.0 - self.decay);
+                    let _ = s.lerp_(t, 1.0 - self.decay);
                 } else {
-                    s.copy_(&t);
+                    s.copy_(t);
                 }
             }
         });
@@ -66,7 +73,7 @@ mod tests {
             let _ = state["fc.weight"].shallow_clone().g_add_scalar_(1.0);
             let _ = state["bn1.running_mean"].shallow_clone().fill_(3.0);
         });
-        ema.update(&model);
+        ema.update();
         let shadow: std::collections::HashMap<_, _> = ema.tensors().collect();
         // 0.9·w0 + 0.1·(w0 + 1) = w0 + 0.1
         let err = f64::try_from((shadow["fc.weight"] - (&w0 + 0.1)).abs().max()).unwrap();

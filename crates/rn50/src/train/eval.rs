@@ -9,7 +9,7 @@ use rn50_pipeline::{Dataset, Loader, LoaderConfig, Transform};
 use serde::Serialize;
 use tch::{Kind, Tensor};
 
-use crate::device::{device_name, parse_device};
+use crate::device::{device_name, Compute, ComputeArgs};
 use crate::model::{weights, Arch, Model, ResNetConfig};
 use crate::step::{Normalizer, Precision};
 use crate::train::metrics::Accuracy;
@@ -85,15 +85,8 @@ pub struct EvalArgs {
     pub resize: usize,
     #[arg(long, default_value_t = 224)]
     pub crop: usize,
-    /// Device: auto, cpu, cuda, cuda:N.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
-    /// Numeric precision [default: bf16 on CPUs with AMX/AVX512-BF16, else fp32; fp16 on GPU].
-    #[arg(long, value_enum)]
-    pub precision: Option<Precision>,
-    /// Use the contiguous NCHW memory format instead of channels_last.
-    #[arg(long)]
-    pub no_channels_last: bool,
+    #[command(flatten)]
+    pub compute: ComputeArgs,
     /// Write the result as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -113,9 +106,12 @@ pub fn command(args: &EvalArgs) -> Result<()> {
     if args.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }
-    let device = parse_device(&args.device)?;
-    let cpu = crate::machine::cpu_info();
-    let precision = Precision::resolve(args.precision, device, cpu.has_bf16())?;
+    let Compute {
+        device,
+        precision,
+        channels_last,
+        cpu,
+    } = args.compute.resolve()?;
     let dir = val_dir(&args.data);
     let dataset = Dataset::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
     let classes = weights::num_classes(&args.weights)?;
@@ -131,7 +127,6 @@ pub fn command(args: &EvalArgs) -> Result<()> {
     cfg.num_classes = classes;
     let model = Model::new(cfg, device);
     weights::load(&model, &args.weights)?;
-    let channels_last = !args.no_channels_last;
     if channels_last {
         model.to_channels_last();
     }

@@ -12,9 +12,9 @@ use rn50_pipeline::{Dataset, Loader, LoaderConfig, Transform};
 use serde::Serialize;
 use tch::{Kind, Tensor};
 
-use crate::device::{device_name, parse_device};
+use crate::device::{device_name, Compute, ComputeArgs};
 use crate::model::{weights, Arch, Model, ResNetConfig};
-use crate::step::{Precision, SgdConfig, StepConfig, TrainStep};
+use crate::step::{SgdConfig, StepConfig, TrainStep};
 use crate::train::checkpoint::{self, Position};
 use crate::train::ema::Ema;
 use crate::train::eval::{evaluate, EvalResult};
@@ -98,14 +98,8 @@ pub struct TrainArgs {
     /// Synthetic data instead of DATA (no disk, no decode).
     #[arg(long)]
     pub dummy: bool,
-    /// Device: auto, cpu, cuda, cuda:N.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
-    /// Numeric precision [default: bf16 on CPUs with AMX/AVX512-BF16, else fp32; fp16 on GPU].
-    #[arg(long, value_enum)]
-    pub precision: Option<Precision>,
-    #[arg(long)]
-    pub no_channels_last: bool,
+    #[command(flatten)]
+    pub compute: ComputeArgs,
     /// Log every N steps.
     #[arg(short = 'p', long = "print-freq", default_value_t = 10)]
     pub print_freq: usize,
@@ -141,9 +135,12 @@ pub fn command(args: &TrainArgs) -> Result<()> {
     if args.batch_size == 0 || args.epochs == 0 || args.print_freq == 0 {
         bail!("--batch-size, --epochs and --print-freq must be at least 1");
     }
-    let device = parse_device(&args.device)?;
-    let cpu = crate::machine::cpu_info();
-    let precision = Precision::resolve(args.precision, device, cpu.has_bf16())?;
+    let Compute {
+        device,
+        precision,
+        channels_last,
+        cpu,
+    } = args.compute.resolve()?;
     let workers = args.workers.unwrap_or(cpu.logical_cores).max(1);
     tch::manual_seed(args.seed as i64);
 
@@ -189,7 +186,6 @@ pub fn command(args: &TrainArgs) -> Result<()> {
         no_bn_bias_decay: args.no_bn_wd,
         lars_eta: None,
     };
-    let channels_last = !args.no_channels_last;
     let step_cfg = StepConfig {
         precision,
         channels_last,
@@ -323,7 +319,7 @@ pub fn command(args: &TrainArgs) -> Result<()> {
             lr = schedule.at(epoch as f64 + (i + 1) as f64 / per_epoch as f64);
             let out = step.step_u8(images_u8, labels, lr)?;
             if let Some(e) = &mut ema {
-                e.update(&step.model);
+                e.update();
             }
             images += labels.size()[0] as usize;
             if (i + 1).is_multiple_of(args.print_freq) || i + 1 == per_epoch {
