@@ -1,0 +1,285 @@
+//! `rn50 report RUN…`: bench, sweep and training results → Markdown, CSV, PNG (and JSON).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::plot::{self, Chart, Legend, Series, XAxis};
+use crate::run_report::{accuracy_chart, loss_chart, write_atomic};
+use crate::schema::{read_input, Input, TrainRun};
+use crate::table::{
+    bench_row, grouped_throughput, row_efficiency, sweep_rows, throughput_table, train_row,
+    train_table, ThroughputRow, TrainRow,
+};
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ReportArgs {
+    /// Bench results (`rn50 bench --json`), sweep results (`rn50 bench --sweep`), training run directories
+    /// (or their summary.json); which is which is told from the contents.
+    #[arg(required = true, value_name = "RUN")]
+    pub runs: Vec<PathBuf>,
+    /// Directory for report.md, the CSV files and the PNG plots.
+    #[arg(long, default_value = "report", value_name = "DIR")]
+    pub out: PathBuf,
+    /// Also write the tables, with their efficiencies, as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ThroughputEntry {
+    pub source: String,
+    pub hardware: String,
+    pub config: String,
+    pub workers: u64,
+    pub batch_per_worker: u64,
+    pub global_batch: u64,
+    pub lr: Option<f64>,
+    pub images_per_sec: f64,
+    pub spread_lo: Option<f64>,
+    pub spread_hi: Option<f64>,
+    pub repeats: Option<usize>,
+    pub baseline_workers: u64,
+    pub speedup: Option<f64>,
+    pub efficiency_throughput: Option<f64>,
+    pub efficiency_time: Option<f64>,
+    pub data_wait_share: Option<f64>,
+    pub allreduce_ms: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TrainEntry {
+    pub run: String,
+    pub hardware: Option<String>,
+    pub workers: Option<u64>,
+    pub batch_per_rank: Option<u64>,
+    pub global_batch: Option<u64>,
+    pub lr: Option<f64>,
+    pub epochs: u64,
+    pub wall_clock_s: f64,
+    pub acc1: Option<f64>,
+    pub acc5: Option<f64>,
+    pub best_acc1: Option<f64>,
+    pub images_per_sec: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ReportJson {
+    pub throughput: Vec<ThroughputEntry>,
+    pub train: Vec<TrainEntry>,
+    pub files: Vec<PathBuf>,
+}
+
+/// Everything read from the inputs, ready to tabulate.
+#[derive(Clone, Debug, Default)]
+pub struct Collected {
+    pub throughput: Vec<ThroughputRow>,
+    pub runs: Vec<TrainRun>,
+}
+
+fn display_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| p.display().to_string())
+}
+
+pub fn collect(paths: &[PathBuf]) -> anyhow::Result<Collected> {
+    let mut c = Collected::default();
+    for p in paths {
+        match read_input(p)? {
+            Input::Bench { path, result } => c.throughput.push(bench_row(&display_name(&path), &result)),
+            Input::Sweep { path, result } => {
+                c.throughput.extend(sweep_rows(&display_name(&path), &result))
+            }
+            Input::Train(run) => c.runs.push(run),
+        }
+    }
+    Ok(c)
+}
+
+/// report.md's text: the throughput table and the training table, each with how to read it.
+pub fn markdown(c: &Collected) -> String {
+    let mut s = String::from("# rn50 report\n");
+    if !c.throughput.is_empty() {
+        s.push_str("\n## Throughput\n\n");
+        s.push_str(&throughput_table(&c.throughput).to_markdown());
+        s.push_str(
+            "\nimg/s: median over steps (bench) or over repeats (sweep), all workers together; spread: \
+             p10–p90 of the steps, or min–max of n repeats. Efficiency against the fewest workers with the same \
+             hardware, config and batch per worker: X_N/(N·X_1) from img/s, T1/(N·TN) from the time a fixed \
+             number of images takes (median step time / global batch). lr is the effective rate.\n",
+        );
+    }
+    if !c.runs.is_empty() {
+        s.push_str("\n## Training runs\n\n");
+        let rows: Vec<TrainRow> = c.runs.iter().map(train_row).collect();
+        s.push_str(&train_table(&rows, true).to_markdown());
+        s.push_str(
+            "\nWall-clock: training and evaluation of all epochs. Acc@1/Acc@5: last epoch, percent. Efficiency \
+             against the run with the fewest GPUs/ranks of the same arch, dataset and epochs: T1/(N·TN) from \
+             wall-clock time, X_N/(N·X_1) from mean img/s.\n",
+        );
+    }
+    s
+}
+
+pub fn json(c: &Collected, files: Vec<PathBuf>) -> ReportJson {
+    let mut throughput = vec![];
+    for (base, group) in grouped_throughput(&c.throughput) {
+        for r in group {
+            let (ex, et) = row_efficiency(&base, &r);
+            throughput.push(ThroughputEntry {
+                speedup: crate::efficiency::speedup_throughput(base.images_per_sec, r.images_per_sec),
+                baseline_workers: base.workers,
+                efficiency_throughput: ex,
+                efficiency_time: et,
+                source: r.source,
+                hardware: r.hardware,
+                config: r.config,
+                workers: r.workers,
+                batch_per_worker: r.batch,
+                global_batch: r.global_batch,
+                lr: r.lr,
+                images_per_sec: r.images_per_sec,
+                spread_lo: r.lo,
+                spread_hi: r.hi,
+                repeats: r.repeats,
+                data_wait_share: r.data_wait_share,
+                allreduce_ms: r.allreduce_ms,
+            });
+        }
+    }
+    let train = c
+        .runs
+        .iter()
+        .map(|run| {
+            let r = train_row(run);
+            TrainEntry {
+                run: r.name,
+                hardware: r.hardware,
+                workers: r.workers,
+                batch_per_rank: r.batch,
+                global_batch: r.global_batch,
+                lr: r.lr,
+                epochs: r.epochs,
+                wall_clock_s: r.wall_clock_s,
+                acc1: r.acc1,
+                acc5: r.acc5,
+                best_acc1: r.best_acc1,
+                images_per_sec: r.images_per_sec,
+            }
+        })
+        .collect();
+    ReportJson {
+        throughput,
+        train,
+        files,
+    }
+}
+
+/// Throughput vs workers per comparison group, each with its ideal linear line from its baseline; and the
+/// throughput-based efficiency of each group.
+pub fn scaling_charts(rows: &[ThroughputRow]) -> (Chart, Chart) {
+    let mut tp = Chart::new("Training throughput vs workers", "workers (GPUs or ranks)", "images/s");
+    let mut eff = Chart::new(
+        "Scaling efficiency vs workers",
+        "workers (GPUs or ranks)",
+        "efficiency X_N/(N·X_1) (%)",
+    );
+    tp.x_axis = XAxis::Log2;
+    tp.y_from_zero = true;
+    tp.legend = Legend::UpperLeft;
+    eff.x_axis = XAxis::Log2;
+    eff.y_from_zero = true;
+    eff.legend = Legend::LowerLeft;
+    let groups = grouped_throughput(rows);
+    let mut max_n = 1u64;
+    for (base, group) in &groups {
+        let label = format!("{}, {}, batch {}/worker", base.hardware, base.config, base.batch);
+        let measured: Vec<(f64, f64)> = group
+            .iter()
+            .map(|r| (r.workers as f64, r.images_per_sec))
+            .collect();
+        let ns: Vec<u64> = group.iter().map(|r| r.workers).collect();
+        let per_worker = base.images_per_sec / base.workers as f64;
+        let ideal = ns
+            .iter()
+            .map(|&n| (n as f64, per_worker * n as f64))
+            .collect();
+        tp.series.push(Series::new(label.clone(), measured));
+        tp.series
+            .push(Series::new(format!("ideal (linear from {} worker(s))", base.workers), ideal).dashed());
+        eff.series.push(Series::new(
+            label,
+            group
+                .iter()
+                .filter_map(|r| row_efficiency(base, r).0.map(|e| (r.workers as f64, e * 100.0)))
+                .collect(),
+        ));
+        max_n = max_n.max(*ns.iter().max().unwrap_or(&1));
+    }
+    let min_n = rows.iter().map(|r| r.workers).min().unwrap_or(1) as f64;
+    eff.series
+        .push(Series::new("ideal (100%)", vec![(min_n, 100.0), (max_n as f64, 100.0)]).dashed());
+    (tp, eff)
+}
+
+/// Writes report.md, throughput.csv, train.csv and the plots into `out`; returns the files written.
+pub fn write_report(c: &Collected, out: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut files = vec![];
+    let mut put = |name: &str, text: String| -> anyhow::Result<()> {
+        let p = out.join(name);
+        write_atomic(&p, text.as_bytes())?;
+        files.push(p);
+        Ok(())
+    };
+    put("report.md", markdown(c))?;
+    if !c.throughput.is_empty() {
+        put("throughput.csv", throughput_table(&c.throughput).to_csv())?;
+    }
+    let train_rows: Vec<TrainRow> = c.runs.iter().map(train_row).collect();
+    if !c.runs.is_empty() {
+        put("train.csv", train_table(&train_rows, true).to_csv())?;
+    }
+    let mut charts = vec![];
+    if !c.throughput.is_empty() {
+        let (tp, eff) = scaling_charts(&c.throughput);
+        charts.push(("throughput.png", tp));
+        charts.push(("efficiency.png", eff));
+    }
+    if !c.runs.is_empty() {
+        let runs: Vec<&TrainRun> = c.runs.iter().collect();
+        charts.push(("train_loss.png", loss_chart(&runs)));
+        charts.push(("train_accuracy.png", accuracy_chart(&runs)));
+    }
+    for (name, chart) in charts {
+        let p = out.join(name);
+        plot::render(&chart, &p)?;
+        files.push(p);
+    }
+    Ok(files)
+}
+
+pub fn report_command(args: &ReportArgs) -> anyhow::Result<()> {
+    let c = collect(&args.runs)?;
+    let files = write_report(&c, &args.out)?;
+    if !c.throughput.is_empty() {
+        println!("{}", throughput_table(&c.throughput).to_text());
+    }
+    if !c.runs.is_empty() {
+        let rows: Vec<TrainRow> = c.runs.iter().map(train_row).collect();
+        println!("{}", train_table(&rows, true).to_text());
+    }
+    if let Some(path) = &args.json {
+        let mut text = serde_json::to_string_pretty(&json(&c, files.clone()))?;
+        text.push('\n');
+        write_atomic(path, text.as_bytes())?;
+    }
+    for f in &files {
+        eprintln!("wrote {}", f.display());
+    }
+    Ok(())
+}

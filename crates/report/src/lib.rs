@@ -1,0 +1,61 @@
+//! rn50's reporting layer, free of libtorch: the schemas of bench, sweep and training results; tables in the
+//! shapes HPC sites publish (hardware × workers × img/s with scaling efficiency; WCT/Acc@1/Acc@5); CSV; PNG
+//! plots; a ring all-reduce scaling model (`rn50 predict`); and an I/O monitor reading /proc.
+
+use std::path::PathBuf;
+
+pub mod cli;
+pub mod efficiency;
+pub mod io;
+pub mod plot;
+pub mod predict;
+pub mod run_report;
+pub mod schema;
+pub mod table;
+
+pub use cli::{report_command, ReportArgs};
+pub use io::{IoDelta, IoMonitor, IoSample};
+pub use predict::{predict_command, PredictArgs};
+pub use run_report::{summary_text, write_run_report, write_summary};
+pub use schema::{BenchResult, EpochMetrics, SweepPoint, SweepResult, TrainSummary};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}:{line}:{column}: {message}", path.display())]
+    Json {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("{}: not a training run (no metrics.jsonl)", .0.display())]
+    NotARun(PathBuf),
+    #[error("{}: neither a bench result, a sweep result nor a run's summary.json", .0.display())]
+    Unknown(PathBuf),
+    #[error("{}: {message}", path.display())]
+    Invalid { path: PathBuf, message: String },
+    #[error("plot {}: {message}", path.display())]
+    Plot { path: PathBuf, message: String },
+}
+
+impl ReportError {
+    /// A serde_json error at `line` of `path` (serde's own "at line L column C" suffix dropped: we say it first).
+    pub(crate) fn json(path: &std::path::Path, line: usize, e: &serde_json::Error) -> ReportError {
+        let text = e.to_string();
+        let message = match text.rfind(" at line ") {
+            Some(i) => text[..i].to_string(),
+            None => text,
+        };
+        ReportError::Json {
+            path: path.to_path_buf(),
+            line,
+            column: e.column(),
+            message,
+        }
+    }
+}

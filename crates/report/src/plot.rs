@@ -1,0 +1,324 @@
+//! PNG line charts through plotters' bitmap backend.
+//!
+//! Text is drawn with DejaVu Sans embedded in the binary (plotters' `ab_glyph` feature), so a chart renders the
+//! same on a node without fontconfig or any system font.
+
+use std::path::Path;
+use std::sync::Once;
+
+use plotters::prelude::*;
+use plotters::style::{register_font, FontStyle};
+
+use crate::ReportError;
+
+static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+const FAMILY: &str = "sans-serif";
+
+fn register() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // A font embedded at build time: parse failure would be a build defect, not bad input.
+        if register_font(FAMILY, FontStyle::Normal, FONT).is_err() {
+            eprintln!("rn50-report: the embedded font did not parse; plots will have no text");
+        }
+    });
+}
+
+/// Colour-blind-safe qualitative palette (Okabe–Ito), then plotters' 99-colour palette.
+fn colour(i: usize) -> RGBColor {
+    const OKABE_ITO: [(u8, u8, u8); 7] = [
+        (0, 114, 178),
+        (213, 94, 0),
+        (0, 158, 115),
+        (204, 121, 167),
+        (230, 159, 0),
+        (86, 180, 233),
+        (0, 0, 0),
+    ];
+    match OKABE_ITO.get(i) {
+        Some(&(r, g, b)) => RGBColor(r, g, b),
+        None => {
+            let c = Palette99::pick(i).to_rgba();
+            RGBColor(c.0, c.1, c.2)
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LineStyle {
+    /// Line through the points with a marker on each.
+    Solid,
+    /// Dashed, no markers: reference lines (ideal scaling).
+    Dashed,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+    pub style: LineStyle,
+}
+
+impl Series {
+    pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Series {
+        Series {
+            name: name.into(),
+            points,
+            style: LineStyle::Solid,
+        }
+    }
+    pub fn dashed(mut self) -> Series {
+        self.style = LineStyle::Dashed;
+        self
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum XAxis {
+    Linear,
+    /// Powers of two evenly spaced (worker counts 1, 2, 4 … 64), labelled with the counts themselves.
+    Log2,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Legend {
+    UpperLeft,
+    UpperRight,
+    LowerLeft,
+    LowerRight,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Chart {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub series: Vec<Series>,
+    pub x_axis: XAxis,
+    /// Start the y axis at zero (throughput, efficiency) rather than at the data's minimum (loss).
+    pub y_from_zero: bool,
+    pub legend: Legend,
+    pub width: u32,
+    pub height: u32,
+}
+
+impl Chart {
+    pub fn new(title: impl Into<String>, x_label: impl Into<String>, y_label: impl Into<String>) -> Chart {
+        Chart {
+            title: title.into(),
+            x_label: x_label.into(),
+            y_label: y_label.into(),
+            series: vec![],
+            x_axis: XAxis::Linear,
+            y_from_zero: false,
+            legend: Legend::UpperRight,
+            width: 1000,
+            height: 640,
+        }
+    }
+}
+
+/// Tick label for a value on an axis spanning `span`: enough decimals to tell neighbours apart.
+fn tick_label(v: f64, span: f64) -> String {
+    if v == 0.0 {
+        return "0".into();
+    }
+    let a = span.abs();
+    if a >= 1000.0 || v.abs() >= 10_000.0 {
+        crate::table::fmt_rate(v)
+    } else if a >= 20.0 {
+        format!("{v:.0}")
+    } else if a >= 2.0 {
+        format!("{v:.1}")
+    } else if a >= 0.02 || v.abs() >= 0.01 {
+        format!("{v:.3}")
+    } else {
+        format!("{v:.1e}")
+    }
+}
+
+fn range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    values.fold(None, |acc, v| match acc {
+        None => Some((v, v)),
+        Some((lo, hi)) => Some((lo.min(v), hi.max(v))),
+    })
+}
+
+/// Renders `chart` to a PNG at `path`.
+pub fn render(chart: &Chart, path: &Path) -> Result<(), ReportError> {
+    register();
+    let err = |e: &dyn std::fmt::Display| ReportError::Plot {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    };
+    let log2 = chart.x_axis == XAxis::Log2;
+    let tx = |x: f64| if log2 { x.log2() } else { x };
+    // Only finite points can be drawn (and log2 needs x > 0).
+    let series: Vec<(usize, &Series, Vec<(f64, f64)>)> = chart
+        .series
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let pts = s
+                .points
+                .iter()
+                .filter(|(x, y)| x.is_finite() && y.is_finite() && (!log2 || *x > 0.0))
+                .map(|&(x, y)| (tx(x), y))
+                .collect();
+            (i, s, pts)
+        })
+        .collect();
+    let all = || series.iter().flat_map(|(_, _, p)| p.iter());
+    let (mut x0, mut x1) = range(all().map(|p| p.0)).unwrap_or((0.0, 1.0));
+    let (mut y0, mut y1) = range(all().map(|p| p.1)).unwrap_or((0.0, 1.0));
+    if chart.y_from_zero {
+        y0 = y0.min(0.0);
+    }
+    if x1 - x0 < 1e-12 {
+        x0 -= 1.0;
+        x1 += 1.0;
+    }
+    if y1 - y0 < 1e-12 {
+        let d = if y0.abs() > 0.0 { y0.abs() * 0.1 } else { 1.0 };
+        y0 -= d;
+        y1 += d;
+    }
+    // Headroom above for the legend, a margin below unless pinned at zero.
+    let pad = (y1 - y0) * 0.08;
+    y1 += pad * if chart.series.len() > 1 { 2.5 } else { 1.0 };
+    if !(chart.y_from_zero && y0 == 0.0) {
+        y0 -= pad;
+    }
+    if log2 {
+        x0 -= 0.25;
+        x1 += 0.25;
+    } else {
+        let p = (x1 - x0) * 0.03;
+        x0 -= p;
+        x1 += p;
+    }
+
+    let root = BitMapBackend::new(path, (chart.width, chart.height)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut ctx = ChartBuilder::on(&root)
+        .caption(&chart.title, (FAMILY, 30))
+        .margin(20)
+        .x_label_area_size(70)
+        .y_label_area_size(100)
+        .build_cartesian_2d(x0..x1, y0..y1)
+        .map_err(|e| err(&e))?;
+
+    let x_span = x1 - x0;
+    let y_span = y1 - y0;
+    let x_fmt = move |v: &f64| {
+        if log2 {
+            let n = 2f64.powf(*v);
+            if (n - n.round()).abs() < 1e-6 {
+                format!("{}", n.round())
+            } else {
+                String::new()
+            }
+        } else {
+            tick_label(*v, x_span)
+        }
+    };
+    let y_fmt = move |v: &f64| tick_label(*v, y_span);
+    let x_ticks = if log2 {
+        (x1 - x0).ceil() as usize + 1
+    } else {
+        10
+    };
+    ctx.configure_mesh()
+        .x_desc(&chart.x_label)
+        .y_desc(&chart.y_label)
+        .axis_desc_style((FAMILY, 24))
+        .label_style((FAMILY, 20))
+        .x_labels(x_ticks)
+        .y_labels(8)
+        .x_label_formatter(&x_fmt)
+        .y_label_formatter(&y_fmt)
+        .light_line_style(RGBColor(235, 235, 235))
+        .bold_line_style(RGBColor(215, 215, 215))
+        .draw()
+        .map_err(|e| err(&e))?;
+
+    for (i, s, pts) in &series {
+        let c = colour(*i);
+        match s.style {
+            LineStyle::Solid => {
+                ctx.draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(3)))
+                    .map_err(|e| err(&e))?
+                    .label(s.name.clone())
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 30, y)], c.stroke_width(3))
+                    });
+                ctx.draw_series(
+                    pts.iter()
+                        .map(|&p| Circle::new(p, 5, c.filled())),
+                )
+                .map_err(|e| err(&e))?;
+            }
+            LineStyle::Dashed => {
+                ctx.draw_series(DashedLineSeries::new(
+                    pts.iter().copied(),
+                    10,
+                    8,
+                    c.stroke_width(2),
+                ))
+                .map_err(|e| err(&e))?
+                .label(s.name.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 30, y)], c.stroke_width(2))
+                });
+            }
+        }
+    }
+    if chart.series.len() > 1 || chart.series.iter().any(|s| !s.name.is_empty()) {
+        let pos = match chart.legend {
+            Legend::UpperLeft => SeriesLabelPosition::UpperLeft,
+            Legend::UpperRight => SeriesLabelPosition::UpperRight,
+            Legend::LowerLeft => SeriesLabelPosition::LowerLeft,
+            Legend::LowerRight => SeriesLabelPosition::LowerRight,
+        };
+        ctx.configure_series_labels()
+            .position(pos)
+            .label_font((FAMILY, 20))
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(180, 180, 180))
+            .draw()
+            .map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tick_labels() {
+        assert_eq!(tick_label(0.0, 5.0), "0");
+        assert_eq!(tick_label(1500.0, 3000.0), "1,500");
+        assert_eq!(tick_label(45.0, 80.0), "45");
+        assert_eq!(tick_label(2.5, 4.0), "2.5");
+        assert_eq!(tick_label(0.05, 0.1), "0.050");
+        assert_eq!(tick_label(0.0001, 0.0004), "1.0e-4");
+    }
+
+    #[test]
+    fn renders_a_png_even_from_awkward_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Chart::new("t", "x", "y");
+        c.series.push(Series::new("a", vec![(1.0, f64::NAN), (2.0, 3.0)]));
+        c.series.push(Series::new("b", vec![]));
+        let p = dir.path().join("a.png");
+        render(&c, &p).unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+        // Nothing at all to plot still gives an (empty) chart.
+        let mut c = Chart::new("empty", "x", "y");
+        c.x_axis = XAxis::Log2;
+        render(&c, &dir.path().join("b.png")).unwrap();
+    }
+}

@@ -1,0 +1,176 @@
+//! One training run's report, written into its RUN_DIR: metrics.csv, summary.md, loss/accuracy/lr plots.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::plot::{self, Chart, Legend, Series};
+use crate::schema::{read_train_run, EpochMetrics, TrainRun, TrainSummary};
+use crate::table::{train_row, train_table, Align, Cell, Column, Table};
+use crate::ReportError;
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ReportError + '_ {
+    move |e| ReportError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    }
+}
+
+/// Writes `contents` to `path` through a temporary file and a rename, so a reader never sees half a file.
+pub(crate) fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), ReportError> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(".{}.tmp", name.unwrap_or_default()));
+    let mut f = fs::File::create(&tmp).map_err(io_err(&tmp))?;
+    f.write_all(contents).map_err(io_err(&tmp))?;
+    f.sync_all().map_err(io_err(&tmp))?;
+    fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+/// Writes `RUN_DIR/summary.json`.
+pub fn write_summary(run_dir: &Path, summary: &TrainSummary) -> Result<PathBuf, ReportError> {
+    let path = run_dir.join("summary.json");
+    let mut text = serde_json::to_string_pretty(summary).map_err(|e| ReportError::Invalid {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    text.push('\n');
+    write_atomic(&path, text.as_bytes())?;
+    Ok(path)
+}
+
+/// Per-epoch metrics as a table, plus the elapsed time at each epoch's end.
+pub fn metrics_table(epochs: &[EpochMetrics]) -> Table {
+    let c = |title, key| Column {
+        title,
+        key,
+        align: Align::Right,
+    };
+    let num = |x: Option<f64>| match x.filter(|v| v.is_finite()) {
+        Some(v) => Cell {
+            display: format!("{v}"),
+            raw: v.to_string(),
+        },
+        None => Cell {
+            display: "—".into(),
+            raw: String::new(),
+        },
+    };
+    let mut elapsed = 0.0;
+    Table {
+        columns: vec![
+            c("epoch", "epoch"),
+            c("train loss", "train_loss"),
+            c("lr", "lr"),
+            c("img/s", "images_per_sec"),
+            c("Acc@1", "acc1"),
+            c("Acc@5", "acc5"),
+            c("seconds", "seconds"),
+            c("elapsed s", "elapsed_s"),
+        ],
+        rows: epochs
+            .iter()
+            .map(|e| {
+                elapsed += e.seconds.unwrap_or(0.0);
+                vec![
+                    Cell::text(e.epoch.to_string()),
+                    num(e.train_loss),
+                    num(e.lr),
+                    num(e.images_per_sec),
+                    num(e.acc1),
+                    num(e.acc5),
+                    num(e.seconds),
+                    num(Some(elapsed)),
+                ]
+            })
+            .collect(),
+    }
+}
+
+/// Epoch numbers on the x axis count finished epochs (1 = after the first), as the sites plot them.
+fn curve(epochs: &[EpochMetrics], f: impl Fn(&EpochMetrics) -> Option<f64>) -> Vec<(f64, f64)> {
+    epochs
+        .iter()
+        .filter_map(|e| f(e).map(|y| ((e.epoch + 1) as f64, y)))
+        .collect()
+}
+
+/// Loss of several runs overlaid (legend = run name).
+pub fn loss_chart(runs: &[&TrainRun]) -> Chart {
+    let mut c = Chart::new("Training loss", "epoch", "train loss (mean over the epoch)");
+    for r in runs {
+        c.series
+            .push(Series::new(&r.name, curve(&r.epochs, |e| e.train_loss)));
+    }
+    c
+}
+
+/// Top-1 (and, for a single run, top-5) accuracy; several runs overlaid show top-1 solid and top-5 dashed.
+pub fn accuracy_chart(runs: &[&TrainRun]) -> Chart {
+    let mut c = Chart::new("Validation accuracy", "epoch", "accuracy (%)");
+    c.legend = Legend::LowerRight;
+    for r in runs {
+        let (n1, n5) = if runs.len() == 1 {
+            ("Acc@1 (top-1)".to_string(), "Acc@5 (top-5)".to_string())
+        } else {
+            (format!("{} Acc@1", r.name), format!("{} Acc@5", r.name))
+        };
+        c.series.push(Series::new(n1, curve(&r.epochs, |e| e.acc1)));
+        c.series
+            .push(Series::new(n5, curve(&r.epochs, |e| e.acc5)).dashed());
+    }
+    c
+}
+
+pub fn lr_chart(runs: &[&TrainRun]) -> Chart {
+    let mut c = Chart::new("Learning rate", "epoch", "learning rate (at the epoch's end)");
+    c.y_from_zero = true;
+    for r in runs {
+        c.series.push(Series::new(&r.name, curve(&r.epochs, |e| e.lr)));
+    }
+    c
+}
+
+/// Reads RUN_DIR (metrics.jsonl, summary.json if present) and writes metrics.csv, summary.md, loss.png,
+/// accuracy.png and lr.png beside them. Returns the files written.
+pub fn write_run_report(run_dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
+    let run = read_train_run(run_dir)?;
+    let mut written = vec![];
+    let csv = run_dir.join("metrics.csv");
+    write_atomic(&csv, metrics_table(&run.epochs).to_csv().as_bytes())?;
+    written.push(csv);
+    let md = run_dir.join("summary.md");
+    write_atomic(&md, summary_markdown(&run).as_bytes())?;
+    written.push(md);
+    for (name, chart) in [
+        ("loss.png", loss_chart(&[&run])),
+        ("accuracy.png", accuracy_chart(&[&run])),
+        ("lr.png", lr_chart(&[&run])),
+    ] {
+        let mut chart = chart;
+        chart.title = format!("{} — {}", chart.title, run.name);
+        let path = run_dir.join(name);
+        plot::render(&chart, &path)?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+pub fn summary_markdown(run: &TrainRun) -> String {
+    let mut s = format!("# Training run `{}`\n\n", run.name);
+    s.push_str(&train_table(&[train_row(run)], false).to_markdown());
+    if let Some(sum) = &run.summary {
+        s.push_str(&format!(
+            "\n{} {} on {}, {} precision; lr is the effective rate (scaled by global batch / 256).\n",
+            sum.arch, sum.dataset, sum.device, sum.precision
+        ));
+    } else {
+        s.push_str("\nNo summary.json yet: configuration columns are unknown, the rest is from metrics.jsonl.\n");
+    }
+    s
+}
+
+/// The run's summary table as aligned text, for the terminal at the end of `rn50 train`.
+pub fn summary_text(run_dir: &Path) -> Result<String, ReportError> {
+    let run = read_train_run(run_dir)?;
+    Ok(train_table(&[train_row(&run)], false).to_text())
+}

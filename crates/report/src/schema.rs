@@ -1,0 +1,366 @@
+//! What the report reads and what rn50 writes for it: bench results, sweep results, training runs.
+//!
+//! Every struct ignores fields it does not know (serde's default), and everything a writer might leave out
+//! is an `Option`, so an older or newer rn50 still produces readable files.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::ReportError;
+
+/// `rn50 bench --json FILE`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct BenchResult {
+    /// Median over the timed steps, all ranks together.
+    pub images_per_sec: f64,
+    pub images_per_sec_p10: Option<f64>,
+    pub images_per_sec_p90: Option<f64>,
+    pub step_ms: Option<f64>,
+    pub data_wait_ms: Option<f64>,
+    pub compute_ms: Option<f64>,
+    pub data_wait_share: Option<f64>,
+    pub peak_rss_bytes: Option<u64>,
+    pub device_peak_memory_bytes: Option<u64>,
+    pub final_loss: Option<f64>,
+    #[serde(default)]
+    pub step_times_ms: Vec<f64>,
+    /// Data-parallel runs: time per step spent in (exposed) gradient all-reduce.
+    pub allreduce_ms: Option<f64>,
+    /// Throughput without data wait (NVIDIA DLE's "compute only" column).
+    pub compute_images_per_sec: Option<f64>,
+    pub config: BenchConfig,
+    pub machine: Option<Machine>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct BenchConfig {
+    pub arch: String,
+    /// Per rank.
+    pub batch_size: u64,
+    pub image_size: Option<u64>,
+    pub precision: Option<String>,
+    pub channels_last: Option<bool>,
+    pub steps: Option<u64>,
+    pub threads: Option<u64>,
+    pub device: Option<String>,
+    pub data: Option<String>,
+    /// Effective learning rate (after linear scaling).
+    pub lr: Option<f64>,
+    /// Absent in single-process results: 1.
+    pub world_size: Option<u64>,
+    /// Absent: batch_size · world_size.
+    pub global_batch: Option<u64>,
+}
+
+impl BenchConfig {
+    pub fn world_size(&self) -> u64 {
+        self.world_size.unwrap_or(1).max(1)
+    }
+    pub fn global_batch(&self) -> u64 {
+        self.global_batch
+            .unwrap_or(self.batch_size * self.world_size())
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Machine {
+    pub hostname: Option<String>,
+    pub os: Option<String>,
+    pub cpu: Option<Cpu>,
+    pub memory_bytes: Option<u64>,
+    pub torch_version: Option<String>,
+    #[serde(default)]
+    pub cuda_devices: Vec<CudaDevice>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Cpu {
+    pub model: Option<String>,
+    pub logical_cores: Option<u64>,
+    pub physical_cores: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CudaDevice {
+    pub index: Option<u64>,
+    pub name: String,
+    pub total_memory_bytes: Option<u64>,
+    pub compute_capability: Option<String>,
+}
+
+/// The "hardware" column: the GPU's name on CUDA, else the CPU model and thread count.
+pub fn hardware_name(config: &BenchConfig, machine: Option<&Machine>) -> String {
+    let device = config.device.as_deref().unwrap_or("");
+    let Some(m) = machine else {
+        return if device.is_empty() {
+            "unknown".into()
+        } else {
+            device.into()
+        };
+    };
+    if device.starts_with("cuda") {
+        // "cuda:1" names the device; plain "cuda" is device 0.
+        let index: usize = device
+            .strip_prefix("cuda:")
+            .and_then(|i| i.parse().ok())
+            .unwrap_or(0);
+        if let Some(d) = m.cuda_devices.get(index).or(m.cuda_devices.first()) {
+            return d.name.clone();
+        }
+        return device.into();
+    }
+    let model = m
+        .cpu
+        .as_ref()
+        .and_then(|c| c.model.clone())
+        .unwrap_or_else(|| "CPU".into());
+    match config.threads {
+        Some(t) => format!("{model} ({t} threads)"),
+        None => model,
+    }
+}
+
+/// One line of a run's `metrics.jsonl`: one finished epoch. Accuracies in percent; NaN is written as null.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct EpochMetrics {
+    pub epoch: u64,
+    pub train_loss: Option<f64>,
+    pub lr: Option<f64>,
+    pub images_per_sec: Option<f64>,
+    pub acc1: Option<f64>,
+    pub acc5: Option<f64>,
+    /// That epoch's wall time (training and evaluation).
+    pub seconds: Option<f64>,
+}
+
+/// A training run's `summary.json`, written by `rn50 train` at the end (and readable before the end: the report
+/// falls back to metrics.jsonl for whatever is missing).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct TrainSummary {
+    pub arch: String,
+    /// What ran it, e.g. "NVIDIA A100-SXM4-40GB" or "Intel Xeon (2 threads)".
+    pub device: String,
+    pub world_size: u64,
+    /// Per rank.
+    pub batch_size: u64,
+    pub global_batch: u64,
+    /// Effective learning rate (after scaling by global_batch/256).
+    pub lr: f64,
+    /// Epochs finished.
+    pub epochs: u64,
+    /// Training plus evaluation, first epoch's start to the last one's end.
+    pub wall_clock_s: f64,
+    /// Final epoch's top-1 / top-5, percent.
+    pub acc1: Option<f64>,
+    pub acc5: Option<f64>,
+    pub best_acc1: Option<f64>,
+    /// Mean over epochs of the training throughput, all ranks together.
+    pub images_per_sec: f64,
+    pub precision: String,
+    /// Dataset path or name ("imagenet", "/data/ilsvrc", "dummy").
+    pub dataset: String,
+}
+
+impl TrainSummary {
+    /// Fills the fields that follow from the per-epoch metrics (epochs, wall clock, accuracies, mean img/s);
+    /// the caller sets the configuration fields.
+    pub fn fill_from_metrics(&mut self, epochs: &[EpochMetrics]) {
+        self.epochs = epochs.len() as u64;
+        self.wall_clock_s = epochs.iter().filter_map(|e| e.seconds).sum();
+        let last = epochs.last();
+        self.acc1 = last.and_then(|e| e.acc1);
+        self.acc5 = last.and_then(|e| e.acc5);
+        self.best_acc1 = epochs
+            .iter()
+            .filter_map(|e| e.acc1)
+            .filter(|a| a.is_finite())
+            .reduce(f64::max);
+        let ips: Vec<f64> = epochs.iter().filter_map(|e| e.images_per_sec).collect();
+        self.images_per_sec = if ips.is_empty() {
+            0.0
+        } else {
+            ips.iter().sum::<f64>() / ips.len() as f64
+        };
+    }
+}
+
+/// `rn50 bench --sweep`: each point repeated, reported as median with spread.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SweepResult {
+    pub arch: String,
+    /// The hardware column, e.g. "NVIDIA A100-SXM4-40GB" or "Intel Xeon (2 threads)".
+    pub hardware: String,
+    pub precision: Option<String>,
+    pub image_size: Option<u64>,
+    /// Data mode: device, host, pipeline, or a path.
+    pub data: Option<String>,
+    /// How the ranks were started: "launch", "slurm", "pbs".
+    pub launcher: Option<String>,
+    pub points: Vec<SweepPoint>,
+    pub machine: Option<Machine>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SweepPoint {
+    pub world_size: u64,
+    /// Per rank.
+    pub batch_size: u64,
+    pub global_batch: u64,
+    /// Effective learning rate.
+    pub lr: Option<f64>,
+    /// One entry per repeat, all ranks together.
+    pub images_per_sec: Vec<f64>,
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub allreduce_ms: Option<f64>,
+}
+
+impl SweepPoint {
+    /// A point from its repeats: median, min and max computed here (NaNs dropped).
+    pub fn from_repeats(
+        world_size: u64,
+        batch_size: u64,
+        lr: Option<f64>,
+        images_per_sec: Vec<f64>,
+        allreduce_ms: Option<f64>,
+    ) -> SweepPoint {
+        let mut v: Vec<f64> = images_per_sec
+            .iter()
+            .copied()
+            .filter(|x| x.is_finite())
+            .collect();
+        v.sort_by(f64::total_cmp);
+        SweepPoint {
+            world_size,
+            batch_size,
+            global_batch: world_size * batch_size,
+            lr,
+            median: median_sorted(&v),
+            min: v.first().copied().unwrap_or(f64::NAN),
+            max: v.last().copied().unwrap_or(f64::NAN),
+            images_per_sec,
+            allreduce_ms,
+        }
+    }
+}
+
+/// Median of sorted values (mean of the middle two for an even count); NaN when empty.
+pub fn median_sorted(v: &[f64]) -> f64 {
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// A training run directory, read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainRun {
+    pub dir: PathBuf,
+    /// Directory name, the legend and "run" column.
+    pub name: String,
+    pub epochs: Vec<EpochMetrics>,
+    pub summary: Option<TrainSummary>,
+}
+
+/// One input of `rn50 report`, by what it turned out to be.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Input {
+    Bench { path: PathBuf, result: Box<BenchResult> },
+    Sweep { path: PathBuf, result: SweepResult },
+    Train(TrainRun),
+}
+
+/// Parses JSON, naming the file, line and column when it is malformed or lacks a field.
+pub fn parse_json<T: DeserializeOwned>(text: &str, path: &Path) -> Result<T, ReportError> {
+    serde_json::from_str(text).map_err(|e| ReportError::json(path, e.line(), &e))
+}
+
+fn read_text(path: &Path) -> Result<String, ReportError> {
+    fs::read_to_string(path).map_err(|e| ReportError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })
+}
+
+pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T, ReportError> {
+    parse_json(&read_text(path)?, path)
+}
+
+/// Reads metrics.jsonl. Blank lines are skipped; a resumed run may have appended an epoch twice, the last
+/// record of an epoch wins; the result is sorted by epoch.
+pub fn read_metrics(path: &Path) -> Result<Vec<EpochMetrics>, ReportError> {
+    let text = read_text(path)?;
+    let mut epochs: Vec<EpochMetrics> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let rec: EpochMetrics =
+            serde_json::from_str(line).map_err(|e| ReportError::json(path, i + 1, &e))?;
+        epochs.retain(|e| e.epoch != rec.epoch);
+        epochs.push(rec);
+    }
+    epochs.sort_by_key(|e| e.epoch);
+    Ok(epochs)
+}
+
+/// Reads a run directory: metrics.jsonl (required), summary.json (optional).
+pub fn read_train_run(dir: &Path) -> Result<TrainRun, ReportError> {
+    let metrics = dir.join("metrics.jsonl");
+    if !metrics.is_file() {
+        return Err(ReportError::NotARun(dir.to_path_buf()));
+    }
+    let epochs = read_metrics(&metrics)?;
+    let summary_path = dir.join("summary.json");
+    let summary = if summary_path.is_file() {
+        Some(read_json::<TrainSummary>(&summary_path)?)
+    } else {
+        None
+    };
+    Ok(TrainRun {
+        dir: dir.to_path_buf(),
+        name: run_name(dir),
+        epochs,
+        summary,
+    })
+}
+
+fn run_name(path: &Path) -> String {
+    // canonicalize so that "." reports as the directory's real name
+    let p = fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// Reads one `rn50 report` argument: a run directory, a run's summary.json, a sweep JSON or a bench JSON.
+pub fn read_input(path: &Path) -> Result<Input, ReportError> {
+    if path.is_dir() {
+        return Ok(Input::Train(read_train_run(path)?));
+    }
+    let text = read_text(path)?;
+    let value: serde_json::Value = parse_json(&text, path)?;
+    let has = |k: &str| value.get(k).is_some();
+    if has("points") {
+        Ok(Input::Sweep {
+            path: path.to_path_buf(),
+            result: parse_json(&text, path)?,
+        })
+    } else if has("images_per_sec") && has("config") {
+        Ok(Input::Bench {
+            path: path.to_path_buf(),
+            result: Box::new(parse_json(&text, path)?),
+        })
+    } else if has("wall_clock_s") {
+        // A summary.json given by itself: its directory is the run.
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+        Ok(Input::Train(read_train_run(dir.unwrap_or(Path::new(".")))?))
+    } else {
+        Err(ReportError::Unknown(path.to_path_buf()))
+    }
+}

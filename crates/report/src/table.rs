@@ -1,0 +1,569 @@
+//! Tables in the shapes the sites publish, rendered as Markdown, CSV and aligned text.
+//!
+//! Each cell carries what a reader sees (rounded, thousands separators, h:m:s) and what a spreadsheet wants
+//! (full precision, plain numbers), so the Markdown and the CSV come from one place.
+
+use std::collections::BTreeMap;
+
+use crate::efficiency::{
+    speedup_throughput, throughput_efficiency_from, time_efficiency_from,
+};
+use crate::schema::{hardware_name, BenchResult, SweepResult, TrainRun, TrainSummary};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cell {
+    pub display: String,
+    pub raw: String,
+}
+
+impl Cell {
+    pub fn text(s: impl Into<String>) -> Cell {
+        let s = s.into();
+        Cell {
+            display: s.clone(),
+            raw: s,
+        }
+    }
+    fn num(display: String, raw: Option<f64>) -> Cell {
+        Cell {
+            display,
+            raw: raw.map(|x| x.to_string()).unwrap_or_default(),
+        }
+    }
+    fn empty() -> Cell {
+        Cell {
+            display: "—".into(),
+            raw: String::new(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Align {
+    Left,
+    Right,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Column {
+    /// Markdown / terminal header.
+    pub title: &'static str,
+    /// CSV header.
+    pub key: &'static str,
+    pub align: Align,
+}
+
+const fn col(title: &'static str, key: &'static str, align: Align) -> Column {
+    Column { title, key, align }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Table {
+    pub columns: Vec<Column>,
+    pub rows: Vec<Vec<Cell>>,
+}
+
+impl Table {
+    /// The table without its CSV-only columns (those with an empty title).
+    fn visible(&self) -> Table {
+        let keep: Vec<bool> = self.columns.iter().map(|c| !c.title.is_empty()).collect();
+        let pick = |v: &[Cell]| -> Vec<Cell> {
+            v.iter()
+                .zip(&keep)
+                .filter(|(_, k)| **k)
+                .map(|(c, _)| c.clone())
+                .collect()
+        };
+        Table {
+            columns: self
+                .columns
+                .iter()
+                .filter(|c| !c.title.is_empty())
+                .cloned()
+                .collect(),
+            rows: self.rows.iter().map(|r| pick(r)).collect(),
+        }
+    }
+
+    pub fn to_markdown(&self) -> String {
+        let t = self.visible();
+        let t = &t;
+        let mut out = String::new();
+        let esc = |s: &str| s.replace('|', "\\|");
+        out.push_str("| ");
+        let titles: Vec<String> = t.columns.iter().map(|c| esc(c.title)).collect();
+        out.push_str(&titles.join(" | "));
+        out.push_str(" |\n|");
+        for c in &t.columns {
+            out.push_str(match c.align {
+                Align::Left => " --- |",
+                Align::Right => " ---: |",
+            });
+        }
+        out.push('\n');
+        for row in &t.rows {
+            let cells: Vec<String> = row.iter().map(|c| esc(&c.display)).collect();
+            out.push_str("| ");
+            out.push_str(&cells.join(" | "));
+            out.push_str(" |\n");
+        }
+        out
+    }
+
+    pub fn to_csv(&self) -> String {
+        let quote = |s: &str| {
+            if s.contains([',', '"', '\n']) {
+                format!("\"{}\"", s.replace('"', "\"\""))
+            } else {
+                s.to_string()
+            }
+        };
+        let mut out = String::new();
+        let keys: Vec<String> = self.columns.iter().map(|c| quote(c.key)).collect();
+        out.push_str(&keys.join(","));
+        out.push('\n');
+        for row in &self.rows {
+            let cells: Vec<String> = row.iter().map(|c| quote(&c.raw)).collect();
+            out.push_str(&cells.join(","));
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Columns padded to their widest cell, for a terminal.
+    pub fn to_text(&self) -> String {
+        let t = self.visible();
+        let t = &t;
+        let width = |s: &str| s.chars().count();
+        let mut widths: Vec<usize> = t.columns.iter().map(|c| width(c.title)).collect();
+        for row in &t.rows {
+            for (w, c) in widths.iter_mut().zip(row) {
+                *w = (*w).max(width(&c.display));
+            }
+        }
+        let line = |cells: Vec<&str>| {
+            let parts: Vec<String> = cells
+                .iter()
+                .zip(&t.columns)
+                .zip(&widths)
+                .map(|((s, c), &w)| {
+                    let pad = " ".repeat(w - width(s));
+                    match c.align {
+                        Align::Left => format!("{s}{pad}"),
+                        Align::Right => format!("{pad}{s}"),
+                    }
+                })
+                .collect();
+            let mut l = parts.join("  ");
+            l.truncate(l.trim_end().len());
+            l.push('\n');
+            l
+        };
+        let mut out = line(t.columns.iter().map(|c| c.title).collect());
+        for row in &t.rows {
+            out.push_str(&line(row.iter().map(|c| c.display.as_str()).collect()));
+        }
+        out
+    }
+}
+
+/// 1234567.8 → "1,234,568"; below 100, one decimal ("19.9"); below 1, three significant digits.
+pub fn fmt_rate(x: f64) -> String {
+    if !x.is_finite() {
+        return "—".into();
+    }
+    if x.abs() >= 100.0 {
+        group_thousands(x.round() as i64)
+    } else if x.abs() >= 1.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+fn group_thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, ch) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    if n < 0 {
+        format!("-{out}")
+    } else {
+        out
+    }
+}
+
+/// Seconds → "h:mm:ss" (hours unbounded: 36 h is "36:00:00").
+pub fn fmt_hms(seconds: f64) -> String {
+    if !seconds.is_finite() || seconds < 0.0 {
+        return "—".into();
+    }
+    let s = seconds.round() as u64;
+    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+/// 0.768 → "76.8%".
+pub fn fmt_pct(fraction: f64) -> String {
+    format!("{:.1}%", fraction * 100.0)
+}
+
+/// Learning rates span 1e-4…10: four significant digits, no trailing zeros.
+pub fn fmt_lr(lr: f64) -> String {
+    let s = format!("{lr:.4}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s.is_empty() || s == "-" || s == "0" && lr != 0.0 {
+        format!("{lr:.2e}")
+    } else {
+        s.to_string()
+    }
+}
+
+fn opt_cell(x: Option<f64>, f: impl Fn(f64) -> String) -> Cell {
+    match x.filter(|v| v.is_finite()) {
+        Some(v) => Cell::num(f(v), Some(v)),
+        None => Cell::empty(),
+    }
+}
+
+fn int_cell(x: u64) -> Cell {
+    Cell::num(group_thousands(x as i64), Some(x as f64))
+}
+
+/// One throughput measurement: a bench result or a sweep point.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThroughputRow {
+    /// The file it came from.
+    pub source: String,
+    pub hardware: String,
+    /// "resnet50 bf16 224px device" — what must match for rows to be compared.
+    pub config: String,
+    pub workers: u64,
+    /// Per worker.
+    pub batch: u64,
+    pub global_batch: u64,
+    pub lr: Option<f64>,
+    /// Median, all workers together.
+    pub images_per_sec: f64,
+    /// p10/p90 of a bench, min/max of a sweep point's repeats.
+    pub lo: Option<f64>,
+    pub hi: Option<f64>,
+    pub repeats: Option<usize>,
+    pub step_ms: Option<f64>,
+    pub compute_images_per_sec: Option<f64>,
+    pub data_wait_share: Option<f64>,
+    pub allreduce_ms: Option<f64>,
+}
+
+impl ThroughputRow {
+    /// Seconds per image (all workers): the time of a fixed workload, up to a constant, for T1/(N·TN).
+    /// From the median step time when there is one, else from the median throughput.
+    fn seconds_per_image(&self) -> f64 {
+        match self.step_ms {
+            Some(ms) if ms > 0.0 && self.global_batch > 0 => ms / 1000.0 / self.global_batch as f64,
+            _ => 1.0 / self.images_per_sec,
+        }
+    }
+}
+
+fn config_label(arch: &str, precision: Option<&str>, image_size: Option<u64>, data: Option<&str>) -> String {
+    let mut parts = vec![arch.to_string()];
+    parts.extend(precision.map(str::to_string));
+    parts.extend(image_size.map(|s| format!("{s}px")));
+    parts.extend(data.map(str::to_string));
+    parts.join(" ")
+}
+
+pub fn bench_row(source: &str, b: &BenchResult) -> ThroughputRow {
+    let c = &b.config;
+    ThroughputRow {
+        source: source.into(),
+        hardware: hardware_name(c, b.machine.as_ref()),
+        config: config_label(&c.arch, c.precision.as_deref(), c.image_size, c.data.as_deref()),
+        workers: c.world_size(),
+        batch: c.batch_size,
+        global_batch: c.global_batch(),
+        lr: c.lr,
+        images_per_sec: b.images_per_sec,
+        lo: b.images_per_sec_p10,
+        hi: b.images_per_sec_p90,
+        repeats: None,
+        step_ms: b.step_ms,
+        compute_images_per_sec: b.compute_images_per_sec,
+        data_wait_share: b.data_wait_share,
+        allreduce_ms: b.allreduce_ms,
+    }
+}
+
+pub fn sweep_rows(source: &str, s: &SweepResult) -> Vec<ThroughputRow> {
+    let config = config_label(&s.arch, s.precision.as_deref(), s.image_size, s.data.as_deref());
+    s.points
+        .iter()
+        .map(|p| ThroughputRow {
+            source: source.into(),
+            hardware: s.hardware.clone(),
+            config: config.clone(),
+            workers: p.world_size.max(1),
+            batch: p.batch_size,
+            global_batch: p.global_batch,
+            lr: p.lr,
+            images_per_sec: p.median,
+            lo: Some(p.min),
+            hi: Some(p.max),
+            repeats: Some(p.images_per_sec.len()),
+            step_ms: None,
+            compute_images_per_sec: None,
+            data_wait_share: None,
+            allreduce_ms: p.allreduce_ms,
+        })
+        .collect()
+}
+
+/// Rows compared for scaling: same hardware, model config and per-worker batch (weak scaling, as the sites run).
+fn group_key(r: &ThroughputRow) -> (String, String, u64) {
+    (r.hardware.clone(), r.config.clone(), r.batch)
+}
+
+/// Rows sorted into their comparison groups, with each group's baseline (fewest workers; first given on a tie).
+pub fn grouped_throughput(rows: &[ThroughputRow]) -> Vec<(ThroughputRow, Vec<ThroughputRow>)> {
+    let mut groups: BTreeMap<(String, String, u64), Vec<ThroughputRow>> = BTreeMap::new();
+    for r in rows {
+        groups.entry(group_key(r)).or_default().push(r.clone());
+    }
+    groups
+        .into_values()
+        .map(|mut g| {
+            g.sort_by_key(|r| r.workers); // stable: ties keep input order
+            (g[0].clone(), g)
+        })
+        .collect()
+}
+
+/// Throughput efficiency and time efficiency of `r` against `base`.
+pub fn row_efficiency(base: &ThroughputRow, r: &ThroughputRow) -> (Option<f64>, Option<f64>) {
+    (
+        throughput_efficiency_from(base.workers, base.images_per_sec, r.workers, r.images_per_sec),
+        time_efficiency_from(base.workers, base.seconds_per_image(), r.workers, r.seconds_per_image()),
+    )
+}
+
+/// Hardware × workers × img/s, with both efficiencies against each group's smallest worker count.
+pub fn throughput_table(rows: &[ThroughputRow]) -> Table {
+    use Align::*;
+    let columns = vec![
+        col("hardware", "hardware", Left),
+        col("config", "config", Left),
+        col("workers", "workers", Right),
+        col("batch/worker", "batch_per_worker", Right),
+        col("global batch", "global_batch", Right),
+        col("lr", "lr", Right),
+        col("img/s", "images_per_sec", Right),
+        col("spread", "spread_lo", Right),
+        // CSV only: the spread's upper end.
+        col("", "spread_hi", Right),
+        col("img/s/worker", "images_per_sec_per_worker", Right),
+        col("speedup", "speedup", Right),
+        col("eff. X_N/(N·X_1)", "efficiency_throughput", Right),
+        col("eff. T1/(N·TN)", "efficiency_time", Right),
+        col("data wait", "data_wait_share", Right),
+        col("all-reduce ms", "allreduce_ms", Right),
+        col("source", "source", Left),
+    ];
+    let mut out = Table {
+        columns,
+        rows: vec![],
+    };
+    for (base, group) in grouped_throughput(rows) {
+        for r in &group {
+            let (eff_x, eff_t) = row_efficiency(&base, r);
+            let spread = match (r.lo, r.hi) {
+                (Some(lo), Some(hi)) => {
+                    let n = r.repeats.map(|n| format!(" (n={n})")).unwrap_or_default();
+                    Cell {
+                        display: format!("{}–{}{n}", fmt_rate(lo), fmt_rate(hi)),
+                        raw: lo.to_string(),
+                    }
+                }
+                _ => Cell::empty(),
+            };
+            out.rows.push(vec![
+                Cell::text(&r.hardware),
+                Cell::text(&r.config),
+                int_cell(r.workers),
+                int_cell(r.batch),
+                int_cell(r.global_batch),
+                opt_cell(r.lr, fmt_lr),
+                Cell::num(fmt_rate(r.images_per_sec), Some(r.images_per_sec)),
+                spread,
+                Cell {
+                    display: String::new(),
+                    raw: r.hi.map(|x| x.to_string()).unwrap_or_default(),
+                },
+                opt_cell(Some(r.images_per_sec / r.workers as f64), fmt_rate),
+                opt_cell(
+                    speedup_throughput(base.images_per_sec, r.images_per_sec),
+                    |s| format!("{s:.2}x"),
+                ),
+                opt_cell(eff_x, fmt_pct),
+                opt_cell(eff_t, fmt_pct),
+                opt_cell(r.data_wait_share, fmt_pct),
+                opt_cell(r.allreduce_ms, |m| format!("{m:.1}")),
+                Cell::text(&r.source),
+            ]);
+        }
+    }
+    out
+}
+
+/// A training run as a row of Kempner's table. Fields a run has not recorded are None.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainRow {
+    pub name: String,
+    pub arch: Option<String>,
+    pub hardware: Option<String>,
+    pub dataset: Option<String>,
+    pub workers: Option<u64>,
+    pub batch: Option<u64>,
+    pub global_batch: Option<u64>,
+    pub lr: Option<f64>,
+    pub epochs: u64,
+    pub wall_clock_s: f64,
+    pub acc1: Option<f64>,
+    pub acc5: Option<f64>,
+    pub best_acc1: Option<f64>,
+    pub images_per_sec: Option<f64>,
+}
+
+/// The row of a run: its summary.json where there is one, metrics.jsonl for the rest.
+pub fn train_row(run: &TrainRun) -> TrainRow {
+    let mut from_metrics = TrainSummary::default();
+    from_metrics.fill_from_metrics(&run.epochs);
+    let s = run.summary.as_ref();
+    let m = &from_metrics;
+    TrainRow {
+        name: run.name.clone(),
+        arch: s.map(|s| s.arch.clone()),
+        hardware: s.map(|s| s.device.clone()),
+        dataset: s.map(|s| s.dataset.clone()),
+        workers: s.map(|s| s.world_size),
+        batch: s.map(|s| s.batch_size),
+        global_batch: s.map(|s| s.global_batch),
+        lr: s.map(|s| s.lr),
+        epochs: s.map_or(m.epochs, |s| s.epochs),
+        wall_clock_s: s.map_or(m.wall_clock_s, |s| s.wall_clock_s),
+        acc1: s.map_or(m.acc1, |s| s.acc1),
+        acc5: s.map_or(m.acc5, |s| s.acc5),
+        best_acc1: s.map_or(m.best_acc1, |s| s.best_acc1),
+        images_per_sec: Some(s.map_or(m.images_per_sec, |s| s.images_per_sec))
+            .filter(|x| *x > 0.0),
+    }
+}
+
+/// Kempner's table: GPUs, batch, lr, wall-clock time, Acc@1, Acc@5, img/s, and with `efficiency` the time- and
+/// throughput-based scaling efficiency against the run with the fewest workers of the same arch, dataset and
+/// epoch count.
+pub fn train_table(rows: &[TrainRow], efficiency: bool) -> Table {
+    use Align::*;
+    let mut columns = vec![
+        col("run", "run", Left),
+        col("hardware", "hardware", Left),
+        col("GPUs/ranks", "workers", Right),
+        col("batch/rank", "batch_per_rank", Right),
+        col("global batch", "global_batch", Right),
+        col("lr", "lr", Right),
+        col("epochs", "epochs", Right),
+        col("wall-clock s", "wall_clock_s", Right),
+        col("wall-clock h:m:s", "wall_clock_hms", Right),
+        col("Acc@1", "acc1", Right),
+        col("Acc@5", "acc5", Right),
+        col("best Acc@1", "best_acc1", Right),
+        col("img/s", "images_per_sec", Right),
+    ];
+    if efficiency {
+        columns.push(col("eff. T1/(N·TN)", "efficiency_time", Right));
+        columns.push(col("eff. X_N/(N·X_1)", "efficiency_throughput", Right));
+    }
+    let key = |r: &TrainRow| (r.arch.clone(), r.dataset.clone(), r.epochs);
+    let acc = |a: f64| format!("{a:.2}");
+    let mut table = Table {
+        columns,
+        rows: vec![],
+    };
+    for r in rows {
+        let mut cells = vec![
+            Cell::text(&r.name),
+            r.hardware.as_deref().map_or_else(Cell::empty, Cell::text),
+            r.workers.map_or_else(Cell::empty, int_cell),
+            r.batch.map_or_else(Cell::empty, int_cell),
+            r.global_batch.map_or_else(Cell::empty, int_cell),
+            opt_cell(r.lr, fmt_lr),
+            int_cell(r.epochs),
+            opt_cell(Some(r.wall_clock_s), |s| format!("{s:.0}")),
+            Cell::text(fmt_hms(r.wall_clock_s)),
+            opt_cell(r.acc1, acc),
+            opt_cell(r.acc5, acc),
+            opt_cell(r.best_acc1, acc),
+            opt_cell(r.images_per_sec, fmt_rate),
+        ];
+        if efficiency {
+            // Baseline: fewest workers among the comparable runs (first given on a tie).
+            let base = rows
+                .iter()
+                .filter(|b| key(b) == key(r) && b.workers.is_some())
+                .min_by_key(|b| b.workers);
+            let (et, ex) = match (base, r.workers) {
+                (Some(b), Some(n)) => {
+                    let bn = b.workers.unwrap_or(1);
+                    (
+                        time_efficiency_from(bn, b.wall_clock_s, n, r.wall_clock_s),
+                        match (b.images_per_sec, r.images_per_sec) {
+                            (Some(xb), Some(xn)) => throughput_efficiency_from(bn, xb, n, xn),
+                            _ => None,
+                        },
+                    )
+                }
+                _ => (None, None),
+            };
+            cells.push(opt_cell(et, fmt_pct));
+            cells.push(opt_cell(ex, fmt_pct));
+        }
+        table.rows.push(cells);
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        assert_eq!(fmt_rate(1252.4), "1,252");
+        assert_eq!(fmt_rate(1_234_567.8), "1,234,568");
+        assert_eq!(fmt_rate(19.88), "19.9");
+        assert_eq!(fmt_rate(0.5), "0.500");
+        assert_eq!(fmt_rate(f64::NAN), "—");
+        assert_eq!(fmt_hms(36.0 * 3600.0), "36:00:00");
+        assert_eq!(fmt_hms(1.13 * 3600.0), "1:07:48");
+        assert_eq!(fmt_hms(59.6), "0:01:00");
+        assert_eq!(fmt_pct(0.768), "76.8%");
+        assert_eq!(fmt_lr(0.1), "0.1");
+        assert_eq!(fmt_lr(0.0125), "0.0125");
+        assert_eq!(fmt_lr(25.6), "25.6");
+        assert_eq!(fmt_lr(0.00001), "1.00e-5");
+    }
+
+    #[test]
+    fn csv_quotes() {
+        let t = Table {
+            columns: vec![col("a", "a", Align::Left), col("b", "b", Align::Left)],
+            rows: vec![vec![Cell::text("x,y"), Cell::text("say \"hi\"")]],
+        };
+        assert_eq!(t.to_csv(), "a,b\n\"x,y\",\"say \"\"hi\"\"\"\n");
+        assert_eq!(t.to_markdown(), "| a | b |\n| --- | --- |\n| x,y | say \"hi\" |\n");
+        assert_eq!(t.to_text(), "a    b\nx,y  say \"hi\"\n");
+    }
+}
