@@ -1,0 +1,163 @@
+//! Worker for rn50-distributed's multi-process tests (and a quick check of a node's Gloo set-up):
+//!
+//! - `train`: a small conv+linear net (no batch norm, fp32) trained with DDP for a few SGD steps on data that
+//!   depends only on the step, each rank taking its slice of the global batch; writes the final parameters;
+//! - `sleep`: waits (exits 3 on SIGTERM/SIGUSR1 like rn50 train, or fails on purpose on one rank);
+//! - `launch`: `rn50 launch` with this program as the worker.
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use rn50_distributed::{
+    init_options_from_env, launch, Backend, DdpOptions, DistributedDataParallel, ProcessGroup, ReduceOp, WorldInfo,
+};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+use tch::{nn, nn::Module, Device, Kind, Tensor};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    Train {
+        #[arg(long, default_value_t = 5)]
+        steps: usize,
+        /// Per-rank batch; the global batch is batch × world size.
+        #[arg(long, default_value_t = 4)]
+        batch: i64,
+        #[arg(long)]
+        out: PathBuf,
+        /// Pause after each step (so that a test can kill a rank mid-training).
+        #[arg(long, default_value_t = 0)]
+        sleep_ms: u64,
+        /// Bucket cap in bytes (small values give several buckets for this tiny net).
+        #[arg(long, default_value_t = 25 * 1024 * 1024)]
+        bucket_bytes: usize,
+    },
+    Sleep {
+        /// This rank exits with status 7 after a moment.
+        #[arg(long)]
+        fail_rank: Option<usize>,
+    },
+    Launch(launch::LaunchArgs),
+}
+
+fn net(vs: &nn::Path) -> impl Module {
+    nn::seq()
+        .add(nn::conv2d(vs / "conv", 3, 6, 3, nn::ConvConfig { padding: 1, ..Default::default() }))
+        .add_fn(|x| x.relu())
+        .add(nn::conv2d(vs / "conv2", 6, 4, 3, nn::ConvConfig { padding: 1, stride: 2, ..Default::default() }))
+        .add_fn(|x| x.relu().flatten(1, -1))
+        .add(nn::linear(vs / "fc", 4 * 4 * 4, 10, Default::default()))
+}
+
+fn write_params(path: &std::path::Path, params: &[Tensor]) -> anyhow::Result<()> {
+    let mut bytes = Vec::new();
+    for p in params {
+        let v = Vec::<f32>::try_from(&p.detach().to_kind(Kind::Float).flatten(0, -1))?;
+        v.iter().for_each(|x| bytes.extend_from_slice(&x.to_le_bytes()));
+    }
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
+fn train(steps: usize, batch: i64, out: PathBuf, sleep_ms: u64, bucket_bytes: usize) -> anyhow::Result<()> {
+    tch::set_num_threads(1);
+    let world = WorldInfo::from_env()?;
+    let (rank, size) = (world.rank, world.world_size);
+    let pg = ProcessGroup::init(&world, &init_options_from_env(Backend::Gloo))?;
+    // Different initial weights on every rank: only DDP's broadcast makes them equal.
+    tch::manual_seed(100 + rank as i64);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = net(&vs.root());
+    let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    let params: Vec<Tensor> = named.into_iter().map(|(_, t)| t).collect();
+    let opts = DdpOptions { bucket_cap_bytes: bucket_bytes, first_bucket_cap_bytes: bucket_bytes.min(1 << 20), ..Default::default() };
+    let mut ddp = DistributedDataParallel::new(&pg, &params, &[], &opts)?;
+    write_params(&out.join(format!("init-rank{rank}.bin")), &params)?;
+    let lr = 0.1;
+    let mut wait_ms = 0.0;
+    for step in 0..steps {
+        // The global batch depends on the step only; rank r takes rows [r*b, (r+1)*b).
+        tch::manual_seed(10_000 + step as i64);
+        let global = batch * size as i64;
+        let x = Tensor::randn([global, 3, 8, 8], (Kind::Float, Device::Cpu));
+        let y = Tensor::randint(10, [global], (Kind::Int64, Device::Cpu));
+        let (x, y) = (x.narrow(0, rank as i64 * batch, batch), y.narrow(0, rank as i64 * batch, batch));
+        let loss = model.forward(&x).cross_entropy_for_logits(&y);
+        let comm = ddp.backward(&loss)?;
+        wait_ms += comm.allreduce_wait_ms;
+        tch::no_grad(|| {
+            for p in &params {
+                let mut p = p.shallow_clone();
+                let g = p.grad();
+                let _ = p.f_sub_(&(g * lr)).map(|_| ());
+            }
+        });
+        for p in &params {
+            let mut g = p.grad();
+            let _ = g.zero_();
+        }
+        // A metric all-reduced like the trainer does (mean loss over ranks).
+        let mut m = [loss.double_value(&[])];
+        pg.allreduce_f64(&mut m, ReduceOp::Sum, "loss")?;
+        std::fs::write(out.join(format!("step-rank{rank}")), (step + 1).to_string())?;
+        if rank == 0 {
+            println!("step {step} mean loss {:.6} buckets {} wait {:.3} ms", m[0] / size as f64, comm.buckets, comm.allreduce_wait_ms);
+        }
+        if sleep_ms > 0 {
+            std::thread::sleep(Duration::from_millis(sleep_ms));
+        }
+    }
+    write_params(&out.join(format!("params-rank{rank}.bin")), &params)?;
+    let _ = std::io::stdout().flush();
+    eprintln!("rank {rank}: {} buckets, all-reduce wait {wait_ms:.3} ms total", ddp.num_buckets());
+    drop(ddp);
+    pg.finish()?;
+    Ok(())
+}
+
+fn sleep(fail_rank: Option<usize>) -> anyhow::Result<i32> {
+    let world = WorldInfo::from_env()?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [libc::SIGTERM, libc::SIGUSR1] {
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    println!("rank {} of {} up (local {}, OMP_NUM_THREADS={})", world.rank, world.world_size, world.local_rank,
+        std::env::var("OMP_NUM_THREADS").unwrap_or_default());
+    let _ = std::io::stdout().flush();
+    for _ in 0..6000 {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            println!("rank {}: stop requested, exiting 3", world.rank);
+            return Ok(3);
+        }
+        if fail_rank == Some(world.rank) {
+            std::thread::sleep(Duration::from_millis(300));
+            eprintln!("rank {}: failing on purpose", world.rank);
+            return Ok(7);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(0)
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match cli.cmd {
+        Cmd::Train { steps, batch, out, sleep_ms, bucket_bytes } => {
+            train(steps, batch, out, sleep_ms, bucket_bytes).map(|()| 0)
+        }
+        Cmd::Sleep { fail_rank } => sleep(fail_rank),
+        Cmd::Launch(args) => std::env::current_exe().context("current_exe").and_then(|exe| launch::run(&args, &exe)),
+    };
+    match code {
+        Ok(c) => std::process::exit(c),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,0 +1,429 @@
+//! The process group: rendezvous through the TCPStore, c10d's ProcessGroupGloo (CPU tensors) and, with the `cuda`
+//! feature, ProcessGroupNCCL (CUDA tensors), collectives with rank- and op-named errors.
+use crate::env::WorldInfo;
+use crate::error::CommError;
+use crate::ffi;
+use crate::health::{ranks, Heartbeat};
+use crate::store::Store;
+use std::ffi::{c_void, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tch::{Device, Kind, Tensor};
+
+/// Which c10d backend carries collectives of CUDA tensors. CPU tensors always go through Gloo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Gloo only (CPU training).
+    Gloo,
+    /// NCCL for CUDA tensors, Gloo for CPU tensors (needs the `cuda` feature).
+    Nccl,
+}
+
+impl Backend {
+    /// NCCL when CUDA training was asked for and the shim has it, else Gloo.
+    pub fn for_device(device: Device) -> Backend {
+        if device.is_cuda() && ffi::cuda_compiled() {
+            Backend::Nccl
+        } else {
+            Backend::Gloo
+        }
+    }
+}
+
+/// How the group is set up.
+#[derive(Debug, Clone)]
+pub struct InitOptions {
+    pub backend: Backend,
+    /// Rendezvous, connection set-up and every collective fail after this long (c10d's default would be 30 min).
+    pub timeout: Duration,
+    /// How often each rank proves it is alive in the store (used only to name the culprit after a failure).
+    pub heartbeat_interval: Duration,
+}
+
+impl Default for InitOptions {
+    fn default() -> Self {
+        InitOptions {
+            backend: Backend::Gloo,
+            timeout: Duration::from_secs(300),
+            heartbeat_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Reduction of all-reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Min,
+    Product,
+}
+
+impl ReduceOp {
+    fn code(self) -> i32 {
+        match self {
+            ReduceOp::Sum => 0,
+            ReduceOp::Max => 1,
+            ReduceOp::Min => 2,
+            ReduceOp::Product => 3,
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    raw: *mut c_void,
+    pub(crate) store: Store,
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    master: String,
+    timeout: Duration,
+    heartbeat: Mutex<Option<Heartbeat>>,
+    /// Set after a failed collective: c10d objects are then not destroyed (their destructors may block on the
+    /// broken connections); the process is expected to exit.
+    pub(crate) broken: AtomicBool,
+}
+
+// SAFETY: c10d process groups are thread-safe (collectives are queued to the backend's own threads).
+unsafe impl Send for Inner {}
+unsafe impl Sync for Inner {}
+
+impl Inner {
+    pub(crate) fn raw(&self) -> *mut c_void {
+        self.raw
+    }
+
+    /// A CommError for `op`, with what the heartbeats say about the other ranks. Marks the group broken.
+    pub(crate) fn fail(&self, op: &str, msg: String) -> CommError {
+        self.broken.store(true, Ordering::SeqCst);
+        let diagnosis = match self.heartbeat.lock().ok().as_deref().and_then(Option::as_ref) {
+            Some(hb) => hb.diagnose(&self.store, self.rank, self.world, &self.master),
+            None => String::new(),
+        };
+        let detail = if diagnosis.is_empty() { msg } else { format!("{msg}; {diagnosis}") };
+        CommError { rank: self.rank, world_size: self.world, op: op.into(), detail }
+    }
+
+    fn err(&self, op: &str, detail: String) -> CommError {
+        CommError { rank: self.rank, world_size: self.world, op: op.into(), detail }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Ok(mut hb) = self.heartbeat.lock() {
+            if let Some(mut h) = hb.take() {
+                h.stop();
+            }
+        }
+        if !self.broken.load(Ordering::SeqCst) {
+            // SAFETY: the handle came from rn50d_pg_new and is freed once.
+            unsafe { ffi::rn50d_pg_free(self.raw) }
+        }
+    }
+}
+
+/// A c10d process group over all ranks of the job. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct ProcessGroup {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// An asynchronous collective; `wait` it before reading the tensors.
+pub struct Work {
+    raw: *mut c_void,
+    group: Arc<Inner>,
+    op: String,
+    /// Keeps the tensors' storage alive while the collective runs.
+    _tensors: Vec<Tensor>,
+}
+
+// SAFETY: c10d work handles may be waited on from any thread.
+unsafe impl Send for Work {}
+
+impl Work {
+    /// Waits for completion; `timeout` None means the process group's own timeout.
+    pub fn wait(self, timeout: Option<Duration>) -> Result<(), CommError> {
+        let ms = timeout.map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX).max(1)).unwrap_or(0);
+        // SAFETY: live work handle.
+        let r = ffi::check(unsafe { ffi::rn50d_work_wait(self.raw, ms) });
+        r.map_err(|e| self.group.fail(&self.op, e))
+    }
+
+    /// Whether the collective has finished (successfully or not), without blocking.
+    pub fn is_completed(&self) -> bool {
+        let mut done = 0;
+        // SAFETY: live work handle.
+        unsafe { ffi::rn50d_work_is_completed(self.raw, &mut done) == 0 && done != 0 }
+    }
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        if !self.group.broken.load(Ordering::SeqCst) {
+            // SAFETY: handle from the shim, freed once.
+            unsafe { ffi::rn50d_work_free(self.raw) }
+        }
+    }
+}
+
+fn is_loopback(addr: &str) -> bool {
+    addr == "localhost" || addr.starts_with("127.") || addr == "::1"
+}
+
+impl ProcessGroup {
+    /// Rendezvous of all `world.world_size` ranks at world.master_addr:master_port, then the c10d process group.
+    /// Fails within `opts.timeout` when the store cannot be reached or a rank does not show up, naming them.
+    pub fn init(world: &WorldInfo, opts: &InitOptions) -> Result<ProcessGroup, CommError> {
+        let (rank, size) = (world.rank, world.world_size);
+        let master = format!("{}:{}", world.master_addr, world.master_port);
+        let err = |op: &str, detail: String| CommError { rank, world_size: size, op: op.into(), detail };
+        if size == 0 || rank >= size {
+            return Err(err("rendezvous", format!("rank {rank} is outside a world of {size}")));
+        }
+        if opts.backend == Backend::Nccl && !ffi::cuda_compiled() {
+            return Err(err("process group init", "NCCL needs rn50 built with the `cuda` feature".into()));
+        }
+        let secs = opts.timeout.as_secs_f64();
+        let store = Store::connect(&world.master_addr, world.master_port, rank == 0, size, opts.timeout)
+            .map_err(|e| {
+                let what = if rank == 0 {
+                    format!("cannot listen on {master} as the store server")
+                } else {
+                    format!("cannot reach the store server (rank 0) at {master} within {secs:.0} s")
+                };
+                err("rendezvous", format!("{what}: {e}"))
+            })?;
+        rendezvous(&store, rank, size, opts.timeout).map_err(|e| err("rendezvous", format!("{e} (store at {master})")))?;
+
+        let ifnames = std::env::var("GLOO_SOCKET_IFNAME").unwrap_or_default();
+        // All ranks on this machine: bind Gloo to loopback too, whatever the hostname resolves to.
+        let host = if ifnames.is_empty() && is_loopback(&world.master_addr) { "127.0.0.1" } else { "" };
+        let (c_if, c_host) = (
+            CString::new(ifnames).map_err(|_| err("process group init", "GLOO_SOCKET_IFNAME has a NUL".into()))?,
+            CString::new(host).unwrap_or_default(),
+        );
+        let backend = match opts.backend {
+            Backend::Gloo => 0,
+            Backend::Nccl => 1,
+        };
+        let mut raw = std::ptr::null_mut();
+        let timeout_ms = i64::try_from(opts.timeout.as_millis()).unwrap_or(i64::MAX);
+        // SAFETY: live store handle, valid C strings and out-pointer.
+        ffi::check(unsafe {
+            ffi::rn50d_pg_new(
+                store.raw(),
+                rank as i32,
+                size as i32,
+                backend,
+                timeout_ms,
+                c_if.as_ptr(),
+                c_host.as_ptr(),
+                &mut raw,
+            )
+        })
+        .map_err(|e| err("process group init (connecting to every rank)", e))?;
+        let heartbeat = Heartbeat::start(&store, rank, opts.heartbeat_interval)
+            .map_err(|e| err("heartbeat start", e))?;
+        Ok(ProcessGroup {
+            inner: Arc::new(Inner {
+                raw,
+                store,
+                rank,
+                world: size,
+                master,
+                timeout: opts.timeout,
+                heartbeat: Mutex::new(Some(heartbeat)),
+                broken: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.inner.world
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// The job's key-value store (small metadata; keys under "rn50/" are used by this crate).
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    fn work(&self, op: String, raw: *mut c_void, ts: &[&Tensor]) -> Work {
+        Work {
+            raw,
+            group: self.inner.clone(),
+            op,
+            _tensors: ts.iter().map(|t| t.shallow_clone()).collect(),
+        }
+    }
+
+    /// Starts an in-place all-reduce of `ts` (each tensor reduced across ranks element-wise).
+    pub fn allreduce_async(&self, ts: &[&Tensor], op: ReduceOp, what: &str) -> Result<Work, CommError> {
+        let hs = ffi::handles(ts);
+        let mut raw = std::ptr::null_mut();
+        let name = format!("all-reduce of {what}");
+        // SAFETY: live group, tensor handles alive for the call (and kept by the Work).
+        ffi::check(unsafe { ffi::rn50d_allreduce(self.inner.raw, hs.as_ptr(), hs.len(), op.code(), &mut raw) })
+            .map_err(|e| self.inner.fail(&name, e))?;
+        Ok(self.work(name, raw, ts))
+    }
+
+    /// In-place all-reduce, waited for.
+    pub fn allreduce(&self, ts: &[&Tensor], op: ReduceOp, what: &str) -> Result<(), CommError> {
+        self.allreduce_async(ts, op, what)?.wait(None)
+    }
+
+    /// Sums (or max/min…) a few host numbers over all ranks: metrics, eval counts.
+    pub fn allreduce_f64(&self, values: &mut [f64], op: ReduceOp, what: &str) -> Result<(), CommError> {
+        if values.is_empty() {
+            return Ok(());
+        }
+        let t = Tensor::from_slice(values);
+        self.allreduce(&[&t], op, what)?;
+        let out = Vec::<f64>::try_from(&t).map_err(|e| self.inner.err(what, e.to_string()))?;
+        values.copy_from_slice(&out);
+        Ok(())
+    }
+
+    /// Starts an in-place broadcast of rank `root`'s `ts` to every rank.
+    pub fn broadcast_async(&self, ts: &[&Tensor], root: usize, what: &str) -> Result<Work, CommError> {
+        let hs = ffi::handles(ts);
+        let mut raw = std::ptr::null_mut();
+        let name = format!("broadcast of {what} from rank {root}");
+        // SAFETY: as allreduce_async.
+        ffi::check(unsafe { ffi::rn50d_broadcast(self.inner.raw, hs.as_ptr(), hs.len(), root as i32, &mut raw) })
+            .map_err(|e| self.inner.fail(&name, e))?;
+        Ok(self.work(name, raw, ts))
+    }
+
+    pub fn broadcast(&self, ts: &[&Tensor], root: usize, what: &str) -> Result<(), CommError> {
+        self.broadcast_async(ts, root, what)?.wait(None)
+    }
+
+    /// Rank `root`'s tensors onto every rank, packed into few large messages (DDP's start-of-training sync).
+    pub fn broadcast_coalesced(&self, ts: &[&Tensor], root: usize, buffer_bytes: usize, what: &str) -> Result<(), CommError> {
+        if ts.is_empty() {
+            return Ok(());
+        }
+        let hs = ffi::handles(ts);
+        // SAFETY: live group and tensor handles for the duration of the (blocking) call.
+        ffi::check(unsafe {
+            ffi::rn50d_broadcast_coalesced(self.inner.raw, hs.as_ptr(), hs.len(), buffer_bytes, root as i32)
+        })
+        .map_err(|e| self.inner.fail(&format!("broadcast of {what} from rank {root}"), e))
+    }
+
+    /// Every rank's `t`, in rank order.
+    pub fn allgather(&self, t: &Tensor, what: &str) -> Result<Vec<Tensor>, CommError> {
+        let outs: Vec<Tensor> = (0..self.inner.world).map(|_| t.empty_like()).collect();
+        let refs: Vec<&Tensor> = outs.iter().collect();
+        let hs = ffi::handles(&refs);
+        let mut raw = std::ptr::null_mut();
+        let name = format!("all-gather of {what}");
+        // SAFETY: live group, input and output handles alive for the call and kept by the Work.
+        ffi::check(unsafe { ffi::rn50d_allgather(self.inner.raw, ffi::handle(t), hs.as_ptr(), hs.len(), &mut raw) })
+            .map_err(|e| self.inner.fail(&name, e))?;
+        let mut keep = refs.clone();
+        keep.push(t);
+        self.work(name, raw, &keep).wait(None)?;
+        Ok(outs)
+    }
+
+    /// Waits until every rank got here.
+    pub fn barrier(&self, what: &str) -> Result<(), CommError> {
+        let mut raw = std::ptr::null_mut();
+        let name = format!("barrier ({what})");
+        // SAFETY: live group, out-pointer.
+        ffi::check(unsafe { ffi::rn50d_barrier(self.inner.raw, &mut raw) }).map_err(|e| self.inner.fail(&name, e))?;
+        self.work(name, raw, &[]).wait(None)
+    }
+
+    /// Fails unless every rank has the same number of tensors with the same shapes and dtypes.
+    pub fn verify_same_shapes(&self, ts: &[&Tensor], what: &str) -> Result<(), CommError> {
+        let hs = ffi::handles(ts);
+        // SAFETY: live group and tensor handles for the blocking call.
+        ffi::check(unsafe { ffi::rn50d_verify_params(self.inner.raw, hs.as_ptr(), hs.len()) })
+            .map_err(|e| self.inner.fail(&format!("check that every rank has the same {what}"), e))
+    }
+
+    /// Clean end of the job: waits for every rank (so that rank 0, which serves the store, does not leave while
+    /// others still use it) and stops the heartbeats.
+    pub fn finish(self) -> Result<(), CommError> {
+        self.barrier("end of job")?;
+        if let Ok(mut hb) = self.inner.heartbeat.lock() {
+            if let Some(mut h) = hb.take() {
+                h.stop();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every rank registers; rank 0 waits for all, checks that they agree on the world size and releases everyone
+/// (or tells them what is wrong). On timeout the error lists the ranks that never registered.
+fn rendezvous(store: &Store, rank: usize, world: usize, timeout: Duration) -> Result<(), String> {
+    let joined = |r: usize| format!("rn50/joined/{r}");
+    let host = hostname();
+    store.set(&joined(rank), format!("{world} {host} {}", std::process::id()).as_bytes())?;
+    let wait = if rank == 0 {
+        let keys: Vec<String> = (0..world).map(joined).collect();
+        store.wait(&keys, timeout)
+    } else {
+        store.wait(&["rn50/ready".to_string()], timeout)
+    };
+    if let Err(e) = wait {
+        let missing: Vec<usize> = (0..world).filter(|&r| !store.check(&joined(r)).unwrap_or(false)).collect();
+        let secs = timeout.as_secs_f64();
+        return Err(if missing.is_empty() {
+            format!("rank 0 did not release the rendezvous within {secs:.0} s: {e}")
+        } else {
+            format!("{} of {world} did not join within {secs:.0} s", ranks(&missing))
+        });
+    }
+    if rank == 0 {
+        let mut verdict = "ok".to_string();
+        for r in 1..world {
+            let v = store.get(&joined(r))?;
+            let theirs = String::from_utf8_lossy(&v);
+            let w = theirs.split(' ').next().unwrap_or("");
+            if w != world.to_string() {
+                verdict = format!("rank {r} (host, pid: {theirs}) was started with WORLD_SIZE={w}, rank 0 with {world}");
+                break;
+            }
+        }
+        store.set("rn50/ready", verdict.as_bytes())?;
+        if verdict != "ok" {
+            return Err(verdict);
+        }
+    } else {
+        let v = store.get("rn50/ready")?;
+        if v != b"ok" {
+            return Err(String::from_utf8_lossy(&v).into_owned());
+        }
+    }
+    Ok(())
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is writable for its length; gethostname NUL-terminates within it (or truncates).
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "?".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// A CPU f64 tensor's elements (helper for tests and metrics).
+pub fn to_f64_vec(t: &Tensor) -> Vec<f64> {
+    Vec::<f64>::try_from(&t.to_kind(Kind::Double).to_device(Device::Cpu).flatten(0, -1)).unwrap_or_default()
+}
