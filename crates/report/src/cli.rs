@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::plot::{self, Chart, Legend, Series, XAxis};
+use crate::plot::{self, Chart, Legend, Series, XAxis, YAxis};
 use crate::run_report::{accuracy_chart, loss_chart, write_atomic};
 use crate::schema::{read_input, Input, TrainRun};
 use crate::table::{
@@ -89,10 +89,12 @@ pub fn collect(paths: &[PathBuf]) -> anyhow::Result<Collected> {
     let mut c = Collected::default();
     for p in paths {
         match read_input(p)? {
-            Input::Bench { path, result } => c.throughput.push(bench_row(&display_name(&path), &result)),
-            Input::Sweep { path, result } => {
-                c.throughput.extend(sweep_rows(&display_name(&path), &result))
+            Input::Bench { path, result } => {
+                c.throughput.push(bench_row(&display_name(&path), &result))
             }
+            Input::Sweep { path, result } => c
+                .throughput
+                .extend(sweep_rows(&display_name(&path), &result)),
             Input::Train(run) => c.runs.push(run),
         }
     }
@@ -131,7 +133,10 @@ pub fn json(c: &Collected, files: Vec<PathBuf>) -> ReportJson {
         for r in group {
             let (ex, et) = row_efficiency(&base, &r);
             throughput.push(ThroughputEntry {
-                speedup: crate::efficiency::speedup_throughput(base.images_per_sec, r.images_per_sec),
+                speedup: crate::efficiency::speedup_throughput(
+                    base.images_per_sec,
+                    r.images_per_sec,
+                ),
                 baseline_workers: base.workers,
                 efficiency_throughput: ex,
                 efficiency_time: et,
@@ -179,10 +184,29 @@ pub fn json(c: &Collected, files: Vec<PathBuf>) -> ReportJson {
     }
 }
 
-/// Throughput vs workers per comparison group, each with its ideal linear line from its baseline; and the
-/// throughput-based efficiency of each group.
+/// "Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz" → "Intel Xeon Gold 6338": legend text that fits.
+fn short_hardware(h: &str) -> String {
+    let mut s = h.replace("(R)", "").replace("(TM)", "").replace("(tm)", "");
+    if let Some(i) = s.find(" CPU @") {
+        s.truncate(i);
+    }
+    let s = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if s.chars().count() > 48 {
+        s.chars().take(47).chain(['…']).collect()
+    } else {
+        s
+    }
+}
+
+/// Throughput vs workers per comparison group, each with its ideal linear line from its baseline (same colour,
+/// dashed); and the throughput-based efficiency of each group. Groups whose throughputs differ by more than
+/// 20x (a CPU next to GPUs) share a log-scale y axis.
 pub fn scaling_charts(rows: &[ThroughputRow]) -> (Chart, Chart) {
-    let mut tp = Chart::new("Training throughput vs workers", "workers (GPUs or ranks)", "images/s");
+    let mut tp = Chart::new(
+        "Training throughput vs workers",
+        "workers (GPUs or ranks)",
+        "images/s",
+    );
     let mut eff = Chart::new(
         "Scaling efficiency vs workers",
         "workers (GPUs or ranks)",
@@ -193,11 +217,17 @@ pub fn scaling_charts(rows: &[ThroughputRow]) -> (Chart, Chart) {
     tp.legend = Legend::UpperLeft;
     eff.x_axis = XAxis::Log2;
     eff.y_from_zero = true;
-    eff.legend = Legend::LowerLeft;
+    eff.legend = Legend::UpperLeft;
     let groups = grouped_throughput(rows);
+    let configs: std::collections::BTreeSet<&str> =
+        rows.iter().map(|r| r.config.as_str()).collect();
     let mut max_n = 1u64;
-    for (base, group) in &groups {
-        let label = format!("{}, {}, batch {}/worker", base.hardware, base.config, base.batch);
+    for (gi, (base, group)) in groups.iter().enumerate() {
+        let mut label = short_hardware(&base.hardware);
+        if configs.len() > 1 {
+            label.push_str(&format!(", {}", base.config));
+        }
+        label.push_str(&format!(", batch {}", base.batch));
         let measured: Vec<(f64, f64)> = group
             .iter()
             .map(|r| (r.workers as f64, r.images_per_sec))
@@ -208,21 +238,49 @@ pub fn scaling_charts(rows: &[ThroughputRow]) -> (Chart, Chart) {
             .iter()
             .map(|&n| (n as f64, per_worker * n as f64))
             .collect();
-        tp.series.push(Series::new(label.clone(), measured));
         tp.series
-            .push(Series::new(format!("ideal (linear from {} worker(s))", base.workers), ideal).dashed());
-        eff.series.push(Series::new(
-            label,
-            group
-                .iter()
-                .filter_map(|r| row_efficiency(base, r).0.map(|e| (r.workers as f64, e * 100.0)))
-                .collect(),
-        ));
+            .push(Series::new(label.clone(), measured).colour(gi));
+        // One legend entry says what dashed means; the other groups' ideal lines go unlabelled.
+        let ideal_name = if gi == 0 {
+            "ideal: linear from the fewest workers"
+        } else {
+            ""
+        };
+        tp.series
+            .push(Series::new(ideal_name, ideal).dashed().colour(gi));
+        eff.series.push(
+            Series::new(
+                label,
+                group
+                    .iter()
+                    .filter_map(|r| {
+                        row_efficiency(base, r)
+                            .0
+                            .map(|e| (r.workers as f64, e * 100.0))
+                    })
+                    .collect(),
+            )
+            .colour(gi),
+        );
         max_n = max_n.max(*ns.iter().max().unwrap_or(&1));
     }
     let min_n = rows.iter().map(|r| r.workers).min().unwrap_or(1) as f64;
-    eff.series
-        .push(Series::new("ideal (100%)", vec![(min_n, 100.0), (max_n as f64, 100.0)]).dashed());
+    eff.series.push(
+        Series::new("ideal (100%)", vec![(min_n, 100.0), (max_n as f64, 100.0)])
+            .dashed()
+            .colour(6),
+    );
+    let peaks: Vec<f64> = groups
+        .iter()
+        .map(|(_, g)| g.iter().map(|r| r.images_per_sec).fold(0.0, f64::max))
+        .filter(|x| *x > 0.0)
+        .collect();
+    let hi = peaks.iter().copied().fold(0.0, f64::max);
+    let lo = peaks.iter().copied().fold(f64::INFINITY, f64::min);
+    if hi / lo > 20.0 {
+        tp.y_axis = YAxis::Log10;
+        tp.y_label = "images/s (log scale)".into();
+    }
     (tp, eff)
 }
 

@@ -148,7 +148,11 @@ fn parse_mountinfo_line(line: &str) -> Option<(String, (u32, u32), String)> {
     let (maj, min) = pre.get(2)?.split_once(':')?;
     // Mount points escape spaces and the like as octal (\040).
     let mount = unescape_octal(pre.get(4)?);
-    Some((mount, (maj.parse().ok()?, min.parse().ok()?), post.get(1)?.to_string()))
+    Some((
+        mount,
+        (maj.parse().ok()?, min.parse().ok()?),
+        post.get(1)?.to_string(),
+    ))
 }
 
 fn unescape_octal(s: &str) -> String {
@@ -156,7 +160,10 @@ fn unescape_octal(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -275,7 +282,8 @@ impl IoSample {
             let rchar = b.rchar.saturating_sub(a.rchar);
             out.process_read_bytes = Some(rchar);
             out.process_read_gbs = rate(rchar).map(|r| r / 1e9);
-            out.process_storage_read_gbs = rate(b.read_bytes.saturating_sub(a.read_bytes)).map(|r| r / 1e9);
+            out.process_storage_read_gbs =
+                rate(b.read_bytes.saturating_sub(a.read_bytes)).map(|r| r / 1e9);
             out.process_read_calls_per_s = rate(b.syscr.saturating_sub(a.syscr));
         }
         if let (Some(a), Some(b)) = (&earlier.disk, &self.disk) {
@@ -288,7 +296,8 @@ impl IoSample {
                 out.disk_write_gbs =
                     rate(b.written_bytes().saturating_sub(a.written_bytes())).map(|r| r / 1e9);
                 out.disk_write_iops = rate(b.writes.saturating_sub(a.writes));
-                out.disk_busy = rate(b.io_ms.saturating_sub(a.io_ms)).map(|r| (r / 1000.0).min(1.0));
+                out.disk_busy =
+                    rate(b.io_ms.saturating_sub(a.io_ms)).map(|r| (r / 1000.0).min(1.0));
             }
         }
         out
@@ -299,12 +308,17 @@ impl IoDelta {
     /// "disk vda 3.30 GB/s 36.5K IOPS (82% busy); process 3.41 GB/s (0.12 from storage)".
     pub fn summary_line(&self) -> String {
         let mut parts = vec![];
-        if let (Some(dev), Some(gbs), Some(iops)) = (&self.device, self.disk_read_gbs, self.disk_read_iops) {
+        if let (Some(dev), Some(gbs), Some(iops)) =
+            (&self.device, self.disk_read_gbs, self.disk_read_iops)
+        {
             let busy = self
                 .disk_busy
                 .map(|b| format!(" ({:.0}% busy)", b * 100.0))
                 .unwrap_or_default();
-            parts.push(format!("disk {dev} {gbs:.2} GB/s {} IOPS{busy}", fmt_iops(iops)));
+            parts.push(format!(
+                "disk {dev} {gbs:.2} GB/s {} IOPS{busy}",
+                fmt_iops(iops)
+            ));
         }
         if let Some(gbs) = self.process_read_gbs {
             let storage = self.process_storage_read_gbs.unwrap_or(0.0);
@@ -366,7 +380,11 @@ impl IoMonitor {
 
     /// As `start`, and appends each interval's rates to `log` as JSON lines (io.jsonl) as they come, so a
     /// killed run keeps its series.
-    pub fn start_logging(path: &Path, interval: Duration, log: &Path) -> Result<IoMonitor, ReportError> {
+    pub fn start_logging(
+        path: &Path,
+        interval: Duration,
+        log: &Path,
+    ) -> Result<IoMonitor, ReportError> {
         let file = fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::Once;
 
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::{register_font, FontStyle};
 
 use crate::ReportError;
@@ -54,9 +55,12 @@ pub enum LineStyle {
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Series {
+    /// Legend text; empty: not in the legend.
     pub name: String,
     pub points: Vec<(f64, f64)>,
     pub style: LineStyle,
+    /// Palette index; None: the series' position. Lets an ideal line share its measurement's colour.
+    pub colour: Option<usize>,
 }
 
 impl Series {
@@ -65,10 +69,15 @@ impl Series {
             name: name.into(),
             points,
             style: LineStyle::Solid,
+            colour: None,
         }
     }
     pub fn dashed(mut self) -> Series {
         self.style = LineStyle::Dashed;
+        self
+    }
+    pub fn colour(mut self, index: usize) -> Series {
+        self.colour = Some(index);
         self
     }
 }
@@ -78,6 +87,13 @@ pub enum XAxis {
     Linear,
     /// Powers of two evenly spaced (worker counts 1, 2, 4 … 64), labelled with the counts themselves.
     Log2,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum YAxis {
+    Linear,
+    /// Decades, ticks at 1, 2, 5 × 10^k: series of very different magnitudes on one chart.
+    Log10,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -95,6 +111,7 @@ pub struct Chart {
     pub y_label: String,
     pub series: Vec<Series>,
     pub x_axis: XAxis,
+    pub y_axis: YAxis,
     /// Start the y axis at zero (throughput, efficiency) rather than at the data's minimum (loss).
     pub y_from_zero: bool,
     pub legend: Legend,
@@ -103,13 +120,18 @@ pub struct Chart {
 }
 
 impl Chart {
-    pub fn new(title: impl Into<String>, x_label: impl Into<String>, y_label: impl Into<String>) -> Chart {
+    pub fn new(
+        title: impl Into<String>,
+        x_label: impl Into<String>,
+        y_label: impl Into<String>,
+    ) -> Chart {
         Chart {
             title: title.into(),
             x_label: x_label.into(),
             y_label: y_label.into(),
             series: vec![],
             x_axis: XAxis::Linear,
+            y_axis: YAxis::Linear,
             y_from_zero: false,
             legend: Legend::UpperRight,
             width: 1000,
@@ -144,6 +166,28 @@ fn range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     })
 }
 
+/// Ticks of a log10 axis spanning [lo, hi] (in log10 units): 1, 2, 5 × 10^k, or only 10^k when that is many.
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let mut out = vec![];
+    for k in (lo.floor() as i32)..=(hi.ceil() as i32) {
+        for m in [1.0, 2.0, 5.0] {
+            let v = m * 10f64.powi(k);
+            if (lo..=hi).contains(&v.log10()) {
+                out.push(v);
+            }
+        }
+    }
+    if out.len() > 12 {
+        out.retain(|v| (v.log10() - v.log10().round()).abs() < 1e-9);
+    }
+    out
+}
+
+/// Legend entries: every series with a name.
+fn legend_entries(chart: &Chart) -> usize {
+    chart.series.iter().filter(|s| !s.name.is_empty()).count()
+}
+
 /// Renders `chart` to a PNG at `path`.
 pub fn render(chart: &Chart, path: &Path) -> Result<(), ReportError> {
     register();
@@ -152,9 +196,13 @@ pub fn render(chart: &Chart, path: &Path) -> Result<(), ReportError> {
         message: e.to_string(),
     };
     let log2 = chart.x_axis == XAxis::Log2;
+    let log10 = chart.y_axis == YAxis::Log10;
     let tx = |x: f64| if log2 { x.log2() } else { x };
-    // Only finite points can be drawn (and log2 needs x > 0).
-    let series: Vec<(usize, &Series, Vec<(f64, f64)>)> = chart
+    let ty = |y: f64| if log10 { y.log10() } else { y };
+    // Only finite points can be drawn (and logarithms need positive values).
+    // (palette index, series, drawable points in axis units)
+    type Drawable<'a> = (usize, &'a Series, Vec<(f64, f64)>);
+    let series: Vec<Drawable> = chart
         .series
         .iter()
         .enumerate()
@@ -162,16 +210,18 @@ pub fn render(chart: &Chart, path: &Path) -> Result<(), ReportError> {
             let pts = s
                 .points
                 .iter()
-                .filter(|(x, y)| x.is_finite() && y.is_finite() && (!log2 || *x > 0.0))
-                .map(|&(x, y)| (tx(x), y))
+                .filter(|(x, y)| {
+                    x.is_finite() && y.is_finite() && (!log2 || *x > 0.0) && (!log10 || *y > 0.0)
+                })
+                .map(|&(x, y)| (tx(x), ty(y)))
                 .collect();
-            (i, s, pts)
+            (s.colour.unwrap_or(i), s, pts)
         })
         .collect();
     let all = || series.iter().flat_map(|(_, _, p)| p.iter());
     let (mut x0, mut x1) = range(all().map(|p| p.0)).unwrap_or((0.0, 1.0));
     let (mut y0, mut y1) = range(all().map(|p| p.1)).unwrap_or((0.0, 1.0));
-    if chart.y_from_zero {
+    if chart.y_from_zero && !log10 {
         y0 = y0.min(0.0);
     }
     if x1 - x0 < 1e-12 {
@@ -183,11 +233,17 @@ pub fn render(chart: &Chart, path: &Path) -> Result<(), ReportError> {
         y0 -= d;
         y1 += d;
     }
-    // Headroom above for the legend, a margin below unless pinned at zero.
-    let pad = (y1 - y0) * 0.08;
-    y1 += pad * if chart.series.len() > 1 { 2.5 } else { 1.0 };
+    // A margin around the data (none below a zero baseline), then room at the top for the legend: about
+    // 28 px per entry out of the ~500 px plot, so lines never run under it.
+    let pad = (y1 - y0) * 0.06;
+    y1 += pad;
     if !(chart.y_from_zero && y0 == 0.0) {
         y0 -= pad;
+    }
+    let entries = legend_entries(chart);
+    if entries > 0 {
+        let f = ((entries as f64 * 28.0 + 24.0) / (chart.height as f64 - 180.0)).min(0.6);
+        y1 = y0 + (y1 - y0) / (1.0 - f);
     }
     if log2 {
         x0 -= 0.25;
@@ -210,8 +266,16 @@ pub fn render(chart: &Chart, path: &Path) -> Result<(), ReportError> {
 
     let x_span = x1 - x0;
     let y_span = y1 - y0;
+    // Whole-number data (epochs) gets whole-number ticks only.
+    let x_whole = !log2 && all().all(|p| p.0.fract() == 0.0);
     let x_fmt = move |v: &f64| {
-        if log2 {
+        if x_whole {
+            if v.fract().abs() < 1e-9 {
+                format!("{}", v.round())
+            } else {
+                String::new()
+            }
+        } else if log2 {
             let n = 2f64.powf(*v);
             if (n - n.round()).abs() < 1e-6 {
                 format!("{}", n.round())
@@ -225,55 +289,72 @@ pub fn render(chart: &Chart, path: &Path) -> Result<(), ReportError> {
     let y_fmt = move |v: &f64| tick_label(*v, y_span);
     let x_ticks = if log2 {
         (x1 - x0).ceil() as usize + 1
+    } else if x_whole {
+        ((x1 - x0).ceil() as usize + 1).min(12)
     } else {
         10
     };
+    let grid = RGBColor(215, 215, 215);
     ctx.configure_mesh()
         .x_desc(&chart.x_label)
         .y_desc(&chart.y_label)
         .axis_desc_style((FAMILY, 24))
         .label_style((FAMILY, 20))
         .x_labels(x_ticks)
-        .y_labels(8)
+        .y_labels(if log10 { 0 } else { 8 })
         .x_label_formatter(&x_fmt)
         .y_label_formatter(&y_fmt)
         .light_line_style(RGBColor(235, 235, 235))
-        .bold_line_style(RGBColor(215, 215, 215))
+        .bold_line_style(grid)
         .draw()
         .map_err(|e| err(&e))?;
-
-    for (i, s, pts) in &series {
-        let c = colour(*i);
-        match s.style {
-            LineStyle::Solid => {
-                ctx.draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(3)))
-                    .map_err(|e| err(&e))?
-                    .label(s.name.clone())
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 30, y)], c.stroke_width(3))
-                    });
-                ctx.draw_series(
-                    pts.iter()
-                        .map(|&p| Circle::new(p, 5, c.filled())),
-                )
+    if log10 {
+        // plotters' own ticks would fall on 10^0.5 and the like: draw decade ticks by hand.
+        let label =
+            TextStyle::from((FAMILY, 20).into_font()).pos(Pos::new(HPos::Right, VPos::Center));
+        for v in log_ticks(y0, y1) {
+            let ly = v.log10();
+            ctx.draw_series(std::iter::once(PathElement::new(
+                vec![(x0, ly), (x1, ly)],
+                grid,
+            )))
+            .map_err(|e| err(&e))?;
+            let (px, py) = ctx.backend_coord(&(x0, ly));
+            root.draw(&Text::new(tick_label(v, v), (px - 8, py), &label))
                 .map_err(|e| err(&e))?;
+        }
+    }
+
+    for (ci, s, pts) in &series {
+        let c = colour(*ci);
+        let width = if s.style == LineStyle::Dashed { 2 } else { 3 };
+        let drawn = match s.style {
+            LineStyle::Solid => {
+                let a = ctx
+                    .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(3)))
+                    .map_err(|e| err(&e))?;
+                a
             }
-            LineStyle::Dashed => {
-                ctx.draw_series(DashedLineSeries::new(
+            LineStyle::Dashed => ctx
+                .draw_series(DashedLineSeries::new(
                     pts.iter().copied(),
                     10,
                     8,
                     c.stroke_width(2),
                 ))
-                .map_err(|e| err(&e))?
-                .label(s.name.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 30, y)], c.stroke_width(2))
-                });
-            }
+                .map_err(|e| err(&e))?,
+        };
+        if !s.name.is_empty() {
+            drawn.label(s.name.clone()).legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 30, y)], c.stroke_width(width))
+            });
+        }
+        if s.style == LineStyle::Solid {
+            ctx.draw_series(pts.iter().map(|&p| Circle::new(p, 5, c.filled())))
+                .map_err(|e| err(&e))?;
         }
     }
-    if chart.series.len() > 1 || chart.series.iter().any(|s| !s.name.is_empty()) {
+    if entries > 0 {
         let pos = match chart.legend {
             Legend::UpperLeft => SeriesLabelPosition::UpperLeft,
             Legend::UpperRight => SeriesLabelPosition::UpperRight,
@@ -297,6 +378,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn decade_ticks() {
+        assert_eq!(log_ticks(0.9, 2.1), [10.0, 20.0, 50.0, 100.0]);
+        assert_eq!(log_ticks(0.0, 20.0).len(), 21); // decades only when 1-2-5 would be too many
+    }
+
+    #[test]
     fn tick_labels() {
         assert_eq!(tick_label(0.0, 5.0), "0");
         assert_eq!(tick_label(1500.0, 3000.0), "1,500");
@@ -310,7 +397,8 @@ mod tests {
     fn renders_a_png_even_from_awkward_data() {
         let dir = tempfile::tempdir().unwrap();
         let mut c = Chart::new("t", "x", "y");
-        c.series.push(Series::new("a", vec![(1.0, f64::NAN), (2.0, 3.0)]));
+        c.series
+            .push(Series::new("a", vec![(1.0, f64::NAN), (2.0, 3.0)]));
         c.series.push(Series::new("b", vec![]));
         let p = dir.path().join("a.png");
         render(&c, &p).unwrap();

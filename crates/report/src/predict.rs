@@ -93,7 +93,12 @@ impl Link {
 #[derive(clap::Args, Clone, Debug)]
 pub struct PredictArgs {
     /// Worker counts to predict; efficiency is against the first (smallest).
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64", value_name = "N,…")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1,2,4,8,16,32,64",
+        value_name = "N,…"
+    )]
     pub gpus: Vec<u64>,
     /// Measured single-worker step time in ms (forward, backward, optimizer; no communication).
     #[arg(long, value_name = "MS")]
@@ -269,7 +274,11 @@ pub fn model_from_args(a: &PredictArgs) -> anyhow::Result<Model> {
         batch = b.config.batch_size;
         arch = b.config.arch.clone();
         if b.config.world_size() != 1 {
-            bail!("{}: a {}-worker result; predict needs one worker's", path.display(), b.config.world_size());
+            bail!(
+                "{}: a {}-worker result; predict needs one worker's",
+                path.display(),
+                b.config.world_size()
+            );
         }
         match b.step_ms {
             Some(ms) => ms,
@@ -280,7 +289,9 @@ pub fn model_from_args(a: &PredictArgs) -> anyhow::Result<Model> {
     } else if let Some(x) = a.images_per_sec {
         batch as f64 * 1000.0 / positive("--images-per-sec", x)?
     } else {
-        bail!("give the single-worker speed: --step-ms, --images-per-sec (with -b) or --bench FILE");
+        bail!(
+            "give the single-worker speed: --step-ms, --images-per-sec (with -b) or --bench FILE"
+        );
     };
     if batch == 0 {
         bail!("--batch must be at least 1");
@@ -305,7 +316,10 @@ pub fn model_from_args(a: &PredictArgs) -> anyhow::Result<Model> {
         gpus_per_node: a.gpus_per_node.max(1),
         inter_gbs: positive("--bandwidth-gbs", a.bandwidth_gbs.unwrap_or(bw))?,
         inter_latency_us: a.latency_us.unwrap_or(lat).max(0.0),
-        intra_gbs: positive("--intra-bandwidth-gbs", a.intra_bandwidth_gbs.unwrap_or(ibw))?,
+        intra_gbs: positive(
+            "--intra-bandwidth-gbs",
+            a.intra_bandwidth_gbs.unwrap_or(ibw),
+        )?,
         intra_latency_us: a.intra_latency_us.unwrap_or(ilat).max(0.0),
     })
 }
@@ -375,7 +389,11 @@ pub fn predict_command(args: &PredictArgs) -> anyhow::Result<()> {
     );
     println!(
         "links: intra-node {} GB/s {} µs (≤ {} per node), inter-node {} GB/s {} µs\n",
-        model.intra_gbs, model.intra_latency_us, model.gpus_per_node, model.inter_gbs, model.inter_latency_us
+        model.intra_gbs,
+        model.intra_latency_us,
+        model.gpus_per_node,
+        model.inter_gbs,
+        model.inter_latency_us
     );
     print!("{}", prediction_table(&ps).to_text());
     if let Some(path) = &args.json {

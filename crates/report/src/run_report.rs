@@ -107,25 +107,44 @@ pub fn loss_chart(runs: &[&TrainRun]) -> Chart {
 /// Top-1 (and, for a single run, top-5) accuracy; several runs overlaid show top-1 solid and top-5 dashed.
 pub fn accuracy_chart(runs: &[&TrainRun]) -> Chart {
     let mut c = Chart::new("Validation accuracy", "epoch", "accuracy (%)");
-    c.legend = Legend::LowerRight;
-    for r in runs {
+    c.legend = Legend::UpperLeft;
+    for (i, r) in runs.iter().enumerate() {
         let (n1, n5) = if runs.len() == 1 {
             ("Acc@1 (top-1)".to_string(), "Acc@5 (top-5)".to_string())
         } else {
-            (format!("{} Acc@1", r.name), format!("{} Acc@5", r.name))
+            (
+                format!("{} Acc@1", r.name),
+                format!("{} Acc@5 (dashed)", r.name),
+            )
         };
-        c.series.push(Series::new(n1, curve(&r.epochs, |e| e.acc1)));
-        c.series
-            .push(Series::new(n5, curve(&r.epochs, |e| e.acc5)).dashed());
+        // One run, one colour: top-1 solid, top-5 dashed.
+        let colour = if runs.len() == 1 { 2 * i + 1 } else { i };
+        c.series.push(
+            Series::new(n1, curve(&r.epochs, |e| e.acc1)).colour(if runs.len() == 1 {
+                0
+            } else {
+                i
+            }),
+        );
+        c.series.push(
+            Series::new(n5, curve(&r.epochs, |e| e.acc5))
+                .dashed()
+                .colour(colour),
+        );
     }
     c
 }
 
 pub fn lr_chart(runs: &[&TrainRun]) -> Chart {
-    let mut c = Chart::new("Learning rate", "epoch", "learning rate (at the epoch's end)");
+    let mut c = Chart::new(
+        "Learning rate",
+        "epoch",
+        "learning rate (at the epoch's end)",
+    );
     c.y_from_zero = true;
     for r in runs {
-        c.series.push(Series::new(&r.name, curve(&r.epochs, |e| e.lr)));
+        c.series
+            .push(Series::new(&r.name, curve(&r.epochs, |e| e.lr)));
     }
     c
 }

@@ -252,7 +252,7 @@ impl SweepPoint {
 pub fn median_sorted(v: &[f64]) -> f64 {
     match v.len() {
         0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
+        n if !n.is_multiple_of(2) => v[n / 2],
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
@@ -270,8 +270,14 @@ pub struct TrainRun {
 /// One input of `rn50 report`, by what it turned out to be.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Input {
-    Bench { path: PathBuf, result: Box<BenchResult> },
-    Sweep { path: PathBuf, result: SweepResult },
+    Bench {
+        path: PathBuf,
+        result: Box<BenchResult>,
+    },
+    Sweep {
+        path: PathBuf,
+        result: SweepResult,
+    },
     Train(TrainRun),
 }
 

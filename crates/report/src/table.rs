@@ -5,9 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::efficiency::{
-    speedup_throughput, throughput_efficiency_from, time_efficiency_from,
-};
+use crate::efficiency::{speedup_throughput, throughput_efficiency_from, time_efficiency_from};
 use crate::schema::{hardware_name, BenchResult, SweepResult, TrainRun, TrainSummary};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -185,7 +183,7 @@ fn group_thousands(n: i64) -> String {
     let digits = n.unsigned_abs().to_string();
     let mut out = String::new();
     for (i, ch) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(ch);
@@ -269,7 +267,12 @@ impl ThroughputRow {
     }
 }
 
-fn config_label(arch: &str, precision: Option<&str>, image_size: Option<u64>, data: Option<&str>) -> String {
+fn config_label(
+    arch: &str,
+    precision: Option<&str>,
+    image_size: Option<u64>,
+    data: Option<&str>,
+) -> String {
     let mut parts = vec![arch.to_string()];
     parts.extend(precision.map(str::to_string));
     parts.extend(image_size.map(|s| format!("{s}px")));
@@ -282,7 +285,12 @@ pub fn bench_row(source: &str, b: &BenchResult) -> ThroughputRow {
     ThroughputRow {
         source: source.into(),
         hardware: hardware_name(c, b.machine.as_ref()),
-        config: config_label(&c.arch, c.precision.as_deref(), c.image_size, c.data.as_deref()),
+        config: config_label(
+            &c.arch,
+            c.precision.as_deref(),
+            c.image_size,
+            c.data.as_deref(),
+        ),
         workers: c.world_size(),
         batch: c.batch_size,
         global_batch: c.global_batch(),
@@ -299,7 +307,12 @@ pub fn bench_row(source: &str, b: &BenchResult) -> ThroughputRow {
 }
 
 pub fn sweep_rows(source: &str, s: &SweepResult) -> Vec<ThroughputRow> {
-    let config = config_label(&s.arch, s.precision.as_deref(), s.image_size, s.data.as_deref());
+    let config = config_label(
+        &s.arch,
+        s.precision.as_deref(),
+        s.image_size,
+        s.data.as_deref(),
+    );
     s.points
         .iter()
         .map(|p| ThroughputRow {
@@ -345,8 +358,18 @@ pub fn grouped_throughput(rows: &[ThroughputRow]) -> Vec<(ThroughputRow, Vec<Thr
 /// Throughput efficiency and time efficiency of `r` against `base`.
 pub fn row_efficiency(base: &ThroughputRow, r: &ThroughputRow) -> (Option<f64>, Option<f64>) {
     (
-        throughput_efficiency_from(base.workers, base.images_per_sec, r.workers, r.images_per_sec),
-        time_efficiency_from(base.workers, base.seconds_per_image(), r.workers, r.seconds_per_image()),
+        throughput_efficiency_from(
+            base.workers,
+            base.images_per_sec,
+            r.workers,
+            r.images_per_sec,
+        ),
+        time_efficiency_from(
+            base.workers,
+            base.seconds_per_image(),
+            r.workers,
+            r.seconds_per_image(),
+        ),
     )
 }
 
@@ -457,8 +480,7 @@ pub fn train_row(run: &TrainRun) -> TrainRow {
         acc1: s.map_or(m.acc1, |s| s.acc1),
         acc5: s.map_or(m.acc5, |s| s.acc5),
         best_acc1: s.map_or(m.best_acc1, |s| s.best_acc1),
-        images_per_sec: Some(s.map_or(m.images_per_sec, |s| s.images_per_sec))
-            .filter(|x| *x > 0.0),
+        images_per_sec: Some(s.map_or(m.images_per_sec, |s| s.images_per_sec)).filter(|x| *x > 0.0),
     }
 }
 
@@ -563,7 +585,10 @@ mod tests {
             rows: vec![vec![Cell::text("x,y"), Cell::text("say \"hi\"")]],
         };
         assert_eq!(t.to_csv(), "a,b\n\"x,y\",\"say \"\"hi\"\"\"\n");
-        assert_eq!(t.to_markdown(), "| a | b |\n| --- | --- |\n| x,y | say \"hi\" |\n");
+        assert_eq!(
+            t.to_markdown(),
+            "| a | b |\n| --- | --- |\n| x,y | say \"hi\" |\n"
+        );
         assert_eq!(t.to_text(), "a    b\nx,y  say \"hi\"\n");
     }
 }

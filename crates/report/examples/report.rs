@@ -1,0 +1,34 @@
+//! `rn50 report` and `rn50 predict` without libtorch, for trying the crate alone:
+//! `cargo run -p rn50-report --example report -- predict --images-per-sec 1252`.
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Tables and plots from bench, sweep and train results.
+    Report(rn50_report::ReportArgs),
+    /// Predicted data-parallel scaling.
+    Predict(rn50_report::PredictArgs),
+    /// A training run's metrics.csv, summary.md and plots, written into RUN_DIR.
+    RunReport { run_dir: std::path::PathBuf },
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Report(a) => rn50_report::report_command(&a),
+        Command::Predict(a) => rn50_report::predict_command(&a),
+        Command::RunReport { run_dir } => {
+            for f in rn50_report::write_run_report(&run_dir)? {
+                eprintln!("wrote {}", f.display());
+            }
+            print!("{}", rn50_report::summary_text(&run_dir)?);
+            Ok(())
+        }
+    }
+}
