@@ -12,6 +12,10 @@
 //! - up to `gpus_per_node` workers talk over the intra-node link; beyond, the ring crosses nodes and runs at the
 //!   slower of the two links, with the inter-node latency.
 //!
+//! - with `--global-batch` (strong scaling) the global batch stays fixed instead: each worker gets
+//!   `global / N` images and its compute time is taken as proportional to that (optimistic: GPUs lose efficiency
+//!   at small batches).
+//!
 //! What it leaves out, on purpose: input pipeline, evaluation, start-up, stragglers, contention of NCCL kernels
 //! with compute. Measured efficiencies below the prediction point at those.
 
@@ -109,9 +113,13 @@ pub struct PredictArgs {
     /// A `rn50 bench --json` result of one worker: its median step time, batch and arch.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["step_ms", "images_per_sec"])]
     pub bench: Option<PathBuf>,
-    /// Batch per worker.
+    /// Batch per worker of the measurement (and of every N, unless --global-batch).
     #[arg(short = 'b', long, default_value_t = 256)]
     pub batch: u64,
+    /// Strong scaling: keep this global batch at every N (per-worker batch global/N, compute time scaled in
+    /// proportion). Without it the per-worker batch stays fixed (weak scaling, as the sites run).
+    #[arg(long, value_name = "IMAGES")]
+    pub global_batch: Option<u64>,
     /// Gradient size from the arch's parameter count: resnet18, resnet34, resnet50, resnet101, resnet152.
     #[arg(short = 'a', long, default_value = "resnet50")]
     pub arch: String,
@@ -128,7 +136,7 @@ pub struct PredictArgs {
     #[arg(long, default_value_t = 1.0)]
     pub overlap: f64,
     /// Share of the step that is backward (about 2/3 for ResNets: backward ≈ 2 × forward).
-    #[arg(long, default_value_t = 2.0 / 3.0)]
+    #[arg(long, default_value = "0.667")]
     pub backward_fraction: f64,
     /// Workers per node; beyond this the ring crosses the inter-node link.
     #[arg(long, default_value_t = 8)]
@@ -157,8 +165,11 @@ pub struct PredictArgs {
 /// The model's inputs, resolved: times in ms, sizes in bytes, bandwidths in GB/s, latencies in µs.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Model {
+    /// Measured one-worker step time at `batch`.
     pub step_ms: f64,
     pub batch: u64,
+    /// Strong scaling: fixed global batch.
+    pub global_batch: Option<u64>,
     pub grad_bytes: u64,
     pub bucket_bytes: u64,
     pub overlap: f64,
@@ -173,6 +184,8 @@ pub struct Model {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Prediction {
     pub workers: u64,
+    /// Images per worker per step.
+    pub batch_per_worker: f64,
     pub nodes: u64,
     /// "intra" or "inter".
     pub link: &'static str,
@@ -212,11 +225,17 @@ impl Model {
         let last = self.grad_bytes - (k - 1) * bucket;
         let full = ring_allreduce_ms(n, bucket as f64, gbs, lat);
         let total = (k - 1) as f64 * full + ring_allreduce_ms(n, last as f64, gbs, lat);
-        let window = self.overlap.clamp(0.0, 1.0) * self.backward_fraction * self.step_ms;
+        let per_worker = match self.global_batch {
+            Some(g) => g as f64 / n as f64,
+            None => self.batch as f64,
+        };
+        let compute = self.step_ms * per_worker / self.batch as f64;
+        let window = self.overlap.clamp(0.0, 1.0) * self.backward_fraction * compute;
         let exposed = (total - window).max(ring_allreduce_ms(n, last as f64, gbs, lat));
-        let step = self.step_ms + exposed;
+        let step = compute + exposed;
         Prediction {
             workers: n,
+            batch_per_worker: per_worker,
             nodes: n.div_ceil(self.gpus_per_node.max(1)),
             link: if n == 1 {
                 "none"
@@ -229,7 +248,7 @@ impl Model {
             allreduce_ms: total,
             exposed_ms: exposed,
             step_ms: step,
-            images_per_sec: n as f64 * self.batch as f64 * 1000.0 / step,
+            images_per_sec: n as f64 * per_worker * 1000.0 / step,
             speedup: 0.0,
             efficiency: 0.0,
         }
@@ -309,6 +328,10 @@ pub fn model_from_args(a: &PredictArgs) -> anyhow::Result<Model> {
     Ok(Model {
         step_ms: positive("step time", step_ms)?,
         batch,
+        global_batch: match a.global_batch {
+            Some(0) => bail!("--global-batch must be at least 1"),
+            g => g,
+        },
         grad_bytes,
         bucket_bytes: (positive("--bucket-mb", a.bucket_mb)? * 1024.0 * 1024.0) as u64,
         overlap: a.overlap.clamp(0.0, 1.0),
@@ -335,6 +358,7 @@ pub fn prediction_table(ps: &[Prediction]) -> Table {
             c("workers", "workers", Align::Right),
             c("nodes", "nodes", Align::Right),
             c("link", "link", Align::Left),
+            c("batch/worker", "batch_per_worker", Align::Right),
             c("GB/s", "bandwidth_gbs", Align::Right),
             c("all-reduce ms", "allreduce_ms", Align::Right),
             c("exposed ms", "exposed_ms", Align::Right),
@@ -350,6 +374,10 @@ pub fn prediction_table(ps: &[Prediction]) -> Table {
                     num(p.workers as f64, p.workers.to_string()),
                     num(p.nodes as f64, p.nodes.to_string()),
                     Cell::text(p.link),
+                    num(
+                        p.batch_per_worker,
+                        format!("{}", (p.batch_per_worker * 10.0).round() / 10.0),
+                    ),
                     num(p.bandwidth_gbs, format!("{}", p.bandwidth_gbs)),
                     num(p.allreduce_ms, format!("{:.2}", p.allreduce_ms)),
                     num(p.exposed_ms, format!("{:.2}", p.exposed_ms)),
@@ -388,13 +416,17 @@ pub fn predict_command(args: &PredictArgs) -> anyhow::Result<()> {
         model.backward_fraction * 100.0
     );
     println!(
-        "links: intra-node {} GB/s {} µs (≤ {} per node), inter-node {} GB/s {} µs\n",
+        "links: intra-node {} GB/s {} µs (≤ {} per node), inter-node {} GB/s {} µs",
         model.intra_gbs,
         model.intra_latency_us,
         model.gpus_per_node,
         model.inter_gbs,
         model.inter_latency_us
     );
+    if let Some(g) = model.global_batch {
+        println!("strong scaling: global batch {g} at every N, compute time in proportion to the per-worker batch");
+    }
+    println!();
     print!("{}", prediction_table(&ps).to_text());
     if let Some(path) = &args.json {
         let mut text = serde_json::to_string_pretty(&PredictJson {
@@ -415,6 +447,7 @@ mod tests {
         Model {
             step_ms: 300.0,
             batch: 256,
+            global_batch: None,
             grad_bytes: 102_228_128, // ResNet-50, fp32
             bucket_bytes: 25 * 1024 * 1024,
             overlap: 1.0,
@@ -492,6 +525,28 @@ mod tests {
         // Efficiency against one worker: 300 / (300 + exposed).
         let ps = m.predict(&[1, 16]);
         close(ps[1].efficiency, 300.0 / (300.0 + total - 100.0));
+    }
+
+    #[test]
+    fn strong_scaling_shrinks_the_compute() {
+        // Global batch 512 at 64 workers: 8 images each, compute 300 · 8/256 = 9.375 ms, backward window
+        // 6.25 ms, all-reduce as in no_overlap_exposes_everything (independent of the batch).
+        let m = Model {
+            global_batch: Some(512),
+            ..model()
+        };
+        let p = m.predict_one(64);
+        let total = 2.0 * 63.0 / 64.0 * 102_228_128.0 / 23e6 + 4.0 * 2.0 * 63.0 * 0.005;
+        close(p.batch_per_worker, 8.0);
+        close(p.exposed_ms, total - 6.25);
+        close(p.step_ms, 9.375 + total - 6.25);
+        close(p.images_per_sec, 512.0 * 1000.0 / p.step_ms);
+        let ps = m.predict(&[2, 64]);
+        // 2 workers: 256 each, 300 ms compute, last bucket exposed on NVLink.
+        close(
+            ps[1].efficiency,
+            ps[1].images_per_sec / 64.0 / (ps[0].images_per_sec / 2.0),
+        );
     }
 
     #[test]
