@@ -9,7 +9,10 @@ fn main() {
     let Ok(lib) = env::var("DEP_TCH_LIBTORCH_LIB").map(PathBuf::from) else {
         panic!("torch-sys did not export its libtorch lib dir (DEP_TCH_LIBTORCH_LIB)");
     };
-    let root = lib.parent().map(PathBuf::from).unwrap_or_else(|| lib.clone());
+    let root = lib
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| lib.clone());
     let include = root.join("include");
 
     println!("cargo:rerun-if-changed=shim/c10d.cpp");
@@ -45,7 +48,9 @@ fn main() {
         for d in dirs.iter().filter(|d| d.exists()) {
             build.include(d);
         }
-        build.define("RN50_CUDA", None).define("USE_C10D_NCCL", None);
+        build
+            .define("RN50_CUDA", None)
+            .define("USE_C10D_NCCL", None);
         println!("cargo:rustc-link-lib=dylib=torch_cuda");
         println!("cargo:rustc-link-lib=dylib=c10_cuda");
     }

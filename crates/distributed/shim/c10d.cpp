@@ -5,6 +5,7 @@
 // handles; stores, groups, work handles and reducers as opaque heap pointers freed by their *_free function.
 // Nothing here implements a collective: all communication is c10d's.
 #include <ATen/ATen.h>
+#include <c10/util/Logging.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -116,6 +117,10 @@ extern "C" {
 
 const char* rn50d_last_error() { return last_error.c_str(); }
 void rn50d_free(void* p) { std::free(p); }
+
+// c10's log threshold (0 info, 1 warning, 2 error, 3 fatal). c10d logs every retry and timeout with a C++
+// backtrace; the errors returned to Rust carry the same messages.
+void rn50d_set_log_level(int level) { FLAGS_caffe2_log_level = level; }
 
 int rn50d_cuda_compiled() {
 #ifdef RN50_CUDA

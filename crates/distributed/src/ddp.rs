@@ -84,7 +84,12 @@ impl DistributedDataParallel {
         // The broadcast writes into the parameters' storage, outside autograd (like DDP's _sync_module_states).
         let states: Vec<Tensor> = params.iter().chain(buffers).map(|t| t.detach()).collect();
         let srefs: Vec<&Tensor> = states.iter().collect();
-        group.broadcast_coalesced(&srefs, 0, opts.broadcast_buffer_bytes, "parameters and buffers")?;
+        group.broadcast_coalesced(
+            &srefs,
+            0,
+            opts.broadcast_buffer_bytes,
+            "parameters and buffers",
+        )?;
 
         let hs = ffi::handles(&refs);
         let mut raw = std::ptr::null_mut();
@@ -140,11 +145,18 @@ impl DistributedDataParallel {
         let (mut bwd, mut wait, mut buckets) = (0i64, 0i64, 0i64);
         // SAFETY: live reducer and loss handles.
         ffi::check(unsafe {
-            ffi::rn50d_reducer_backward(self.raw, ffi::handle(loss), sync.into(), &mut bwd, &mut wait, &mut buckets)
+            ffi::rn50d_reducer_backward(
+                self.raw,
+                ffi::handle(loss),
+                sync.into(),
+                &mut bwd,
+                &mut wait,
+                &mut buckets,
+            )
         })
         .map_err(|e| {
             let op = if sync {
-                format!("backward with all-reduce of gradients ({} buckets, step {step})", self.buckets)
+                format!("backward with all-reduce of gradients (step {step})")
             } else {
                 format!("backward (no_sync, step {step})")
             };
@@ -162,7 +174,8 @@ impl DistributedDataParallel {
     /// that want it before evaluation or checkpointing (by default each rank keeps its own statistics).
     pub fn sync_buffers(&self) -> Result<(), CommError> {
         let refs: Vec<&Tensor> = self.buffers.iter().collect();
-        self.group.broadcast_coalesced(&refs, 0, self.broadcast_buffer_bytes, "buffers")
+        self.group
+            .broadcast_coalesced(&refs, 0, self.broadcast_buffer_bytes, "buffers")
     }
 
     /// Number of gradient buckets of the initial assignment.

@@ -46,7 +46,11 @@ pub struct WorldInfo {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum EnvError {
     #[error("{var}={value:?} is not a valid {what}")]
-    Invalid { var: String, value: String, what: &'static str },
+    Invalid {
+        var: String,
+        value: String,
+        what: &'static str,
+    },
     #[error("{0}")]
     Inconsistent(String),
     #[error(transparent)]
@@ -63,7 +67,8 @@ impl Vars<'_> {
     }
 
     fn first<'k>(&self, ks: &[&'k str]) -> Option<(&'k str, String)> {
-        ks.iter().find_map(|&k| self.get(k).map(|v| (k, v.to_string())))
+        ks.iter()
+            .find_map(|&k| self.get(k).map(|v| (k, v.to_string())))
     }
 
     fn num(&self, ks: &[&str]) -> Result<Option<usize>, EnvError> {
@@ -106,8 +111,12 @@ impl WorldInfo {
     /// read from disk.
     pub fn from_vars(env: &HashMap<String, String>) -> Result<WorldInfo, EnvError> {
         let v = Vars(env);
-        let (source, rank, world, local_rank, local_world) = if v.has("RANK") && v.has("WORLD_SIZE") {
-            let (r, w) = (v.num(&["RANK"])?.unwrap_or(0), v.num(&["WORLD_SIZE"])?.unwrap_or(1));
+        let (source, rank, world, local_rank, local_world) = if v.has("RANK") && v.has("WORLD_SIZE")
+        {
+            let (r, w) = (
+                v.num(&["RANK"])?.unwrap_or(0),
+                v.num(&["WORLD_SIZE"])?.unwrap_or(1),
+            );
             // Without the local variables assume one node (set them for multi-node jobs).
             let lw = v.num(&["LOCAL_WORLD_SIZE"])?.unwrap_or(w);
             let lr = v.num(&["LOCAL_RANK"])?.unwrap_or(r % lw.max(1));
@@ -122,14 +131,20 @@ impl WorldInfo {
             )
         } else if v.has("SLURM_PROCID") && (v.has("SLURM_STEP_ID") || v.has("SLURM_STEPID")) {
             let rank = v.num(&["SLURM_PROCID"])?.unwrap_or(0);
-            let world = v.num(&["SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"])?.unwrap_or(1);
+            let world = v
+                .num(&["SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"])?
+                .unwrap_or(1);
             let local_rank = v.num(&["SLURM_LOCALID"])?.unwrap_or(0);
             let node = v.num(&["SLURM_NODEID"])?.unwrap_or(0);
-            let local_world = match v.first(&["SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"]) {
+            let local_world = match v.first(&["SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"])
+            {
                 Some((_, s)) => {
                     let per = nodelist::expand_tasks_per_node(&s)?;
                     *per.get(node).ok_or_else(|| {
-                        EnvError::Inconsistent(format!("SLURM_NODEID={node} but tasks per node {s:?} lists {} nodes", per.len()))
+                        EnvError::Inconsistent(format!(
+                            "SLURM_NODEID={node} but tasks per node {s:?} lists {} nodes",
+                            per.len()
+                        ))
                     })?
                 }
                 None => v.num(&["SLURM_NTASKS_PER_NODE"])?.unwrap_or(1),
@@ -139,9 +154,12 @@ impl WorldInfo {
             (
                 LaunchSource::Pmi,
                 v.num(&["PMI_RANK", "PALS_RANKID"])?.unwrap_or(0),
-                v.num(&["PMI_SIZE", "PALS_SIZE", "WORLD_SIZE"])?.unwrap_or(1),
-                v.num(&["PMI_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID"])?.unwrap_or(0),
-                v.num(&["PMI_LOCAL_SIZE", "MPI_LOCALNRANKS", "PALS_LOCAL_SIZE"])?.unwrap_or(1),
+                v.num(&["PMI_SIZE", "PALS_SIZE", "WORLD_SIZE"])?
+                    .unwrap_or(1),
+                v.num(&["PMI_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID"])?
+                    .unwrap_or(0),
+                v.num(&["PMI_LOCAL_SIZE", "MPI_LOCALNRANKS", "PALS_LOCAL_SIZE"])?
+                    .unwrap_or(1),
             )
         } else {
             let mut w = WorldInfo::single();
@@ -152,7 +170,9 @@ impl WorldInfo {
         };
 
         if world == 0 || rank >= world {
-            return Err(EnvError::Inconsistent(format!("{source:?}: rank {rank} is outside a world of {world}")));
+            return Err(EnvError::Inconsistent(format!(
+                "{source:?}: rank {rank} is outside a world of {world}"
+            )));
         }
         if local_world == 0 || local_rank >= local_world || local_world > world {
             return Err(EnvError::Inconsistent(format!(
@@ -167,7 +187,15 @@ impl WorldInfo {
             Some(p) => port(p)?,
             None => default_port(&v),
         };
-        Ok(WorldInfo { rank, world_size: world, local_rank, local_world_size: local_world, master_addr, master_port, source })
+        Ok(WorldInfo {
+            rank,
+            world_size: world,
+            local_rank,
+            local_world_size: local_world,
+            master_addr,
+            master_port,
+            source,
+        })
     }
 
     pub fn is_distributed(&self) -> bool {
@@ -186,7 +214,9 @@ impl WorldInfo {
 
     /// CPU threads for this process: the CPUs available to it split evenly between the ranks on this node.
     pub fn threads_per_rank(&self) -> usize {
-        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
         threads_per_local_rank(cpus, self.local_world_size)
     }
 }
@@ -200,34 +230,55 @@ fn port(s: &str) -> Result<u16, EnvError> {
     s.parse::<u16>()
         .ok()
         .filter(|&p| p > 0)
-        .ok_or_else(|| EnvError::Invalid { var: "MASTER_PORT".into(), value: s.into(), what: "TCP port" })
+        .ok_or_else(|| EnvError::Invalid {
+            var: "MASTER_PORT".into(),
+            value: s.into(),
+            what: "TCP port",
+        })
 }
 
 /// 15000-29999 from the job id: distinct for jobs sharing a node, below Linux's ephemeral range.
 fn default_port(v: &Vars) -> u16 {
     let id = v
         .first(&["SLURM_JOB_ID", "SLURM_JOBID", "PBS_JOBID", "JOB_ID"])
-        .and_then(|(_, id)| id.split(|c: char| !c.is_ascii_digit()).next().and_then(|d| d.parse::<u64>().ok()));
+        .and_then(|(_, id)| {
+            id.split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|d| d.parse::<u64>().ok())
+        });
     match id {
         Some(id) => 15000 + (id % 15000) as u16,
         None => DEFAULT_PORT,
     }
 }
 
-fn default_master(v: &Vars, source: LaunchSource, world: usize, local_world: usize) -> Result<String, EnvError> {
-    if let Some((_, list)) = v.first(&["SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"]) {
+fn default_master(
+    v: &Vars,
+    source: LaunchSource,
+    world: usize,
+    local_world: usize,
+) -> Result<String, EnvError> {
+    if let Some((_, list)) = v.first(&[
+        "SLURM_STEP_NODELIST",
+        "SLURM_JOB_NODELIST",
+        "SLURM_NODELIST",
+    ]) {
         return Ok(nodelist::first_host(&list)?);
     }
     if let Some(file) = v.get("PBS_NODEFILE") {
         let text = std::fs::read_to_string(Path::new(file)).map_err(|e| {
-            EnvError::Inconsistent(format!("PBS_NODEFILE={file} cannot be read ({e}); set MASTER_ADDR"))
+            EnvError::Inconsistent(format!(
+                "PBS_NODEFILE={file} cannot be read ({e}); set MASTER_ADDR"
+            ))
         })?;
         return text
             .lines()
             .map(str::trim)
             .find(|l| !l.is_empty())
             .map(str::to_string)
-            .ok_or_else(|| EnvError::Inconsistent(format!("PBS_NODEFILE={file} is empty; set MASTER_ADDR")));
+            .ok_or_else(|| {
+                EnvError::Inconsistent(format!("PBS_NODEFILE={file} is empty; set MASTER_ADDR"))
+            });
     }
     if world == local_world {
         return Ok("127.0.0.1".into());

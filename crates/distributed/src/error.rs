@@ -15,6 +15,10 @@ pub struct CommError {
 
 impl fmt::Display for CommError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "rank {}/{}: {} failed: {}", self.rank, self.world_size, self.op, self.detail)
+        write!(
+            f,
+            "rank {}/{}: {} failed: {}",
+            self.rank, self.world_size, self.op, self.detail
+        )
     }
 }

@@ -6,6 +6,7 @@ extern "C" {
     pub fn rn50d_last_error() -> *const c_char;
     pub fn rn50d_free(p: *mut c_void);
     pub fn rn50d_cuda_compiled() -> c_int;
+    pub fn rn50d_set_log_level(level: c_int);
 
     pub fn rn50d_store_new(
         host: *const c_char,
@@ -18,9 +19,18 @@ extern "C" {
     pub fn rn50d_store_clone(s: *mut c_void, out: *mut *mut c_void) -> c_int;
     pub fn rn50d_store_free(s: *mut c_void);
     pub fn rn50d_store_set_timeout(s: *mut c_void, timeout_ms: i64) -> c_int;
-    pub fn rn50d_store_set(s: *mut c_void, key: *const c_char, data: *const u8, len: usize) -> c_int;
-    pub fn rn50d_store_get(s: *mut c_void, key: *const c_char, data: *mut *mut u8, len: *mut usize)
-        -> c_int;
+    pub fn rn50d_store_set(
+        s: *mut c_void,
+        key: *const c_char,
+        data: *const u8,
+        len: usize,
+    ) -> c_int;
+    pub fn rn50d_store_get(
+        s: *mut c_void,
+        key: *const c_char,
+        data: *mut *mut u8,
+        len: *mut usize,
+    ) -> c_int;
     pub fn rn50d_store_add(s: *mut c_void, key: *const c_char, delta: i64, out: *mut i64) -> c_int;
     pub fn rn50d_store_check(s: *mut c_void, key: *const c_char, exists: *mut c_int) -> c_int;
     pub fn rn50d_store_wait(

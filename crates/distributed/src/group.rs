@@ -96,16 +96,36 @@ impl Inner {
     /// A CommError for `op`, with what the heartbeats say about the other ranks. Marks the group broken.
     pub(crate) fn fail(&self, op: &str, msg: String) -> CommError {
         self.broken.store(true, Ordering::SeqCst);
-        let diagnosis = match self.heartbeat.lock().ok().as_deref().and_then(Option::as_ref) {
+        let diagnosis = match self
+            .heartbeat
+            .lock()
+            .ok()
+            .as_deref()
+            .and_then(Option::as_ref)
+        {
             Some(hb) => hb.diagnose(&self.store, self.rank, self.world, &self.master),
             None => String::new(),
         };
-        let detail = if diagnosis.is_empty() { msg } else { format!("{msg}; {diagnosis}") };
-        CommError { rank: self.rank, world_size: self.world, op: op.into(), detail }
+        let detail = if diagnosis.is_empty() {
+            msg
+        } else {
+            format!("{msg}; {diagnosis}")
+        };
+        CommError {
+            rank: self.rank,
+            world_size: self.world,
+            op: op.into(),
+            detail,
+        }
     }
 
     fn err(&self, op: &str, detail: String) -> CommError {
-        CommError { rank: self.rank, world_size: self.world, op: op.into(), detail }
+        CommError {
+            rank: self.rank,
+            world_size: self.world,
+            op: op.into(),
+            detail,
+        }
     }
 }
 
@@ -144,7 +164,9 @@ unsafe impl Send for Work {}
 impl Work {
     /// Waits for completion; `timeout` None means the process group's own timeout.
     pub fn wait(self, timeout: Option<Duration>) -> Result<(), CommError> {
-        let ms = timeout.map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX).max(1)).unwrap_or(0);
+        let ms = timeout
+            .map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX).max(1))
+            .unwrap_or(0);
         // SAFETY: live work handle.
         let r = ffi::check(unsafe { ffi::rn50d_work_wait(self.raw, ms) });
         r.map_err(|e| self.group.fail(&self.op, e))
@@ -177,30 +199,59 @@ impl ProcessGroup {
     pub fn init(world: &WorldInfo, opts: &InitOptions) -> Result<ProcessGroup, CommError> {
         let (rank, size) = (world.rank, world.world_size);
         let master = format!("{}:{}", world.master_addr, world.master_port);
-        let err = |op: &str, detail: String| CommError { rank, world_size: size, op: op.into(), detail };
+        let err = |op: &str, detail: String| CommError {
+            rank,
+            world_size: size,
+            op: op.into(),
+            detail,
+        };
         if size == 0 || rank >= size {
-            return Err(err("rendezvous", format!("rank {rank} is outside a world of {size}")));
+            return Err(err(
+                "rendezvous",
+                format!("rank {rank} is outside a world of {size}"),
+            ));
         }
         if opts.backend == Backend::Nccl && !ffi::cuda_compiled() {
-            return Err(err("process group init", "NCCL needs rn50 built with the `cuda` feature".into()));
+            return Err(err(
+                "process group init",
+                "NCCL needs rn50 built with the `cuda` feature".into(),
+            ));
+        }
+        // c10d logs each retry and timeout with a C++ backtrace; our errors carry its messages. TORCH_CPP_LOG_LEVEL
+        // (c10's own setting) wins when set.
+        if std::env::var_os("TORCH_CPP_LOG_LEVEL").is_none() {
+            // SAFETY: sets an int flag of c10.
+            unsafe { ffi::rn50d_set_log_level(3) }
         }
         let secs = opts.timeout.as_secs_f64();
-        let store = Store::connect(&world.master_addr, world.master_port, rank == 0, size, opts.timeout)
-            .map_err(|e| {
-                let what = if rank == 0 {
-                    format!("cannot listen on {master} as the store server")
-                } else {
-                    format!("cannot reach the store server (rank 0) at {master} within {secs:.0} s")
-                };
-                err("rendezvous", format!("{what}: {e}"))
-            })?;
-        rendezvous(&store, rank, size, opts.timeout).map_err(|e| err("rendezvous", format!("{e} (store at {master})")))?;
+        let store = Store::connect(
+            &world.master_addr,
+            world.master_port,
+            rank == 0,
+            size,
+            opts.timeout,
+        )
+        .map_err(|e| {
+            let what = if rank == 0 {
+                format!("cannot listen on {master} as the store server")
+            } else {
+                format!("cannot reach the store server (rank 0) at {master} within {secs:.0} s")
+            };
+            err("rendezvous", format!("{what}: {e}"))
+        })?;
+        rendezvous(&store, rank, size, opts.timeout)
+            .map_err(|e| err("rendezvous", format!("{e} (store at {master})")))?;
 
         let ifnames = std::env::var("GLOO_SOCKET_IFNAME").unwrap_or_default();
         // All ranks on this machine: bind Gloo to loopback too, whatever the hostname resolves to.
-        let host = if ifnames.is_empty() && is_loopback(&world.master_addr) { "127.0.0.1" } else { "" };
+        let host = if ifnames.is_empty() && is_loopback(&world.master_addr) {
+            "127.0.0.1"
+        } else {
+            ""
+        };
         let (c_if, c_host) = (
-            CString::new(ifnames).map_err(|_| err("process group init", "GLOO_SOCKET_IFNAME has a NUL".into()))?,
+            CString::new(ifnames)
+                .map_err(|_| err("process group init", "GLOO_SOCKET_IFNAME has a NUL".into()))?,
             CString::new(host).unwrap_or_default(),
         );
         let backend = match opts.backend {
@@ -266,13 +317,20 @@ impl ProcessGroup {
     }
 
     /// Starts an in-place all-reduce of `ts` (each tensor reduced across ranks element-wise).
-    pub fn allreduce_async(&self, ts: &[&Tensor], op: ReduceOp, what: &str) -> Result<Work, CommError> {
+    pub fn allreduce_async(
+        &self,
+        ts: &[&Tensor],
+        op: ReduceOp,
+        what: &str,
+    ) -> Result<Work, CommError> {
         let hs = ffi::handles(ts);
         let mut raw = std::ptr::null_mut();
         let name = format!("all-reduce of {what}");
         // SAFETY: live group, tensor handles alive for the call (and kept by the Work).
-        ffi::check(unsafe { ffi::rn50d_allreduce(self.inner.raw, hs.as_ptr(), hs.len(), op.code(), &mut raw) })
-            .map_err(|e| self.inner.fail(&name, e))?;
+        ffi::check(unsafe {
+            ffi::rn50d_allreduce(self.inner.raw, hs.as_ptr(), hs.len(), op.code(), &mut raw)
+        })
+        .map_err(|e| self.inner.fail(&name, e))?;
         Ok(self.work(name, raw, ts))
     }
 
@@ -282,7 +340,12 @@ impl ProcessGroup {
     }
 
     /// Sums (or max/min…) a few host numbers over all ranks: metrics, eval counts.
-    pub fn allreduce_f64(&self, values: &mut [f64], op: ReduceOp, what: &str) -> Result<(), CommError> {
+    pub fn allreduce_f64(
+        &self,
+        values: &mut [f64],
+        op: ReduceOp,
+        what: &str,
+    ) -> Result<(), CommError> {
         if values.is_empty() {
             return Ok(());
         }
@@ -294,13 +357,20 @@ impl ProcessGroup {
     }
 
     /// Starts an in-place broadcast of rank `root`'s `ts` to every rank.
-    pub fn broadcast_async(&self, ts: &[&Tensor], root: usize, what: &str) -> Result<Work, CommError> {
+    pub fn broadcast_async(
+        &self,
+        ts: &[&Tensor],
+        root: usize,
+        what: &str,
+    ) -> Result<Work, CommError> {
         let hs = ffi::handles(ts);
         let mut raw = std::ptr::null_mut();
         let name = format!("broadcast of {what} from rank {root}");
         // SAFETY: as allreduce_async.
-        ffi::check(unsafe { ffi::rn50d_broadcast(self.inner.raw, hs.as_ptr(), hs.len(), root as i32, &mut raw) })
-            .map_err(|e| self.inner.fail(&name, e))?;
+        ffi::check(unsafe {
+            ffi::rn50d_broadcast(self.inner.raw, hs.as_ptr(), hs.len(), root as i32, &mut raw)
+        })
+        .map_err(|e| self.inner.fail(&name, e))?;
         Ok(self.work(name, raw, ts))
     }
 
@@ -309,16 +379,31 @@ impl ProcessGroup {
     }
 
     /// Rank `root`'s tensors onto every rank, packed into few large messages (DDP's start-of-training sync).
-    pub fn broadcast_coalesced(&self, ts: &[&Tensor], root: usize, buffer_bytes: usize, what: &str) -> Result<(), CommError> {
+    pub fn broadcast_coalesced(
+        &self,
+        ts: &[&Tensor],
+        root: usize,
+        buffer_bytes: usize,
+        what: &str,
+    ) -> Result<(), CommError> {
         if ts.is_empty() {
             return Ok(());
         }
         let hs = ffi::handles(ts);
         // SAFETY: live group and tensor handles for the duration of the (blocking) call.
         ffi::check(unsafe {
-            ffi::rn50d_broadcast_coalesced(self.inner.raw, hs.as_ptr(), hs.len(), buffer_bytes, root as i32)
+            ffi::rn50d_broadcast_coalesced(
+                self.inner.raw,
+                hs.as_ptr(),
+                hs.len(),
+                buffer_bytes,
+                root as i32,
+            )
         })
-        .map_err(|e| self.inner.fail(&format!("broadcast of {what} from rank {root}"), e))
+        .map_err(|e| {
+            self.inner
+                .fail(&format!("broadcast of {what} from rank {root}"), e)
+        })
     }
 
     /// Every rank's `t`, in rank order.
@@ -329,8 +414,16 @@ impl ProcessGroup {
         let mut raw = std::ptr::null_mut();
         let name = format!("all-gather of {what}");
         // SAFETY: live group, input and output handles alive for the call and kept by the Work.
-        ffi::check(unsafe { ffi::rn50d_allgather(self.inner.raw, ffi::handle(t), hs.as_ptr(), hs.len(), &mut raw) })
-            .map_err(|e| self.inner.fail(&name, e))?;
+        ffi::check(unsafe {
+            ffi::rn50d_allgather(
+                self.inner.raw,
+                ffi::handle(t),
+                hs.as_ptr(),
+                hs.len(),
+                &mut raw,
+            )
+        })
+        .map_err(|e| self.inner.fail(&name, e))?;
         let mut keep = refs.clone();
         keep.push(t);
         self.work(name, raw, &keep).wait(None)?;
@@ -342,7 +435,8 @@ impl ProcessGroup {
         let mut raw = std::ptr::null_mut();
         let name = format!("barrier ({what})");
         // SAFETY: live group, out-pointer.
-        ffi::check(unsafe { ffi::rn50d_barrier(self.inner.raw, &mut raw) }).map_err(|e| self.inner.fail(&name, e))?;
+        ffi::check(unsafe { ffi::rn50d_barrier(self.inner.raw, &mut raw) })
+            .map_err(|e| self.inner.fail(&name, e))?;
         self.work(name, raw, &[]).wait(None)
     }
 
@@ -351,7 +445,10 @@ impl ProcessGroup {
         let hs = ffi::handles(ts);
         // SAFETY: live group and tensor handles for the blocking call.
         ffi::check(unsafe { ffi::rn50d_verify_params(self.inner.raw, hs.as_ptr(), hs.len()) })
-            .map_err(|e| self.inner.fail(&format!("check that every rank has the same {what}"), e))
+            .map_err(|e| {
+                self.inner
+                    .fail(&format!("check that every rank has the same {what}"), e)
+            })
     }
 
     /// Clean end of the job: waits for every rank (so that rank 0, which serves the store, does not leave while
@@ -367,49 +464,62 @@ impl ProcessGroup {
     }
 }
 
-/// Every rank registers; rank 0 waits for all, checks that they agree on the world size and releases everyone
-/// (or tells them what is wrong). On timeout the error lists the ranks that never registered.
+/// Every rank registers; rank 0 waits for all, checks that they agree on the world size and publishes a verdict
+/// ("ok" or what is wrong, e.g. which ranks never joined), which the others read in the same round trip as they
+/// wait for it (they wait a little longer than rank 0, so that they hear its verdict rather than time out too).
 fn rendezvous(store: &Store, rank: usize, world: usize, timeout: Duration) -> Result<(), String> {
     let joined = |r: usize| format!("rn50/joined/{r}");
-    let host = hostname();
-    store.set(&joined(rank), format!("{world} {host} {}", std::process::id()).as_bytes())?;
-    let wait = if rank == 0 {
-        let keys: Vec<String> = (0..world).map(joined).collect();
-        store.wait(&keys, timeout)
-    } else {
-        store.wait(&["rn50/ready".to_string()], timeout)
-    };
-    if let Err(e) = wait {
-        let missing: Vec<usize> = (0..world).filter(|&r| !store.check(&joined(r)).unwrap_or(false)).collect();
-        let secs = timeout.as_secs_f64();
-        return Err(if missing.is_empty() {
-            format!("rank 0 did not release the rendezvous within {secs:.0} s: {e}")
-        } else {
-            format!("{} of {world} did not join within {secs:.0} s", ranks(&missing))
-        });
-    }
+    let secs = timeout.as_secs_f64();
+    store.set(
+        &joined(rank),
+        format!("{world} {} {}", hostname(), std::process::id()).as_bytes(),
+    )?;
     if rank == 0 {
-        let mut verdict = "ok".to_string();
-        for r in 1..world {
-            let v = store.get(&joined(r))?;
-            let theirs = String::from_utf8_lossy(&v);
-            let w = theirs.split(' ').next().unwrap_or("");
-            if w != world.to_string() {
-                verdict = format!("rank {r} (host, pid: {theirs}) was started with WORLD_SIZE={w}, rank 0 with {world}");
-                break;
+        let keys: Vec<String> = (0..world).map(joined).collect();
+        let mut present = world;
+        let verdict = match store.wait(&keys, timeout) {
+            Err(_) => {
+                let missing: Vec<usize> = (0..world).filter(|&r| !store.check(&joined(r)).unwrap_or(false)).collect();
+                present = world - missing.len();
+                format!("{} of {world} did not join within {secs:.0} s", ranks(&missing))
             }
-        }
+            Ok(()) => (1..world)
+                .find_map(|r| {
+                    let v = store.get(&joined(r)).unwrap_or_default();
+                    let theirs = String::from_utf8_lossy(&v).into_owned();
+                    let w = theirs.split(' ').next().unwrap_or("").to_string();
+                    (w != world.to_string()).then(|| {
+                        format!("rank {r} (host, pid: {theirs}) was started with WORLD_SIZE={w}, rank 0 with {world}")
+                    })
+                })
+                .unwrap_or_else(|| "ok".into()),
+        };
         store.set("rn50/ready", verdict.as_bytes())?;
-        if verdict != "ok" {
-            return Err(verdict);
+        if verdict == "ok" {
+            return Ok(());
         }
-    } else {
-        let v = store.get("rn50/ready")?;
-        if v != b"ok" {
-            return Err(String::from_utf8_lossy(&v).into_owned());
+        // This process serves the store: stay until the others have read the verdict (or a few seconds).
+        let until = std::time::Instant::now() + Duration::from_secs(3);
+        while store.add("rn50/verdict_read", 0).unwrap_or(0) < present as i64 - 1
+            && std::time::Instant::now() < until
+        {
+            std::thread::sleep(Duration::from_millis(20));
         }
+        return Err(verdict);
     }
-    Ok(())
+    store.set_timeout(timeout + Duration::from_secs(3))?;
+    let got = store.get("rn50/ready");
+    if got.is_ok() {
+        let _ = store.add("rn50/verdict_read", 1);
+    }
+    store.set_timeout(timeout)?;
+    match got {
+        Ok(v) if v == b"ok" => Ok(()),
+        Ok(v) => Err(format!("rank 0 reports: {}", String::from_utf8_lossy(&v))),
+        Err(e) => Err(format!(
+            "rank 0 did not complete the rendezvous within {secs:.0} s: {e}"
+        )),
+    }
 }
 
 fn hostname() -> String {
@@ -425,5 +535,10 @@ fn hostname() -> String {
 
 /// A CPU f64 tensor's elements (helper for tests and metrics).
 pub fn to_f64_vec(t: &Tensor) -> Vec<f64> {
-    Vec::<f64>::try_from(&t.to_kind(Kind::Double).to_device(Device::Cpu).flatten(0, -1)).unwrap_or_default()
+    Vec::<f64>::try_from(
+        &t.to_kind(Kind::Double)
+            .to_device(Device::Cpu)
+            .flatten(0, -1),
+    )
+    .unwrap_or_default()
 }

@@ -43,7 +43,11 @@ impl Heartbeat {
                 }
             })
             .map_err(|e| format!("cannot start the heartbeat thread: {e}"))?;
-        Ok(Heartbeat { stop, thread: Some(thread), interval })
+        Ok(Heartbeat {
+            stop,
+            thread: Some(thread),
+            interval,
+        })
     }
 
     pub fn stop(&mut self) {
@@ -57,11 +61,13 @@ impl Heartbeat {
     pub fn diagnose(&self, store: &Store, rank: usize, world: usize, master: &str) -> String {
         let unreachable =
             |e: String| format!("rank 0 (the store server at {master}) is unreachable: {e}");
+        // The job is failing anyway: a short timeout for the store from now on (a new connection inherits it).
+        let short = self.interval.saturating_mul(4).max(Duration::from_secs(1));
+        let _ = store.set_timeout(short);
         let conn = match store.try_clone() {
             Ok(c) => c,
             Err(e) => return unreachable(e),
         };
-        let _ = conn.set_timeout(self.interval.saturating_mul(4).max(Duration::from_secs(1)));
         if let Err(e) = conn.set(&failing_key(rank), b"1") {
             return unreachable(e);
         }

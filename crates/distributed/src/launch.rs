@@ -40,15 +40,26 @@ pub struct LaunchArgs {
     #[arg(long)]
     pub no_prefix: bool,
     /// The rn50 command each worker runs, e.g. `-- train --data /imagenet`.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "COMMAND")]
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required = true,
+        value_name = "COMMAND"
+    )]
     pub command: Vec<String>,
 }
 
 /// ADDR:PORT, with IPv6 addresses in brackets ([::1]:29500).
 pub fn parse_master(s: &str) -> anyhow::Result<(String, u16)> {
-    let (host, port) = s.rsplit_once(':').with_context(|| format!("--master {s:?}: expected ADDR:PORT"))?;
+    let (host, port) = s
+        .rsplit_once(':')
+        .with_context(|| format!("--master {s:?}: expected ADDR:PORT"))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let port: u16 = port.parse().ok().filter(|&p| p > 0).with_context(|| format!("--master {s:?}: bad port"))?;
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|&p| p > 0)
+        .with_context(|| format!("--master {s:?}: bad port"))?;
     if host.is_empty() {
         bail!("--master {s:?}: empty address");
     }
@@ -56,11 +67,18 @@ pub fn parse_master(s: &str) -> anyhow::Result<(String, u16)> {
 }
 
 /// The environment of local worker `local` (what torchrun sets).
-pub fn worker_env(args: &LaunchArgs, local: usize, cpus: usize) -> anyhow::Result<Vec<(String, String)>> {
+pub fn worker_env(
+    args: &LaunchArgs,
+    local: usize,
+    cpus: usize,
+) -> anyhow::Result<Vec<(String, String)>> {
     let (addr, port) = parse_master(&args.master)?;
     let world = args.nproc_per_node * args.nnodes;
     let mut env = vec![
-        ("RANK".to_string(), (args.node_rank * args.nproc_per_node + local).to_string()),
+        (
+            "RANK".to_string(),
+            (args.node_rank * args.nproc_per_node + local).to_string(),
+        ),
         ("WORLD_SIZE".into(), world.to_string()),
         ("LOCAL_RANK".into(), local.to_string()),
         ("LOCAL_WORLD_SIZE".into(), args.nproc_per_node.to_string()),
@@ -70,7 +88,10 @@ pub fn worker_env(args: &LaunchArgs, local: usize, cpus: usize) -> anyhow::Resul
     ];
     // Respect an explicit OMP_NUM_THREADS; otherwise split the cores.
     if std::env::var_os("OMP_NUM_THREADS").is_none() {
-        env.push(("OMP_NUM_THREADS".into(), crate::env::threads_per_local_rank(cpus, args.nproc_per_node).to_string()));
+        env.push((
+            "OMP_NUM_THREADS".into(),
+            crate::env::threads_per_local_rank(cpus, args.nproc_per_node).to_string(),
+        ));
     }
     if let Some(t) = args.timeout {
         env.push(("RN50_DIST_TIMEOUT".into(), t.to_string()));
@@ -101,16 +122,29 @@ fn signal_name(s: i32) -> &'static str {
 
 /// The shell-style exit code of a worker status (128 + signal when killed).
 fn code_of(status: ExitStatus) -> i32 {
-    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
-fn pump(src: impl std::io::Read + Send + 'static, prefix: Option<String>, to_stderr: bool) -> std::thread::JoinHandle<()> {
+fn pump(
+    src: impl std::io::Read + Send + 'static,
+    prefix: Option<String>,
+    to_stderr: bool,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut r = BufReader::new(src);
         let mut line = Vec::new();
-        while r.read_until(b'\n', &mut line).map(|n| n > 0).unwrap_or(false) {
-            let mut out: Box<dyn Write> =
-                if to_stderr { Box::new(std::io::stderr().lock()) } else { Box::new(std::io::stdout().lock()) };
+        while r
+            .read_until(b'\n', &mut line)
+            .map(|n| n > 0)
+            .unwrap_or(false)
+        {
+            let mut out: Box<dyn Write> = if to_stderr {
+                Box::new(std::io::stderr().lock())
+            } else {
+                Box::new(std::io::stdout().lock())
+            };
             if let Some(p) = &prefix {
                 let _ = out.write_all(p.as_bytes());
             }
@@ -135,17 +169,24 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
         bail!("--nproc-per-node and --nnodes must be at least 1");
     }
     if args.node_rank >= args.nnodes {
-        bail!("--node-rank {} is outside 0..{}", args.node_rank, args.nnodes);
+        bail!(
+            "--node-rank {} is outside 0..{}",
+            args.node_rank,
+            args.nnodes
+        );
     }
     if args.command.is_empty() {
         bail!("no command for the workers (e.g. `rn50 launch --nproc-per-node 2 -- train ...`)");
     }
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let first_rank = args.node_rank * args.nproc_per_node;
 
     // Signals to forward; registered before spawning so none is lost in between.
-    let mut signals = signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGUSR1])
-        .context("cannot install signal handlers")?;
+    let mut signals =
+        signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGUSR1])
+            .context("cannot install signal handlers")?;
     let sig_handle = signals.handle();
     let pids: Arc<Mutex<Vec<u32>>> = Arc::default();
     let forwarded: Arc<Mutex<Option<i32>>> = Arc::default();
@@ -155,7 +196,9 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
     for local in 0..args.nproc_per_node {
         let rank = first_rank + local;
         let mut cmd = Command::new(exe);
-        cmd.args(&args.command).envs(worker_env(args, local, cpus)?).stdin(Stdio::null());
+        cmd.args(&args.command)
+            .envs(worker_env(args, local, cpus)?)
+            .stdin(Stdio::null());
         if !args.no_prefix {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         }
@@ -176,14 +219,18 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
                     let _ = c.kill();
                     let _ = c.wait();
                 }
-                return Err(e).with_context(|| format!("cannot start worker rank {rank} ({})", exe.display()));
+                return Err(e).with_context(|| {
+                    format!("cannot start worker rank {rank} ({})", exe.display())
+                });
             }
         };
         if let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) {
             pumps.push(pump(out, Some(format!("[rank {rank}] ")), false));
             pumps.push(pump(err, Some(format!("[rank {rank}] ")), true));
         }
-        pids.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.push(child.id());
+        pids.lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .push(child.id());
         children.push((rank, child));
     }
 
@@ -241,12 +288,17 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
         if failure.is_some() && !running.is_empty() {
             match term_sent {
                 None => {
-                    running.iter().for_each(|(_, c)| kill(c.id(), libc::SIGTERM));
+                    running
+                        .iter()
+                        .for_each(|(_, c)| kill(c.id(), libc::SIGTERM));
                     term_sent = Some(Instant::now());
                 }
                 Some(t) if t.elapsed() > grace => {
                     for (rank, c) in &running {
-                        eprintln!("rn50 launch: rank {rank} ignored SIGTERM for {} s: SIGKILL", grace.as_secs());
+                        eprintln!(
+                            "rn50 launch: rank {rank} ignored SIGTERM for {} s: SIGKILL",
+                            grace.as_secs()
+                        );
                         kill(c.id(), libc::SIGKILL);
                     }
                     term_sent = Some(Instant::now() + Duration::from_secs(3600));

@@ -40,7 +40,10 @@ pub fn init_options_from_env(backend: Backend) -> InitOptions {
             .filter(|s| s.is_finite() && *s > 0.0)
             .map(std::time::Duration::from_secs_f64)
     };
-    let mut o = InitOptions { backend, ..InitOptions::default() };
+    let mut o = InitOptions {
+        backend,
+        ..InitOptions::default()
+    };
     if let Some(t) = secs("RN50_DIST_TIMEOUT") {
         o.timeout = t;
     }

@@ -35,7 +35,14 @@ impl Store {
         let mut raw = std::ptr::null_mut();
         // SAFETY: valid C string and out-pointer; the shim catches every C++ exception.
         ffi::check(unsafe {
-            ffi::rn50d_store_new(h.as_ptr(), port.into(), is_server.into(), world, ms(timeout), &mut raw)
+            ffi::rn50d_store_new(
+                h.as_ptr(),
+                port.into(),
+                is_server.into(),
+                world,
+                ms(timeout),
+                &mut raw,
+            )
         })?;
         Ok(Store { raw })
     }
@@ -57,7 +64,9 @@ impl Store {
     pub fn set(&self, k: &str, value: &[u8]) -> Result<(), String> {
         let k = key(k)?;
         // SAFETY: live handle, valid key, value pointer/length from a slice.
-        ffi::check(unsafe { ffi::rn50d_store_set(self.raw, k.as_ptr(), value.as_ptr(), value.len()) })
+        ffi::check(unsafe {
+            ffi::rn50d_store_set(self.raw, k.as_ptr(), value.as_ptr(), value.len())
+        })
     }
 
     /// The value of `k`, waiting for it to be set (up to the store's timeout).
@@ -67,7 +76,12 @@ impl Store {
         let mut len = 0usize;
         // SAFETY: live handle, valid key and out-pointers. On success `data` is a malloc'ed buffer of `len` bytes.
         unsafe {
-            ffi::check(ffi::rn50d_store_get(self.raw, k.as_ptr(), &mut data, &mut len))?;
+            ffi::check(ffi::rn50d_store_get(
+                self.raw,
+                k.as_ptr(),
+                &mut data,
+                &mut len,
+            ))?;
             let v = std::slice::from_raw_parts(data, len).to_vec();
             ffi::rn50d_free(data.cast());
             Ok(v)
@@ -97,7 +111,9 @@ impl Store {
         let ks = keys.iter().map(|k| key(k)).collect::<Result<Vec<_>, _>>()?;
         let ptrs: Vec<_> = ks.iter().map(|k| k.as_ptr()).collect();
         // SAFETY: live handle; `ptrs` points into `ks`, alive for the call.
-        ffi::check(unsafe { ffi::rn50d_store_wait(self.raw, ptrs.as_ptr(), ptrs.len(), ms(timeout)) })
+        ffi::check(unsafe {
+            ffi::rn50d_store_wait(self.raw, ptrs.as_ptr(), ptrs.len(), ms(timeout))
+        })
     }
 
     pub(crate) fn raw(&self) -> *mut c_void {

@@ -7,7 +7,8 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rn50_distributed::{
-    init_options_from_env, launch, Backend, DdpOptions, DistributedDataParallel, ProcessGroup, ReduceOp, WorldInfo,
+    init_options_from_env, launch, Backend, DdpOptions, DistributedDataParallel, ProcessGroup,
+    ReduceOp, WorldInfo,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -47,9 +48,28 @@ enum Cmd {
 
 fn net(vs: &nn::Path) -> impl Module {
     nn::seq()
-        .add(nn::conv2d(vs / "conv", 3, 6, 3, nn::ConvConfig { padding: 1, ..Default::default() }))
+        .add(nn::conv2d(
+            vs / "conv",
+            3,
+            6,
+            3,
+            nn::ConvConfig {
+                padding: 1,
+                ..Default::default()
+            },
+        ))
         .add_fn(|x| x.relu())
-        .add(nn::conv2d(vs / "conv2", 6, 4, 3, nn::ConvConfig { padding: 1, stride: 2, ..Default::default() }))
+        .add(nn::conv2d(
+            vs / "conv2",
+            6,
+            4,
+            3,
+            nn::ConvConfig {
+                padding: 1,
+                stride: 2,
+                ..Default::default()
+            },
+        ))
         .add_fn(|x| x.relu().flatten(1, -1))
         .add(nn::linear(vs / "fc", 4 * 4 * 4, 10, Default::default()))
 }
@@ -58,12 +78,19 @@ fn write_params(path: &std::path::Path, params: &[Tensor]) -> anyhow::Result<()>
     let mut bytes = Vec::new();
     for p in params {
         let v = Vec::<f32>::try_from(&p.detach().to_kind(Kind::Float).flatten(0, -1))?;
-        v.iter().for_each(|x| bytes.extend_from_slice(&x.to_le_bytes()));
+        v.iter()
+            .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes()));
     }
     std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
-fn train(steps: usize, batch: i64, out: PathBuf, sleep_ms: u64, bucket_bytes: usize) -> anyhow::Result<()> {
+fn train(
+    steps: usize,
+    batch: i64,
+    out: PathBuf,
+    sleep_ms: u64,
+    bucket_bytes: usize,
+) -> anyhow::Result<()> {
     tch::set_num_threads(1);
     let world = WorldInfo::from_env()?;
     let (rank, size) = (world.rank, world.world_size);
@@ -75,7 +102,12 @@ fn train(steps: usize, batch: i64, out: PathBuf, sleep_ms: u64, bucket_bytes: us
     let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
     let params: Vec<Tensor> = named.into_iter().map(|(_, t)| t).collect();
-    let opts = DdpOptions { bucket_cap_bytes: bucket_bytes, first_bucket_cap_bytes: bucket_bytes.min(1 << 20), ..Default::default() };
+    let opts = DdpOptions {
+        bucket_cap_bytes: bucket_bytes,
+        first_bucket_cap_bytes: bucket_bytes.min(1 << 20),
+        ..Default::default()
+    };
+    write_params(&out.join(format!("local-init-rank{rank}.bin")), &params)?;
     let mut ddp = DistributedDataParallel::new(&pg, &params, &[], &opts)?;
     write_params(&out.join(format!("init-rank{rank}.bin")), &params)?;
     let lr = 0.1;
@@ -86,7 +118,10 @@ fn train(steps: usize, batch: i64, out: PathBuf, sleep_ms: u64, bucket_bytes: us
         let global = batch * size as i64;
         let x = Tensor::randn([global, 3, 8, 8], (Kind::Float, Device::Cpu));
         let y = Tensor::randint(10, [global], (Kind::Int64, Device::Cpu));
-        let (x, y) = (x.narrow(0, rank as i64 * batch, batch), y.narrow(0, rank as i64 * batch, batch));
+        let (x, y) = (
+            x.narrow(0, rank as i64 * batch, batch),
+            y.narrow(0, rank as i64 * batch, batch),
+        );
         let loss = model.forward(&x).cross_entropy_for_logits(&y);
         let comm = ddp.backward(&loss)?;
         wait_ms += comm.allreduce_wait_ms;
@@ -106,7 +141,12 @@ fn train(steps: usize, batch: i64, out: PathBuf, sleep_ms: u64, bucket_bytes: us
         pg.allreduce_f64(&mut m, ReduceOp::Sum, "loss")?;
         std::fs::write(out.join(format!("step-rank{rank}")), (step + 1).to_string())?;
         if rank == 0 {
-            println!("step {step} mean loss {:.6} buckets {} wait {:.3} ms", m[0] / size as f64, comm.buckets, comm.allreduce_wait_ms);
+            println!(
+                "step {step} mean loss {:.6} buckets {} wait {:.3} ms",
+                m[0] / size as f64,
+                comm.buckets,
+                comm.allreduce_wait_ms
+            );
         }
         if sleep_ms > 0 {
             std::thread::sleep(Duration::from_millis(sleep_ms));
@@ -114,7 +154,10 @@ fn train(steps: usize, batch: i64, out: PathBuf, sleep_ms: u64, bucket_bytes: us
     }
     write_params(&out.join(format!("params-rank{rank}.bin")), &params)?;
     let _ = std::io::stdout().flush();
-    eprintln!("rank {rank}: {} buckets, all-reduce wait {wait_ms:.3} ms total", ddp.num_buckets());
+    eprintln!(
+        "rank {rank}: {} buckets, all-reduce wait {wait_ms:.3} ms total",
+        ddp.num_buckets()
+    );
     drop(ddp);
     pg.finish()?;
     Ok(())
@@ -126,8 +169,16 @@ fn sleep(fail_rank: Option<usize>) -> anyhow::Result<i32> {
     for sig in [libc::SIGTERM, libc::SIGUSR1] {
         signal_hook::flag::register(sig, stop.clone())?;
     }
-    println!("rank {} of {} up (local {}, OMP_NUM_THREADS={})", world.rank, world.world_size, world.local_rank,
-        std::env::var("OMP_NUM_THREADS").unwrap_or_default());
+    if let Some(dir) = std::env::var_os("RN50_TEST_UP_DIR") {
+        std::fs::write(PathBuf::from(dir).join(format!("up-{}", world.rank)), b"")?;
+    }
+    println!(
+        "rank {} of {} up (local {}, OMP_NUM_THREADS={})",
+        world.rank,
+        world.world_size,
+        world.local_rank,
+        std::env::var("OMP_NUM_THREADS").unwrap_or_default()
+    );
     let _ = std::io::stdout().flush();
     for _ in 0..6000 {
         if stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -147,11 +198,17 @@ fn sleep(fail_rank: Option<usize>) -> anyhow::Result<i32> {
 fn main() {
     let cli = Cli::parse();
     let code = match cli.cmd {
-        Cmd::Train { steps, batch, out, sleep_ms, bucket_bytes } => {
-            train(steps, batch, out, sleep_ms, bucket_bytes).map(|()| 0)
-        }
+        Cmd::Train {
+            steps,
+            batch,
+            out,
+            sleep_ms,
+            bucket_bytes,
+        } => train(steps, batch, out, sleep_ms, bucket_bytes).map(|()| 0),
         Cmd::Sleep { fail_rank } => sleep(fail_rank),
-        Cmd::Launch(args) => std::env::current_exe().context("current_exe").and_then(|exe| launch::run(&args, &exe)),
+        Cmd::Launch(args) => std::env::current_exe()
+            .context("current_exe")
+            .and_then(|exe| launch::run(&args, &exe)),
     };
     match code {
         Ok(c) => std::process::exit(c),
