@@ -14,7 +14,7 @@ enum Command {
     /// Tables and plots from bench, sweep and train results.
     Report(rn50_report::ReportArgs),
     /// Predicted data-parallel scaling.
-    Predict(rn50_report::PredictArgs),
+    Predict(Box<rn50_report::PredictArgs>),
     /// A training run's metrics.csv, summary.md and plots, written into RUN_DIR.
     RunReport { run_dir: std::path::PathBuf },
 }

@@ -321,11 +321,27 @@ pub fn write_report(c: &Collected, out: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// What fits a terminal of the throughput table; report.md and the CSV have every column.
+const TERMINAL_COLUMNS: [&str; 11] = [
+    "hardware",
+    "workers",
+    "batch_per_worker",
+    "global_batch",
+    "lr",
+    "images_per_sec",
+    "spread_lo",
+    "speedup",
+    "efficiency_throughput",
+    "efficiency_time",
+    "allreduce_ms",
+];
+
 pub fn report_command(args: &ReportArgs) -> anyhow::Result<()> {
     let c = collect(&args.runs)?;
     let files = write_report(&c, &args.out)?;
     if !c.throughput.is_empty() {
-        println!("{}", throughput_table(&c.throughput).to_text());
+        let narrow = throughput_table(&c.throughput).select(&TERMINAL_COLUMNS);
+        println!("{}", narrow.to_text());
     }
     if !c.runs.is_empty() {
         let rows: Vec<TrainRow> = c.runs.iter().map(train_row).collect();

@@ -83,6 +83,22 @@ impl Table {
         }
     }
 
+    /// The columns with these CSV keys, in this order (unknown keys are skipped): a narrower view for a terminal.
+    pub fn select(&self, keys: &[&str]) -> Table {
+        let idx: Vec<usize> = keys
+            .iter()
+            .filter_map(|k| self.columns.iter().position(|c| c.key == *k))
+            .collect();
+        Table {
+            columns: idx.iter().map(|&i| self.columns[i].clone()).collect(),
+            rows: self
+                .rows
+                .iter()
+                .map(|r| idx.iter().filter_map(|&i| r.get(i).cloned()).collect())
+                .collect(),
+        }
+    }
+
     pub fn to_markdown(&self) -> String {
         let t = self.visible();
         let t = &t;
@@ -590,5 +606,7 @@ mod tests {
             "| a | b |\n| --- | --- |\n| x,y | say \"hi\" |\n"
         );
         assert_eq!(t.to_text(), "a    b\nx,y  say \"hi\"\n");
+        let b = t.select(&["b", "nope"]);
+        assert_eq!(b.to_csv(), "b\n\"say \"\"hi\"\"\"\n");
     }
 }

@@ -1,0 +1,174 @@
+//! The clap argument structs as rn50 will embed them, and the commands end to end.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use rn50_report::predict::{model_from_args, prediction_table, Link};
+use rn50_report::{predict_command, report_command, PredictArgs, ReportArgs};
+
+#[derive(Parser)]
+struct Report {
+    #[command(flatten)]
+    args: ReportArgs,
+}
+
+#[derive(Parser)]
+struct Predict {
+    #[command(flatten)]
+    args: PredictArgs,
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+#[test]
+fn report_args_defaults_and_required_runs() {
+    let r = Report::try_parse_from(["report", "a.json", "runs/x"])
+        .unwrap()
+        .args;
+    assert_eq!(r.runs, [PathBuf::from("a.json"), PathBuf::from("runs/x")]);
+    assert_eq!(r.out, PathBuf::from("report"));
+    assert_eq!(r.json, None);
+    assert!(Report::try_parse_from(["report"]).is_err());
+}
+
+#[test]
+fn predict_args_parse_presets_and_lists() {
+    let p = Predict::try_parse_from([
+        "predict",
+        "--images-per-sec",
+        "889.7",
+        "--gpus",
+        "1,4,64",
+        "--interconnect",
+        "10gbe",
+        "--intra",
+        "nvlink2",
+        "--gpus-per-node",
+        "4",
+    ])
+    .unwrap()
+    .args;
+    assert_eq!(p.gpus, [1, 4, 64]);
+    assert_eq!(p.interconnect, Link::Eth10);
+    assert_eq!(p.intra, Link::Nvlink2);
+    let m = model_from_args(&p).unwrap();
+    assert_eq!(m.grad_bytes, 102_228_128);
+    assert!((m.step_ms - 256.0 * 1000.0 / 889.7).abs() < 1e-9);
+    assert_eq!((m.inter_gbs, m.inter_latency_us), (1.1, 30.0));
+    assert_eq!(m.bucket_bytes, 26_214_400);
+    // Mutually exclusive speed inputs, unknown presets, missing speed, unknown arch.
+    assert!(
+        Predict::try_parse_from(["predict", "--step-ms", "1", "--images-per-sec", "2"]).is_err()
+    );
+    assert!(Predict::try_parse_from(["predict", "--interconnect", "carrier-pigeon"]).is_err());
+    let none = Predict::try_parse_from(["predict"]).unwrap().args;
+    assert!(model_from_args(&none)
+        .unwrap_err()
+        .to_string()
+        .contains("--step-ms"));
+    let bad = Predict::try_parse_from(["predict", "--step-ms", "100", "-a", "vgg16"])
+        .unwrap()
+        .args;
+    assert!(model_from_args(&bad)
+        .unwrap_err()
+        .to_string()
+        .contains("--grad-bytes"));
+    let neg = Predict::try_parse_from(["predict", "--step-ms=-5"])
+        .unwrap()
+        .args;
+    assert!(model_from_args(&neg).is_err());
+}
+
+#[test]
+fn predict_from_a_bench_result() {
+    let bench = fixtures().join("bench-fixture-a100-1gpu.json");
+    let p = Predict::try_parse_from(["predict", "--bench", bench.to_str().unwrap()])
+        .unwrap()
+        .args;
+    let m = model_from_args(&p).unwrap();
+    assert_eq!(m.step_ms, 104.49);
+    assert_eq!(m.batch, 256);
+    // A multi-worker result is refused: the model starts from one worker.
+    let eight = fixtures().join("bench-fixture-a100-8gpu.json");
+    let p = Predict::try_parse_from(["predict", "--bench", eight.to_str().unwrap()])
+        .unwrap()
+        .args;
+    assert!(model_from_args(&p)
+        .unwrap_err()
+        .to_string()
+        .contains("8-worker"));
+}
+
+#[test]
+fn predict_kempner_table_golden() {
+    // The docs' Kempner row: 889.7 img/s at batch 256, 4 A100 per node, IB HDR.
+    let p = Predict::try_parse_from([
+        "predict",
+        "--images-per-sec",
+        "889.7",
+        "--gpus",
+        "1,2,4,8,16,32,64",
+        "--gpus-per-node",
+        "4",
+    ])
+    .unwrap()
+    .args;
+    let ps = model_from_args(&p).unwrap().predict(&p.gpus);
+    let text = prediction_table(&ps).to_text();
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/predict-kempner.txt");
+    if std::env::var_os("RN50_UPDATE_GOLDEN").is_some() {
+        fs::write(&golden, &text).unwrap();
+    }
+    assert_eq!(text, fs::read_to_string(&golden).unwrap());
+    assert!(text.lines().last().unwrap().ends_with("99.1%"), "{text}");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("p.json");
+    let mut p = p;
+    p.json = Some(json.clone());
+    predict_command(&p).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(json).unwrap()).unwrap();
+    assert_eq!(v["predictions"].as_array().unwrap().len(), 7);
+    assert_eq!(v["model"]["grad_bytes"], 102_228_128);
+}
+
+#[test]
+fn report_command_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("rep");
+    let json = dir.path().join("report.json");
+    let f = fixtures();
+    let args = Report::try_parse_from([
+        "report".as_ref(),
+        f.join("bench-fixture-a100-1gpu.json").as_os_str(),
+        f.join("bench-fixture-a100-8gpu.json").as_os_str(),
+        f.join("runs/fixture-r50-1gpu").as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+        "--json".as_ref(),
+        json.as_os_str(),
+    ])
+    .unwrap()
+    .args;
+    report_command(&args).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["throughput"].as_array().unwrap().len(), 2);
+    assert_eq!(v["train"][0]["run"], "fixture-r50-1gpu");
+    assert_eq!(v["files"].as_array().unwrap().len(), 7);
+    assert!(out.join("throughput.png").is_file());
+    // A bad input fails the command with the file named, before anything is written.
+    let out2 = dir.path().join("rep2");
+    let bad = Report::try_parse_from([
+        "report".as_ref(),
+        f.join("bad/malformed.json").as_os_str(),
+        "--out".as_ref(),
+        out2.as_os_str(),
+    ])
+    .unwrap()
+    .args;
+    let e = report_command(&bad).unwrap_err().to_string();
+    assert!(e.contains("malformed.json:3:"), "{e}");
+    assert!(!out2.exists());
+}
