@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::plot::{self, Chart, Legend, Series, XAxis, YAxis};
 use crate::run_report::{accuracy_chart, loss_chart, write_atomic};
-use crate::schema::{read_input, Input, TrainRun};
+use crate::schema::{read_inputs, Input, TrainRun};
 use crate::table::{
     bench_row, grouped_throughput, row_efficiency, sweep_rows, throughput_table, train_row,
     train_table, ThroughputRow, TrainRow,
@@ -17,7 +17,7 @@ use crate::table::{
 #[derive(clap::Args, Clone, Debug)]
 pub struct ReportArgs {
     /// Bench results (`rn50 bench --json`), sweep results (`rn50 bench --sweep`), training run directories
-    /// (or their summary.json); which is which is told from the contents.
+    /// (or their summary.json), or directories holding those; which is which is told from the contents.
     #[arg(required = true, value_name = "RUN")]
     pub runs: Vec<PathBuf>,
     /// Directory for report.md, the CSV files and the PNG plots.
@@ -87,8 +87,8 @@ fn display_name(p: &Path) -> String {
 
 pub fn collect(paths: &[PathBuf]) -> anyhow::Result<Collected> {
     let mut c = Collected::default();
-    for p in paths {
-        match read_input(p)? {
+    for input in read_inputs(paths)? {
+        match input {
             Input::Bench { path, result } => {
                 c.throughput.push(bench_row(&display_name(&path), &result))
             }

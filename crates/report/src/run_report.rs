@@ -38,8 +38,26 @@ pub fn write_summary(run_dir: &Path, summary: &TrainSummary) -> Result<PathBuf, 
     Ok(path)
 }
 
-/// Per-epoch metrics as a table, plus the elapsed time at each epoch's end.
+/// Per-epoch metrics as a table, plus the elapsed time at each epoch's end; the I/O columns only when some
+/// epoch has them.
 pub fn metrics_table(epochs: &[EpochMetrics]) -> Table {
+    let t = all_metrics_table(epochs);
+    let has_io = epochs.iter().any(|e| {
+        e.disk_read_gbs.is_some() || e.disk_read_iops.is_some() || e.process_read_gbs.is_some()
+    });
+    if has_io {
+        return t;
+    }
+    let keys: Vec<&str> = t
+        .columns
+        .iter()
+        .map(|c| c.key)
+        .filter(|k| !["disk_read_gbs", "disk_read_iops", "process_read_gbs"].contains(k))
+        .collect();
+    t.select(&keys)
+}
+
+fn all_metrics_table(epochs: &[EpochMetrics]) -> Table {
     let c = |title, key| Column {
         title,
         key,
@@ -66,6 +84,9 @@ pub fn metrics_table(epochs: &[EpochMetrics]) -> Table {
             c("Acc@5", "acc5"),
             c("seconds", "seconds"),
             c("elapsed s", "elapsed_s"),
+            c("disk GB/s", "disk_read_gbs"),
+            c("disk IOPS", "disk_read_iops"),
+            c("process GB/s", "process_read_gbs"),
         ],
         rows: epochs
             .iter()
@@ -80,6 +101,9 @@ pub fn metrics_table(epochs: &[EpochMetrics]) -> Table {
                     num(e.acc5),
                     num(e.seconds),
                     num(Some(elapsed)),
+                    num(e.disk_read_gbs),
+                    num(e.disk_read_iops),
+                    num(e.process_read_gbs),
                 ]
             })
             .collect(),

@@ -134,11 +134,16 @@ pub struct EpochMetrics {
     pub acc5: Option<f64>,
     /// That epoch's wall time (training and evaluation).
     pub seconds: Option<f64>,
+    /// The epoch's I/O, from `IoMonitor` snapshots at its start and end (`IoDelta`'s fields of the same names).
+    pub disk_read_gbs: Option<f64>,
+    pub disk_read_iops: Option<f64>,
+    pub process_read_gbs: Option<f64>,
 }
 
-/// A training run's `summary.json`, written by `rn50 train` at the end (and readable before the end: the report
-/// falls back to metrics.jsonl for whatever is missing).
+/// A training run's `summary.json`, written by `rn50 train` at the end (the report falls back to metrics.jsonl
+/// when there is none). Missing fields read as their defaults, so an older file still loads.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
 pub struct TrainSummary {
     pub arch: String,
     /// What ran it, e.g. "NVIDIA A100-SXM4-40GB" or "Intel Xeon (2 threads)".
@@ -191,8 +196,14 @@ impl TrainSummary {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct SweepResult {
     pub arch: String,
-    /// The hardware column, e.g. "NVIDIA A100-SXM4-40GB" or "Intel Xeon (2 threads)".
+    /// The hardware column, e.g. "NVIDIA A100-SXM4-40GB" or "Intel Xeon (2 threads)". Empty: made from
+    /// `device`, `threads` and `machine` as for bench results, so sweep and bench rows group together.
+    #[serde(default)]
     pub hardware: String,
+    /// "cpu", "cuda", "cuda:0".
+    pub device: Option<String>,
+    /// Threads per rank on CPU.
+    pub threads: Option<u64>,
     pub precision: Option<String>,
     pub image_size: Option<u64>,
     /// Data mode: device, host, pipeline, or a path.
@@ -281,6 +292,22 @@ pub enum Input {
     Train(TrainRun),
 }
 
+impl SweepResult {
+    /// The hardware column: `hardware` if set, else as a bench result's.
+    pub fn hardware_name(&self) -> String {
+        if !self.hardware.is_empty() {
+            return self.hardware.clone();
+        }
+        let config = BenchConfig {
+            arch: self.arch.clone(),
+            device: self.device.clone(),
+            threads: self.threads,
+            ..BenchConfig::default()
+        };
+        hardware_name(&config, self.machine.as_ref())
+    }
+}
+
 /// Parses JSON, naming the file, line and column when it is malformed or lacks a field.
 pub fn parse_json<T: DeserializeOwned>(text: &str, path: &Path) -> Result<T, ReportError> {
     serde_json::from_str(text).map_err(|e| ReportError::json(path, e.line(), &e))
@@ -342,6 +369,44 @@ fn run_name(path: &Path) -> String {
     p.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.display().to_string())
+}
+
+/// Reads the `rn50 report` arguments. A directory that is not a run stands for what it holds, one level down:
+/// its run directories and its JSON files (JSON that is none of ours, like a report's own report.json, is
+/// skipped with a note on stderr; a malformed one is still an error).
+pub fn read_inputs(paths: &[PathBuf]) -> Result<Vec<Input>, ReportError> {
+    let mut out = vec![];
+    for p in paths {
+        if !p.is_dir() || p.join("metrics.jsonl").is_file() {
+            out.push(read_input(p)?);
+            continue;
+        }
+        let entries = fs::read_dir(p).map_err(|e| ReportError::Io {
+            path: p.clone(),
+            source: e,
+        })?;
+        let mut children: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        children.sort();
+        let before = out.len();
+        for c in children {
+            let is_json = c.extension().is_some_and(|e| e == "json");
+            if c.is_dir() && c.join("metrics.jsonl").is_file() {
+                out.push(Input::Train(read_train_run(&c)?));
+            } else if c.is_file() && is_json {
+                match read_input(&c) {
+                    Ok(i) => out.push(i),
+                    Err(ReportError::Unknown(_)) => {
+                        eprintln!("skipping {}: not a result", c.display())
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if out.len() == before {
+            return Err(ReportError::NotARun(p.clone()));
+        }
+    }
+    Ok(out)
 }
 
 /// Reads one `rn50 report` argument: a run directory, a run's summary.json, a sweep JSON or a bench JSON.

@@ -329,11 +329,12 @@ pub fn sweep_rows(source: &str, s: &SweepResult) -> Vec<ThroughputRow> {
         s.image_size,
         s.data.as_deref(),
     );
+    let hardware = s.hardware_name();
     s.points
         .iter()
         .map(|p| ThroughputRow {
             source: source.into(),
-            hardware: s.hardware.clone(),
+            hardware: hardware.clone(),
             config: config.clone(),
             workers: p.world_size.max(1),
             batch: p.batch_size,

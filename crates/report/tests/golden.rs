@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use rn50_report::cli::{collect, json, markdown, write_report};
 use rn50_report::run_report::{metrics_table, summary_markdown};
-use rn50_report::schema::{read_input, read_train_run, Input};
+use rn50_report::schema::{read_input, read_inputs, read_train_run, Input};
 use rn50_report::table::{throughput_table, train_row, train_table, TrainRow};
 use rn50_report::{summary_text, write_run_report, TrainSummary};
 
@@ -226,6 +226,23 @@ fn inputs_are_told_apart() {
     assert_eq!(result.config.world_size(), 1);
     assert_eq!(result.config.global_batch(), 32);
     assert_eq!(result.step_times_ms.len(), 3);
+}
+
+#[test]
+fn directories_stand_for_what_they_hold() {
+    let f = fixtures();
+    let runs = read_inputs(&[f.join("runs")]).unwrap();
+    assert_eq!(runs.len(), 3);
+    assert!(runs.iter().all(|i| matches!(i, Input::Train(_))));
+    // The fixtures directory itself: 4 bench results and a sweep; subdirectories that are not runs are not
+    // entered.
+    let top = read_inputs(&[f.clone()]).unwrap();
+    assert_eq!(top.len(), 5);
+    // bad/ holds a run with a bad line (read first: sorted) and malformed JSON: the first error is reported.
+    let e = read_inputs(&[f.join("bad")]).unwrap_err().to_string();
+    assert!(e.contains("badrun/metrics.jsonl:2:"), "{e}");
+    let e = read_inputs(&[f.join("proc")]).unwrap_err().to_string();
+    assert!(e.contains("not a training run"), "{e}");
 }
 
 #[test]
