@@ -33,13 +33,13 @@ fn main() {
         .flag("-Wno-unused-parameter");
     if env::var_os("CARGO_FEATURE_CUDA").is_some() {
         // CUDA and NCCL headers: CUDA_HOME if set, else the pip wheels' nvidia packages next to torch in
-        // site-packages (cuda_runtime.h needs crt/host_config.h: the `nvidia-cuda-crt` wheel).
+        // site-packages (cuda_runtime.h needs crt/host_config.h and cuda_fp16.h needs CCCL's nv/target: the
+        // `nvidia-cuda-crt` and `nvidia-cuda-cccl` wheels, both installing into nvidia/cu13/include).
         let real = std::fs::canonicalize(&root).unwrap_or_else(|_| root.clone());
         let nvidia = real.parent().map(|p| p.join("nvidia")).unwrap_or_default();
         let mut dirs = vec![
             nvidia.join("cu13/include"),
             nvidia.join("cuda_runtime/include"),
-            nvidia.join("cuda_crt/include"),
             nvidia.join("nccl/include"),
         ];
         if let Some(home) = env::var_os("CUDA_HOME") {

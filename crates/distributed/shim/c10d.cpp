@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 #ifdef RN50_CUDA
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -195,8 +196,9 @@ int rn50d_store_wait(void* s, const char** keys, size_t n, int64_t timeout_ms) {
 // (small metadata), like init_process_group("cpu:gloo,cuda:nccl").
 // Gloo's network device: the interfaces in `ifnames` (GLOO_SOCKET_IFNAME, comma-separated) if any, else the address
 // `hostname` if given, else c10d's default (this machine's hostname, falling back to loopback).
+// `device`: the CUDA device of this rank for NCCL (made current; NCCL communicators are created lazily on it).
 int rn50d_pg_new(void* s, int rank, int world, int backend, int64_t timeout_ms, const char* ifnames,
-                 const char* hostname, void** out) {
+                 const char* hostname, int device, void** out) {
   return guarded([&] {
     auto base = static_cast<Store*>(s)->store;
     auto timeout = std::chrono::milliseconds(timeout_ms);
@@ -218,6 +220,7 @@ int rn50d_pg_new(void* s, int rank, int world, int backend, int64_t timeout_ms, 
 
     if (backend == 1) {
 #ifdef RN50_CUDA
+      c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
       auto nccl_opts = c10d::ProcessGroupNCCL::Options::create();
       nccl_opts->timeout = timeout;
       auto nccl_store = c10::make_intrusive<c10d::PrefixStore>("rn50/nccl/", base);

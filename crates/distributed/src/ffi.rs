@@ -49,6 +49,7 @@ extern "C" {
         timeout_ms: i64,
         ifnames: *const c_char,
         hostname: *const c_char,
+        device: c_int,
         out: *mut *mut c_void,
     ) -> c_int;
     pub fn rn50d_pg_free(g: *mut c_void);

@@ -39,6 +39,8 @@ pub struct InitOptions {
     pub timeout: Duration,
     /// How often each rank proves it is alive in the store (used only to name the culprit after a failure).
     pub heartbeat_interval: Duration,
+    /// CUDA device of this rank for NCCL; None: the local rank (one process per GPU).
+    pub device_index: Option<usize>,
 }
 
 impl Default for InitOptions {
@@ -47,6 +49,7 @@ impl Default for InitOptions {
             backend: Backend::Gloo,
             timeout: Duration::from_secs(300),
             heartbeat_interval: Duration::from_secs(1),
+            device_index: None,
         }
     }
 }
@@ -270,6 +273,7 @@ impl ProcessGroup {
                 timeout_ms,
                 c_if.as_ptr(),
                 c_host.as_ptr(),
+                opts.device_index.unwrap_or(world.local_rank) as i32,
                 &mut raw,
             )
         })
