@@ -236,7 +236,7 @@ fn directories_stand_for_what_they_hold() {
     assert!(runs.iter().all(|i| matches!(i, Input::Train(_))));
     // The fixtures directory itself: 4 bench results and a sweep; subdirectories that are not runs are not
     // entered.
-    let top = read_inputs(&[f.clone()]).unwrap();
+    let top = read_inputs(std::slice::from_ref(&f)).unwrap();
     assert_eq!(top.len(), 5);
     // bad/ holds a run with a bad line (read first: sorted) and malformed JSON: the first error is reported.
     let e = read_inputs(&[f.join("bad")]).unwrap_err().to_string();
