@@ -345,9 +345,18 @@ pub fn render(chart: &Chart, path: &Path) -> Result<(), ReportError> {
                 .map_err(|e| err(&e))?,
         };
         if !s.name.is_empty() {
-            drawn.label(s.name.clone()).legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 30, y)], c.stroke_width(width))
-            });
+            let a = drawn.label(s.name.clone());
+            if s.style == LineStyle::Dashed {
+                a.legend(move |(x, y)| {
+                    EmptyElement::at((x, y))
+                        + PathElement::new(vec![(0, 0), (11, 0)], c.stroke_width(width))
+                        + PathElement::new(vec![(19, 0), (30, 0)], c.stroke_width(width))
+                });
+            } else {
+                a.legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 30, y)], c.stroke_width(width))
+                });
+            }
         }
         if s.style == LineStyle::Solid {
             ctx.draw_series(pts.iter().map(|&p| Circle::new(p, 5, c.filled())))

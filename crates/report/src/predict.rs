@@ -317,11 +317,11 @@ pub fn model_from_args(a: &PredictArgs) -> anyhow::Result<Model> {
     }
     let grad_bytes = match a.grad_bytes {
         Some(g) => g,
-        None => {
-            param_count(&arch).with_context(|| {
+        None => param_count(&arch)
+            .with_context(|| {
                 format!("unknown arch {arch:?} (resnet18/34/50/101/152): give --grad-bytes")
-            })? * a.bytes_per_param
-        }
+            })?
+            .saturating_mul(a.bytes_per_param),
     };
     let (bw, lat) = a.interconnect.figures();
     let (ibw, ilat) = a.intra.figures();
