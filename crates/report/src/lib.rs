@@ -1,6 +1,17 @@
 //! rn50's reporting layer, free of libtorch: the schemas of bench, sweep and training results; tables in the
 //! shapes HPC sites publish (hardware × workers × img/s with scaling efficiency; WCT/Acc@1/Acc@5); CSV; PNG
 //! plots; a ring all-reduce scaling model (`rn50 predict`); and an I/O monitor reading /proc.
+//!
+//! How rn50 uses it:
+//! - subcommands: `Report(rn50_report::ReportArgs)` → [`report_command`], `Predict(Box<PredictArgs>)` →
+//!   [`predict_command`] (boxed: the args are large next to other variants);
+//! - `rn50 train`: an [`IoMonitor`] on the dataset path (`start_logging(data, interval, RUN_DIR/io.jsonl)`),
+//!   `snapshot()` at each epoch's start and end, `end.delta(&start)` for the epoch's `disk_read_gbs`,
+//!   `disk_read_iops`, `process_read_gbs` in metrics.jsonl; at the end a [`TrainSummary`] through
+//!   [`write_summary`] (`fill_from_metrics` computes epochs, wall clock, accuracies and mean img/s), then
+//!   [`write_run_report`] and [`summary_text`] for the terminal;
+//! - `rn50 bench --sweep`: a [`SweepResult`] of [`SweepPoint::from_repeats`], `hardware` left empty and
+//!   `device`/`threads`/`machine` set, so its rows group with bench results of the same hardware.
 
 use std::path::PathBuf;
 

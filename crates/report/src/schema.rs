@@ -325,16 +325,22 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T, ReportError> {
 }
 
 /// Reads metrics.jsonl. Blank lines are skipped; a resumed run may have appended an epoch twice, the last
-/// record of an epoch wins; the result is sorted by epoch.
+/// record of an epoch wins; the result is sorted by epoch. A last line without its newline is a record being
+/// written by a running `rn50 train` and is left out rather than reported as malformed.
 pub fn read_metrics(path: &Path) -> Result<Vec<EpochMetrics>, ReportError> {
     let text = read_text(path)?;
+    let complete = text.ends_with('\n');
+    let n_lines = text.lines().count();
     let mut epochs: Vec<EpochMetrics> = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let rec: EpochMetrics =
-            serde_json::from_str(line).map_err(|e| ReportError::json(path, i + 1, &e))?;
+        let rec: EpochMetrics = match serde_json::from_str(line) {
+            Ok(r) => r,
+            Err(_) if !complete && i + 1 == n_lines => break,
+            Err(e) => return Err(ReportError::json(path, i + 1, &e)),
+        };
         epochs.retain(|e| e.epoch != rec.epoch);
         epochs.push(rec);
     }

@@ -229,6 +229,33 @@ fn inputs_are_told_apart() {
 }
 
 #[test]
+fn a_run_that_just_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("fresh");
+    fs::create_dir(&run).unwrap();
+    // No epoch finished yet, and then one epoch plus a record still being written (no newline).
+    fs::write(run.join("metrics.jsonl"), "").unwrap();
+    write_run_report(&run).unwrap();
+    assert!(summary_text(&run).unwrap().contains("0:00:00"));
+    fs::write(
+        run.join("metrics.jsonl"),
+        "{\"epoch\":0,\"train_loss\":2.0,\"seconds\":10.0}\n{\"epoch\":1,\"train_lo",
+    )
+    .unwrap();
+    let r = read_train_run(&run).unwrap();
+    assert_eq!(r.epochs.len(), 1);
+    write_run_report(&run).unwrap();
+    // The same torn line in the middle of the file is an error.
+    fs::write(
+        run.join("metrics.jsonl"),
+        "{\"epoch\":1,\"train_lo\n{\"epoch\":0,\"train_loss\":2.0,\"seconds\":10.0}\n",
+    )
+    .unwrap();
+    let e = read_train_run(&run).unwrap_err().to_string();
+    assert!(e.contains("metrics.jsonl:1:"), "{e}");
+}
+
+#[test]
 fn directories_stand_for_what_they_hold() {
     let f = fixtures();
     let runs = read_inputs(&[f.join("runs")]).unwrap();
