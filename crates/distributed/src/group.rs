@@ -360,6 +360,14 @@ impl ProcessGroup {
         Ok(())
     }
 
+    /// Whether `flag` is set on any rank (an all-reduce MAX). For decisions every rank must take at the same step,
+    /// e.g. stopping after SIGTERM/SIGUSR1 reached only some ranks, or a non-finite loss on one of them.
+    pub fn any_rank(&self, flag: bool, what: &str) -> Result<bool, CommError> {
+        let mut v = [if flag { 1.0 } else { 0.0 }];
+        self.allreduce_f64(&mut v, ReduceOp::Max, what)?;
+        Ok(v[0] > 0.0)
+    }
+
     /// Starts an in-place broadcast of rank `root`'s `ts` to every rank.
     pub fn broadcast_async(
         &self,

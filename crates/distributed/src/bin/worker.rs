@@ -43,6 +43,16 @@ enum Cmd {
         #[arg(long)]
         fail_rank: Option<usize>,
     },
+    /// All-reduce time of a gradient-sized buffer in buckets, like DDP's (rank 0 prints the median).
+    AllreduceBench {
+        /// Total floats (ResNet-50: 25,557,032 parameters).
+        #[arg(long, default_value_t = 25_557_032)]
+        floats: i64,
+        #[arg(long, default_value_t = 25.0)]
+        bucket_mb: f64,
+        #[arg(long, default_value_t = 10)]
+        iters: usize,
+    },
     Launch(launch::LaunchArgs),
 }
 
@@ -153,6 +163,7 @@ fn train(
         }
     }
     write_params(&out.join(format!("params-rank{rank}.bin")), &params)?;
+    check_collectives(&pg)?;
     let _ = std::io::stdout().flush();
     eprintln!(
         "rank {rank}: {} buckets, all-reduce wait {wait_ms:.3} ms total",
@@ -160,6 +171,45 @@ fn train(
     );
     drop(ddp);
     pg.finish()?;
+    Ok(())
+}
+
+/// The other collectives give what they should on every rank.
+fn check_collectives(pg: &ProcessGroup) -> anyhow::Result<()> {
+    let (rank, size) = (pg.rank(), pg.world_size());
+    let all = pg.allgather(
+        &Tensor::from_slice(&[rank as f32, 10.0 * rank as f32]),
+        "ranks",
+    )?;
+    for (r, t) in all.iter().enumerate() {
+        let v = Vec::<f32>::try_from(t)?;
+        anyhow::ensure!(
+            v == [r as f32, 10.0 * r as f32],
+            "all-gather: slot {r} holds {v:?}"
+        );
+    }
+    let last = size - 1;
+    let t = Tensor::from_slice(&[rank as f64; 3]);
+    pg.broadcast(&[&t], last, "test tensor")?;
+    anyhow::ensure!(
+        Vec::<f64>::try_from(&t)? == [last as f64; 3],
+        "broadcast from rank {last}: {t}"
+    );
+    anyhow::ensure!(
+        pg.any_rank(rank == last, "flag")?,
+        "any_rank missed rank {last}'s flag"
+    );
+    anyhow::ensure!(
+        !pg.any_rank(false, "flag")?,
+        "any_rank saw a flag nobody set"
+    );
+    let mut m = [1.0, rank as f64];
+    pg.allreduce_f64(&mut m, ReduceOp::Sum, "counts")?;
+    anyhow::ensure!(
+        m == [size as f64, (size * (size - 1) / 2) as f64],
+        "all-reduce sum: {m:?}"
+    );
+    pg.barrier("test")?;
     Ok(())
 }
 
@@ -195,6 +245,44 @@ fn sleep(fail_rank: Option<usize>) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+fn allreduce_bench(floats: i64, bucket_mb: f64, iters: usize) -> anyhow::Result<()> {
+    let world = WorldInfo::from_env()?;
+    let pg = ProcessGroup::init(&world, &init_options_from_env(Backend::Gloo))?;
+    let per = ((bucket_mb * 1024.0 * 1024.0 / 4.0) as i64).max(1);
+    let buckets: Vec<Tensor> = (0..floats)
+        .step_by(per as usize)
+        .map(|start| Tensor::ones([per.min(floats - start)], (Kind::Float, Device::Cpu)))
+        .collect();
+    let mut times = Vec::new();
+    for i in 0..iters + 2 {
+        let t0 = std::time::Instant::now();
+        let works = buckets
+            .iter()
+            .map(|b| pg.allreduce_async(&[b], ReduceOp::Sum, "bucket"))
+            .collect::<Result<Vec<_>, _>>()?;
+        for w in works {
+            w.wait(None)?;
+        }
+        if i >= 2 {
+            times.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    if world.rank == 0 {
+        println!(
+            "all-reduce of {floats} floats ({:.1} MB) in {} buckets over {} ranks: median {:.1} ms (min {:.1}, max {:.1})",
+            floats as f64 * 4.0 / 1e6,
+            buckets.len(),
+            world.world_size,
+            times[times.len() / 2],
+            times[0],
+            times[times.len() - 1]
+        );
+    }
+    pg.finish()?;
+    Ok(())
+}
+
 fn main() {
     let cli = Cli::parse();
     let code = match cli.cmd {
@@ -206,6 +294,11 @@ fn main() {
             bucket_bytes,
         } => train(steps, batch, out, sleep_ms, bucket_bytes).map(|()| 0),
         Cmd::Sleep { fail_rank } => sleep(fail_rank),
+        Cmd::AllreduceBench {
+            floats,
+            bucket_mb,
+            iters,
+        } => allreduce_bench(floats, bucket_mb, iters).map(|()| 0),
         Cmd::Launch(args) => std::env::current_exe()
             .context("current_exe")
             .and_then(|exe| launch::run(&args, &exe)),
