@@ -83,6 +83,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 
 // Times shared between the comm hook (called from autograd threads) and the backward call.
 struct Timing {
+  std::atomic<int64_t> first_launch_ns{0};
   std::atomic<int64_t> last_launch_ns{0};
   std::atomic<int64_t> launches{0};
 };
@@ -99,7 +100,9 @@ class TimedAllReduceHook : public c10d::CppCommHookInterface<GroupPtr> {
     std::vector<at::Tensor> tensors = {bucket.getBufferRef()};
     tensors[0].div_(state_->getSize());
     auto fut = state_->allreduce(tensors)->getFuture();
-    timing_->last_launch_ns.store(now_ns());
+    int64_t t = now_ns(), zero = 0;
+    timing_->first_launch_ns.compare_exchange_strong(zero, t);
+    timing_->last_launch_ns.store(t);
     timing_->launches.fetch_add(1);
     return fut;
   }
@@ -363,17 +366,20 @@ int rn50d_reducer_prepare_forward(void* r, int* rebuilt) {
 // DDP.forward) or without (no_sync: gradients only accumulate locally). Reports the backward time and the
 // time backward spent after the last bucket was launched: the all-reduce wait not hidden behind computation.
 int rn50d_reducer_backward(void* r, at::Tensor* loss, int sync, int64_t* backward_ns, int64_t* wait_ns,
-                           int64_t* buckets) {
+                           int64_t* first_bucket_ns, int64_t* buckets) {
   return guarded([&] {
     auto* red = static_cast<Reducer*>(r);
     red->timing->launches.store(0);
+    red->timing->first_launch_ns.store(0);
     red->timing->last_launch_ns.store(0);
     if (sync != 0) red->reducer->prepare_for_backward({});
     int64_t t0 = now_ns();
     torch::autograd::backward({*loss});
     int64_t t1 = now_ns();
+    int64_t first = red->timing->first_launch_ns.load();
     int64_t last = red->timing->last_launch_ns.load();
     *backward_ns = t1 - t0;
+    *first_bucket_ns = first > 0 ? std::max<int64_t>(first - t0, 0) : 0;
     *wait_ns = last > 0 ? t1 - std::max(last, t0) : 0;
     *buckets = red->timing->launches.load();
   });

@@ -41,6 +41,9 @@ pub struct StepComm {
     /// Time between handing the last bucket to the process group and the end of backward: the all-reduce wait
     /// that overlapping did not hide (0 with no_sync).
     pub allreduce_wait_ms: f64,
+    /// When the first bucket was handed to the process group, from the start of backward: communication
+    /// overlaps backward from there on.
+    pub first_bucket_ms: f64,
     /// Buckets all-reduced in this backward.
     pub buckets: usize,
 }
@@ -142,7 +145,7 @@ impl DistributedDataParallel {
             ffi::check(unsafe { ffi::rn50d_reducer_prepare_forward(self.raw, &mut rebuilt) })
                 .map_err(|e| inner.fail(&format!("DDP bucket rebuild (step {step})"), e))?;
         }
-        let (mut bwd, mut wait, mut buckets) = (0i64, 0i64, 0i64);
+        let (mut bwd, mut wait, mut first, mut buckets) = (0i64, 0i64, 0i64, 0i64);
         // SAFETY: live reducer and loss handles.
         ffi::check(unsafe {
             ffi::rn50d_reducer_backward(
@@ -151,6 +154,7 @@ impl DistributedDataParallel {
                 sync.into(),
                 &mut bwd,
                 &mut wait,
+                &mut first,
                 &mut buckets,
             )
         })
@@ -166,6 +170,7 @@ impl DistributedDataParallel {
         Ok(StepComm {
             backward_ms: bwd as f64 / 1e6,
             allreduce_wait_ms: wait as f64 / 1e6,
+            first_bucket_ms: first as f64 / 1e6,
             buckets: usize::try_from(buckets).unwrap_or(0),
         })
     }

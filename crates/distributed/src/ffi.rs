@@ -104,6 +104,7 @@ extern "C" {
         sync: c_int,
         backward_ns: *mut i64,
         wait_ns: *mut i64,
+        first_bucket_ns: *mut i64,
         buckets: *mut i64,
     ) -> c_int;
     pub fn rn50d_reducer_free(r: *mut c_void);

@@ -227,21 +227,18 @@ impl ProcessGroup {
             unsafe { ffi::rn50d_set_log_level(3) }
         }
         let secs = opts.timeout.as_secs_f64();
-        let store = Store::connect(
-            &world.master_addr,
-            world.master_port,
-            rank == 0,
-            size,
-            opts.timeout,
-        )
-        .map_err(|e| {
-            let what = if rank == 0 {
-                format!("cannot listen on {master} as the store server")
-            } else {
-                format!("cannot reach the store server (rank 0) at {master} within {secs:.0} s")
-            };
-            err("rendezvous", format!("{what}: {e}"))
-        })?;
+        // A world of one needs no agreed port: the kernel picks a free one (single jobs sharing a node cannot
+        // collide).
+        let port = if size == 1 { 0 } else { world.master_port };
+        let store = Store::connect(&world.master_addr, port, rank == 0, size, opts.timeout)
+            .map_err(|e| {
+                let what = if rank == 0 {
+                    format!("cannot listen on {master} as the store server")
+                } else {
+                    format!("cannot reach the store server (rank 0) at {master} within {secs:.0} s")
+                };
+                err("rendezvous", format!("{what}: {e}"))
+            })?;
         rendezvous(&store, rank, size, opts.timeout)
             .map_err(|e| err("rendezvous", format!("{e} (store at {master})")))?;
 

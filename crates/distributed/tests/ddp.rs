@@ -2,7 +2,14 @@
 mod common;
 use common::*;
 
-fn train(dir: &std::path::Path, world: usize, batch: usize, steps: usize, bucket_bytes: usize) {
+/// Runs the job; returns the number of buckets rank 0 reported for each step.
+fn train(
+    dir: &std::path::Path,
+    world: usize,
+    batch: usize,
+    steps: usize,
+    bucket_bytes: usize,
+) -> Vec<usize> {
     let (b, s, bb) = (
         batch.to_string(),
         steps.to_string(),
@@ -20,12 +27,26 @@ fn train(dir: &std::path::Path, world: usize, batch: usize, steps: usize, bucket
         "--bucket-bytes",
         &bb,
     ];
-    for (rank, (status, log)) in run_job(dir, world, &args).into_iter().enumerate() {
+    let results = run_job(dir, world, &args);
+    for (rank, (status, log)) in results.iter().enumerate() {
         assert!(
             status.success(),
             "rank {rank} of {world} failed ({status}):\n{log}"
         );
     }
+    results[0]
+        .1
+        .lines()
+        .filter(|l| l.starts_with("step "))
+        .map(|l| {
+            l.split(" buckets ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect()
 }
 
 /// After K SGD steps every rank holds bit-identical parameters, although each rank starts from different random
@@ -36,7 +57,12 @@ fn every_rank_ends_with_identical_parameters() {
     for world in [2usize, 3] {
         let dir = tempfile::tempdir().unwrap();
         // Small buckets: this net then has several, all reduced during backward.
-        train(dir.path(), world, 3, 4, 400);
+        let buckets = train(dir.path(), world, 3, 4, 400);
+        assert_eq!(buckets.len(), 4);
+        assert!(
+            buckets.iter().all(|&b| b >= 2),
+            "expected several buckets per step, got {buckets:?}"
+        );
         let p = |name: &str, r: usize| read_f32(&dir.path().join(format!("{name}-rank{r}.bin")));
         let (local0, final0) = (p("local-init", 0), p("params", 0));
         assert!(!final0.is_empty());

@@ -152,9 +152,10 @@ fn train(
         std::fs::write(out.join(format!("step-rank{rank}")), (step + 1).to_string())?;
         if rank == 0 {
             println!(
-                "step {step} mean loss {:.6} buckets {} wait {:.3} ms",
+                "step {step} mean loss {:.6} buckets {} first bucket at {:.3} ms, wait {:.3} ms",
                 m[0] / size as f64,
                 comm.buckets,
+                comm.first_bucket_ms,
                 comm.allreduce_wait_ms
             );
         }
