@@ -6,9 +6,11 @@
 //!   the `cuda` feature), collectives whose errors name the rank, the operation and the rank that died;
 //! - [`ddp`]: DistributedDataParallel on c10d's Reducer: start-of-training broadcast, bucketed gradient averaging
 //!   overlapped with backward;
+//! - [`context`]: [`DistContext`] and [`GradSync`], the same calls for a single process and a distributed job;
 //! - [`launch`]: `rn50 launch`, the torchrun equivalent.
 //!
 //! See docs/distributed.md for usage.
+pub mod context;
 pub mod ddp;
 pub mod env;
 pub mod error;
@@ -19,6 +21,7 @@ pub mod launch;
 pub mod nodelist;
 pub mod store;
 
+pub use context::{DistContext, GradSync};
 pub use ddp::{DdpOptions, DistributedDataParallel, StepComm};
 pub use env::{LaunchSource, WorldInfo};
 pub use error::CommError;

@@ -7,8 +7,8 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rn50_distributed::{
-    init_options_from_env, launch, Backend, DdpOptions, DistributedDataParallel, ProcessGroup,
-    ReduceOp, WorldInfo,
+    init_options_from_env, launch, Backend, DdpOptions, DistContext, ProcessGroup, ReduceOp,
+    WorldInfo,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -102,9 +102,9 @@ fn train(
     bucket_bytes: usize,
 ) -> anyhow::Result<()> {
     tch::set_num_threads(1);
-    let world = WorldInfo::from_env()?;
-    let (rank, size) = (world.rank, world.world_size);
-    let pg = ProcessGroup::init(&world, &init_options_from_env(Backend::Gloo))?;
+    // A world of one trains without any process group: the reference the DDP runs are compared with.
+    let dist = DistContext::init(Device::Cpu)?;
+    let (rank, size) = (dist.rank(), dist.world_size());
     // Different initial weights on every rank: only DDP's broadcast makes them equal.
     tch::manual_seed(100 + rank as i64);
     let vs = nn::VarStore::new(Device::Cpu);
@@ -118,7 +118,7 @@ fn train(
         ..Default::default()
     };
     write_params(&out.join(format!("local-init-rank{rank}.bin")), &params)?;
-    let mut ddp = DistributedDataParallel::new(&pg, &params, &[], &opts)?;
+    let mut sync = dist.gradient_sync(&params, &[], &opts)?;
     write_params(&out.join(format!("init-rank{rank}.bin")), &params)?;
     let lr = 0.1;
     let mut wait_ms = 0.0;
@@ -133,22 +133,20 @@ fn train(
             y.narrow(0, rank as i64 * batch, batch),
         );
         let loss = model.forward(&x).cross_entropy_for_logits(&y);
-        let comm = ddp.backward(&loss)?;
+        let comm = sync.backward(&loss)?;
         wait_ms += comm.allreduce_wait_ms;
-        tch::no_grad(|| {
+        // Plain SGD, in place.
+        tch::no_grad(|| -> anyhow::Result<()> {
             for p in &params {
-                let mut p = p.shallow_clone();
-                let g = p.grad();
-                let _ = p.f_sub_(&(g * lr)).map(|_| ());
+                let mut g = p.grad();
+                let _ = p.shallow_clone().f_sub_(&(&g * lr))?;
+                let _ = g.f_zero_()?;
             }
-        });
-        for p in &params {
-            let mut g = p.grad();
-            let _ = g.zero_();
-        }
-        // A metric all-reduced like the trainer does (mean loss over ranks).
+            Ok(())
+        })?;
+        // A metric reduced like the trainer does (mean loss over ranks).
         let mut m = [loss.double_value(&[])];
-        pg.allreduce_f64(&mut m, ReduceOp::Sum, "loss")?;
+        dist.sum_f64(&mut m, "loss")?;
         std::fs::write(out.join(format!("step-rank{rank}")), (step + 1).to_string())?;
         if rank == 0 {
             println!(
@@ -164,14 +162,13 @@ fn train(
         }
     }
     write_params(&out.join(format!("params-rank{rank}.bin")), &params)?;
-    check_collectives(&pg)?;
+    if let Some(pg) = dist.group() {
+        check_collectives(pg)?;
+    }
     let _ = std::io::stdout().flush();
-    eprintln!(
-        "rank {rank}: {} buckets, all-reduce wait {wait_ms:.3} ms total",
-        ddp.num_buckets()
-    );
-    drop(ddp);
-    pg.finish()?;
+    eprintln!("rank {rank}: all-reduce wait {wait_ms:.3} ms total");
+    drop(sync);
+    dist.finish()?;
     Ok(())
 }
 
