@@ -139,7 +139,9 @@ int rn50d_cuda_compiled() {
 // Rank 0 (is_server) listens on host:port; the others connect, retrying until timeout_ms. The store does not wait
 // for all workers itself: rendezvous (who joined, who is missing) is done with keys on the Rust side so that the
 // error can name the missing ranks.
-int rn50d_store_new(const char* host, int port, int is_server, int world, int64_t timeout_ms, void** out) {
+// `prefix` (may be empty) namespaces every key, e.g. per torchelastic restart attempt on torchrun's agent store.
+int rn50d_store_new(const char* host, int port, int is_server, int world, int64_t timeout_ms, const char* prefix,
+                    void** out) {
   return guarded([&] {
     c10d::TCPStoreOptions opts;
     opts.port = static_cast<std::uint16_t>(port);
@@ -147,7 +149,9 @@ int rn50d_store_new(const char* host, int port, int is_server, int world, int64_
     opts.numWorkers = static_cast<std::size_t>(world);
     opts.waitWorkers = false;
     opts.timeout = std::chrono::milliseconds(timeout_ms);
-    auto store = c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
+    StorePtr store = c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
+    std::string p = prefix ? prefix : "";
+    if (!p.empty()) store = c10::make_intrusive<c10d::PrefixStore>(p, store);
     *out = new Store{store};
   });
 }

@@ -14,6 +14,7 @@ extern "C" {
         is_server: c_int,
         world: c_int,
         timeout_ms: i64,
+        prefix: *const c_char,
         out: *mut *mut c_void,
     ) -> c_int;
     pub fn rn50d_store_clone(s: *mut c_void, out: *mut *mut c_void) -> c_int;

@@ -230,15 +230,35 @@ impl ProcessGroup {
         // A world of one needs no agreed port: the kernel picks a free one (single jobs sharing a node cannot
         // collide).
         let port = if size == 1 { 0 } else { world.master_port };
-        let store = Store::connect(&world.master_addr, port, rank == 0, size, opts.timeout)
-            .map_err(|e| {
-                let what = if rank == 0 {
-                    format!("cannot listen on {master} as the store server")
-                } else {
-                    format!("cannot reach the store server (rank 0) at {master} within {secs:.0} s")
-                };
-                err("rendezvous", format!("{what}: {e}"))
-            })?;
+        // Under torchrun the agent already serves a store at MASTER_ADDR:PORT: connect to it as a client, in a
+        // namespace per restart attempt (as torch.distributed does).
+        let agent_store = size > 1
+            && std::env::var("TORCHELASTIC_USE_AGENT_STORE")
+                .is_ok_and(|v| v.eq_ignore_ascii_case("true"));
+        let prefix = if agent_store {
+            let attempt =
+                std::env::var("TORCHELASTIC_RESTART_COUNT").unwrap_or_else(|_| "0".into());
+            format!("/worker/attempt_{attempt}/")
+        } else {
+            String::new()
+        };
+        let is_server = rank == 0 && !agent_store;
+        let store = Store::connect(
+            &world.master_addr,
+            port,
+            is_server,
+            size,
+            opts.timeout,
+            &prefix,
+        )
+        .map_err(|e| {
+            let what = if is_server {
+                format!("cannot listen on {master} as the store server")
+            } else {
+                format!("cannot reach the store server (rank 0) at {master} within {secs:.0} s")
+            };
+            err("rendezvous", format!("{what}: {e}"))
+        })?;
         rendezvous(&store, rank, size, opts.timeout)
             .map_err(|e| err("rendezvous", format!("{e} (store at {master})")))?;
 

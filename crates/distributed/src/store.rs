@@ -22,18 +22,22 @@ fn ms(d: Duration) -> i64 {
 }
 
 impl Store {
-    /// Connects to (or, with `is_server`, starts) the store at host:port, retrying until `timeout`.
+    /// Connects to (or, with `is_server`, starts) the store at host:port, retrying until `timeout`. Every key is
+    /// prefixed with `prefix` (may be empty).
     pub fn connect(
         host: &str,
         port: u16,
         is_server: bool,
         world_size: usize,
         timeout: Duration,
+        prefix: &str,
     ) -> Result<Store, String> {
         let h = CString::new(host).map_err(|_| format!("host {host:?} contains a NUL byte"))?;
+        let p =
+            CString::new(prefix).map_err(|_| format!("prefix {prefix:?} contains a NUL byte"))?;
         let world = i32::try_from(world_size).map_err(|_| "world size too large".to_string())?;
         let mut raw = std::ptr::null_mut();
-        // SAFETY: valid C string and out-pointer; the shim catches every C++ exception.
+        // SAFETY: valid C strings and out-pointer; the shim catches every C++ exception.
         ffi::check(unsafe {
             ffi::rn50d_store_new(
                 h.as_ptr(),
@@ -41,6 +45,7 @@ impl Store {
                 is_server.into(),
                 world,
                 ms(timeout),
+                p.as_ptr(),
                 &mut raw,
             )
         })?;
