@@ -27,9 +27,10 @@ pub struct LaunchArgs {
     /// This node's index, 0..nnodes (node 0 hosts rank 0 and the rendezvous store).
     #[arg(long, value_name = "R", default_value_t = 0)]
     pub node_rank: usize,
-    /// Rendezvous address: node 0's address and a free port.
-    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:29500")]
-    pub master: String,
+    /// Rendezvous address: node 0's address and a free port. Default: 127.0.0.1 with a port that is free now for a
+    /// single node (two jobs on one machine cannot collide), 127.0.0.1:29500 otherwise.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub master: Option<String>,
     /// Rendezvous and collective timeout in seconds, passed to the workers (RN50_DIST_TIMEOUT).
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<u64>,
@@ -66,13 +67,27 @@ pub fn parse_master(s: &str) -> anyhow::Result<(String, u16)> {
     Ok((host.to_string(), port))
 }
 
-/// The environment of local worker `local` (what torchrun sets).
+/// The rendezvous address the workers get: --master, else (one node) a free port on loopback, else the default.
+pub fn resolve_master(args: &LaunchArgs) -> anyhow::Result<(String, u16)> {
+    match &args.master {
+        Some(m) => parse_master(m),
+        None if args.nnodes == 1 => {
+            let l =
+                std::net::TcpListener::bind("127.0.0.1:0").context("looking for a free port")?;
+            Ok(("127.0.0.1".into(), l.local_addr()?.port()))
+        }
+        None => Ok(("127.0.0.1".into(), crate::env::DEFAULT_PORT)),
+    }
+}
+
+/// The environment of local worker `local` (what torchrun sets); `master` from [`resolve_master`].
 pub fn worker_env(
     args: &LaunchArgs,
+    master: &(String, u16),
     local: usize,
     cpus: usize,
 ) -> anyhow::Result<Vec<(String, String)>> {
-    let (addr, port) = parse_master(&args.master)?;
+    let (addr, port) = master.clone();
     let world = args.nproc_per_node * args.nnodes;
     let mut env = vec![
         (
@@ -182,6 +197,7 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
         .map(|n| n.get())
         .unwrap_or(1);
     let first_rank = args.node_rank * args.nproc_per_node;
+    let master = resolve_master(args)?;
 
     // Signals to forward; registered before spawning so none is lost in between.
     let mut signals =
@@ -197,7 +213,7 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
         let rank = first_rank + local;
         let mut cmd = Command::new(exe);
         cmd.args(&args.command)
-            .envs(worker_env(args, local, cpus)?)
+            .envs(worker_env(args, &master, local, cpus)?)
             .stdin(Stdio::null());
         if !args.no_prefix {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());

@@ -1,6 +1,6 @@
 //! Launcher environments: torchrun/`rn50 launch`, SLURM, Open MPI, PMI (MPICH/Intel MPI/Cray PALS), PBS, none.
 use rn50_distributed::env::{threads_per_local_rank, EnvError, LaunchSource, WorldInfo};
-use rn50_distributed::launch::{parse_master, worker_env, LaunchArgs};
+use rn50_distributed::launch::{parse_master, resolve_master, worker_env, LaunchArgs};
 use std::collections::HashMap;
 
 fn vars(kv: &[(&str, &str)]) -> HashMap<String, String> {
@@ -335,7 +335,8 @@ fn launch_environment() {
     ])
     .unwrap();
     assert_eq!(cli.launch.command, ["train", "--epochs", "1", "-b", "32"]);
-    let env: HashMap<String, String> = worker_env(&cli.launch, 2, 16)
+    let master = resolve_master(&cli.launch).unwrap();
+    let env: HashMap<String, String> = worker_env(&cli.launch, &master, 2, 16)
         .unwrap()
         .into_iter()
         .collect();
@@ -374,13 +375,16 @@ fn launch_environment() {
         "3",
     ])
     .unwrap();
-    assert_eq!(
-        (
-            cli.launch.nnodes,
-            cli.launch.node_rank,
-            cli.launch.master.as_str()
-        ),
-        (1, 0, "127.0.0.1:29500")
-    );
+    assert_eq!((cli.launch.nnodes, cli.launch.node_rank), (1, 0));
     assert_eq!(cli.launch.command, ["bench", "--steps", "3"]);
+    // One node without --master: loopback and a port free at the time; several nodes: the default port.
+    let (addr, port) = resolve_master(&cli.launch).unwrap();
+    assert_eq!(addr, "127.0.0.1");
+    assert!(port > 0);
+    let mut multi = cli.launch.clone();
+    multi.nnodes = 2;
+    assert_eq!(
+        resolve_master(&multi).unwrap(),
+        ("127.0.0.1".to_string(), 29500)
+    );
 }
