@@ -2,7 +2,7 @@
 //! from a background thread. When a collective fails, the failing rank compares the counters over a few intervals:
 //! a rank whose counter stopped is the one that died (or hangs); if the store itself cannot be reached, rank 0,
 //! which serves it, is gone. Counters rather than timestamps, so no clock agreement between nodes is needed.
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -60,7 +60,7 @@ impl Heartbeat {
     /// Which other ranks look dead, as a sentence for an error message. Takes a few heartbeat intervals.
     pub fn diagnose(&self, store: &Store, rank: usize, world: usize, master: &str) -> String {
         let unreachable =
-            |e: String| format!("rank 0 (the store server at {master}) is unreachable: {e}");
+            |e: StoreError| format!("rank 0 (the store server at {master}) is unreachable: {e}");
         // The job is failing anyway: a short timeout for the store from now on (a new connection inherits it).
         let short = self.interval.saturating_mul(4).max(Duration::from_secs(1));
         let _ = store.set_timeout(short);
@@ -71,7 +71,7 @@ impl Heartbeat {
         if let Err(e) = conn.set(&failing_key(rank), b"1") {
             return unreachable(e);
         }
-        let read = |conn: &Store| -> Result<Vec<i64>, String> {
+        let read = |conn: &Store| -> Result<Vec<i64>, StoreError> {
             (0..world).map(|r| conn.add(&hb_key(r), 0)).collect()
         };
         let before = match read(&conn) {

@@ -26,7 +26,7 @@ pub use ddp::{DdpOptions, DistributedDataParallel, StepComm};
 pub use env::{LaunchSource, WorldInfo};
 pub use error::CommError;
 pub use group::{Backend, InitOptions, ProcessGroup, ReduceOp, Work};
-pub use store::Store;
+pub use store::{Store, StoreError};
 
 /// Whether this build has ProcessGroupNCCL (the `cuda` feature).
 pub fn nccl_available() -> bool {

@@ -223,7 +223,23 @@ fn check_collectives(pg: &ProcessGroup) -> anyhow::Result<()> {
         m == [size as f64, (size * (size - 1) / 2) as f64],
         "all-reduce sum: {m:?}"
     );
+    let t = Tensor::from_slice(&[1.0f32; 4]);
+    let work = pg.allreduce_async(&[&t], ReduceOp::Sum, "async test")?;
+    work.wait(Some(Duration::from_secs(60)))?;
+    anyhow::ensure!(
+        Vec::<f32>::try_from(&t)? == [size as f32; 4],
+        "async all-reduce: {t}"
+    );
+    // Store: rank 0 publishes, everyone reads; a counter every rank bumps.
+    let store = pg.store();
+    if rank == 0 {
+        store.set("test/greeting", b"hello")?;
+    }
+    anyhow::ensure!(store.get("test/greeting")? == b"hello", "store get");
+    store.add("test/count", 1)?;
     pg.barrier("test")?;
+    anyhow::ensure!(store.add("test/count", 0)? == size as i64, "store add");
+    anyhow::ensure!(!store.check("test/missing")?, "store check");
     Ok(())
 }
 
