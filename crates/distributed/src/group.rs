@@ -47,7 +47,7 @@ impl Default for InitOptions {
     fn default() -> Self {
         InitOptions {
             backend: Backend::Gloo,
-            timeout: Duration::from_secs(300),
+            timeout: Duration::from_secs(600),
             heartbeat_interval: Duration::from_secs(1),
             device_index: None,
         }

@@ -105,7 +105,9 @@ impl Heartbeat {
             parts.push(format!("{} reported a failure too", ranks(&failed)));
         }
         if parts.is_empty() {
-            "every other rank is still alive (heartbeats advancing)".into()
+            "every other rank is still alive (heartbeats advancing): one is probably stuck outside collectives or \
+             out of step (in a different collective)"
+                .into()
         } else {
             parts.join("; ")
         }
