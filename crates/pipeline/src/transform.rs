@@ -25,6 +25,9 @@ pub enum Transform {
     },
     /// torchvision `Resize(resize)` (shorter side) + `CenterCrop(crop)`.
     Val { resize: usize, crop: usize },
+    /// torchvision `RandomCrop(size, padding)` (zero padding) + `RandomHorizontalFlip()`: the
+    /// CIFAR recipe, for images about `size` pixels on a side.
+    PadCrop { size: usize, padding: usize },
 }
 
 impl Transform {
@@ -43,16 +46,22 @@ impl Transform {
         Transform::Val { resize, crop }
     }
 
+    /// The CIFAR training transform: 32 px crops of the image padded by 4, and flips.
+    pub fn pad_crop(size: usize, padding: usize) -> Transform {
+        Transform::PadCrop { size, padding }
+    }
+
     /// Side length of the square output.
     pub fn output_size(&self) -> usize {
         match *self {
-            Transform::Train { size, .. } => size,
+            Transform::Train { size, .. } | Transform::PadCrop { size, .. } => size,
             Transform::Val { crop, .. } => crop,
         }
     }
 
+    /// Random (augmenting) rather than deterministic.
     pub fn is_train(&self) -> bool {
-        matches!(self, Transform::Train { .. })
+        !matches!(self, Transform::Val { .. })
     }
 
     /// Reject configurations that would make no sense (or divide by zero).
@@ -74,6 +83,9 @@ impl Transform {
                     crop > 0 && resize >= crop,
                     "val transform needs 0 < crop <= resize, got resize {resize}, crop {crop}"
                 );
+            }
+            Transform::PadCrop { size, .. } => {
+                anyhow::ensure!(size > 0, "crop size must be positive");
             }
         }
         Ok(())
@@ -127,6 +139,9 @@ impl Augmenter {
         let t0 = Instant::now();
         let size = self.transform.output_size();
         assert_eq!(out.len(), size * size * 3, "output slot has the wrong size");
+        if let Transform::PadCrop { padding, .. } = self.transform {
+            return self.pad_crop(bytes, size, padding, rng, out, t0);
+        }
         let dct = self.dct_scaling;
         // Source box in original pixels; `clip` = the resize may not look outside it (train:
         // torchvision crops, then resizes) vs. may (val: it resizes the whole image, then crops).
@@ -141,6 +156,7 @@ impl Augmenter {
                     downscale: pick_downscale(dct, cw, ch, size, size),
                 }
             }
+            Transform::PadCrop { .. } => unreachable!("handled by pad_crop"),
             Transform::Val { resize, crop } => {
                 let (nw, nh) = resize_shorter(w, h, resize);
                 let (sx, sy) = (w as f64 / nw as f64, h as f64 / nh as f64);
@@ -224,6 +240,66 @@ impl Augmenter {
             downscale: decoded.downscale,
             decode_time: t1 - t0,
             augment_time: t2 - t1,
+        })
+    }
+}
+
+impl Augmenter {
+    /// `RandomCrop(size, padding)` then a flip: no resampling, so the pixels are the decoded ones.
+    fn pad_crop<R: Rng>(
+        &mut self,
+        bytes: &[u8],
+        size: usize,
+        pad: usize,
+        rng: &mut R,
+        out: &mut [u8],
+        t0: Instant,
+    ) -> Result<Applied, DecodeError> {
+        let decoded = self.decoder.decode(bytes, |w, h| Plan {
+            region: [0, 0, w, h],
+            downscale: 1,
+        })?;
+        let t1 = Instant::now();
+        let (w, h) = (decoded.width, decoded.height);
+        let (pw, ph) = (w + 2 * pad, h + 2 * pad);
+        if pw < size || ph < size {
+            return Err(DecodeError::Jpeg(format!(
+                "{w}x{h} image is smaller than a {size} px crop with padding {pad}"
+            )));
+        }
+        // torchvision draws the row offset first, then the column.
+        let top = rng.random_range(0..=ph - size);
+        let left = rng.random_range(0..=pw - size);
+        let flipped = rng.random::<f64>() < 0.5;
+        for (y, row) in out.chunks_exact_mut(size * 3).enumerate() {
+            row.fill(0);
+            let sy = (top + y) as isize - pad as isize;
+            if sy < 0 || sy >= h as isize {
+                continue;
+            }
+            // Columns of the output that land inside the image.
+            let x0 = pad.saturating_sub(left);
+            let x1 = (pad + w).saturating_sub(left).min(size);
+            if x0 < x1 {
+                let sx0 = left + x0 - pad;
+                let src = &decoded.pixels[(sy as usize * w + sx0) * 3..][..(x1 - x0) * 3];
+                row[x0 * 3..x1 * 3].copy_from_slice(src);
+            }
+            if flipped {
+                flip_row(row);
+            }
+        }
+        Ok(Applied {
+            crop: [
+                left as f64 - pad as f64,
+                top as f64 - pad as f64,
+                size as f64,
+                size as f64,
+            ],
+            flipped,
+            downscale: 1,
+            decode_time: t1 - t0,
+            augment_time: t1.elapsed(),
         })
     }
 }

@@ -192,3 +192,77 @@ fn train_transform_matches_torchvision_resized_crop() {
         }
     }
 }
+
+/// `RandomCrop(size, padding)` + flip: every output pixel is the decoded pixel at the reported
+/// offset (or zero padding), offsets cover 0..=2·padding evenly, and about half are flipped.
+#[test]
+fn pad_crop_matches_padded_image() {
+    use rn50_pipeline::decode::{decode_rgb, encode_jpeg};
+    let (size, pad) = (32usize, 4usize);
+    // A real photo shrunk to CIFAR's size, so the pixels are not trivially uniform.
+    let mut aug = Augmenter::new(Transform::val(32, 32), false).unwrap();
+    let photo = std::fs::read(&jpeg_files("imagenet")[0]).unwrap();
+    let mut small = vec![0u8; 32 * 32 * 3];
+    aug.apply(&photo, &mut rand::rng(), &mut small).unwrap();
+    let jpeg = encode_jpeg(32, 32, &small, 95).unwrap();
+    let img = decode_rgb(&jpeg).unwrap();
+
+    let mut aug = Augmenter::new(Transform::pad_crop(size, pad), false).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    let mut out = vec![0u8; size * size * 3];
+    let mut offsets = vec![0usize; 2 * pad + 1];
+    let mut flips = 0;
+    const N: usize = 900;
+    for _ in 0..N {
+        let a = aug.apply(&jpeg, &mut rng, &mut out).unwrap();
+        let (left, top) = (a.crop[0] as isize, a.crop[1] as isize);
+        offsets[(left + pad as isize) as usize] += 1;
+        flips += a.flipped as usize;
+        for y in 0..size {
+            for x in 0..size {
+                let ox = if a.flipped { size - 1 - x } else { x };
+                let (sx, sy) = (left + ox as isize, top + y as isize);
+                let inside = (0..32).contains(&sx) && (0..32).contains(&sy);
+                for c in 0..3 {
+                    let want = if inside {
+                        img.pixels[(sy as usize * 32 + sx as usize) * 3 + c]
+                    } else {
+                        0
+                    };
+                    assert_eq!(out[(y * size + x) * 3 + c], want, "pixel ({x},{y}) {a:?}");
+                }
+            }
+        }
+    }
+    // 100 expected per offset: a binomial sd of ~9.4, so 50..150 only fails on a real bias.
+    assert!(
+        offsets.iter().all(|&n| (50..150).contains(&n)),
+        "{offsets:?}"
+    );
+    assert!((N / 2 - 75..N / 2 + 75).contains(&flips), "{flips} flips");
+}
+
+#[test]
+fn pad_crop_rejects_too_small_images() {
+    use rn50_pipeline::decode::encode_jpeg;
+    let jpeg = encode_jpeg(16, 16, &[128u8; 16 * 16 * 3], 90).unwrap();
+    let mut aug = Augmenter::new(Transform::pad_crop(32, 4), false).unwrap();
+    let mut out = vec![0u8; 32 * 32 * 3];
+    let err = aug.apply(&jpeg, &mut rand::rng(), &mut out).unwrap_err();
+    assert!(err.to_string().contains("smaller than"), "{err}");
+}
+
+/// CIFAR evaluates on the images as they are: Resize(32) + CenterCrop(32) of a 32x32 image must be the
+/// decoded pixels, not a resampled copy.
+#[test]
+fn val_transform_at_the_image_size_is_the_identity() {
+    use rn50_pipeline::decode::{decode_rgb, encode_jpeg};
+    let mut aug = Augmenter::new(Transform::val(32, 32), false).unwrap();
+    let photo = std::fs::read(&jpeg_files("imagenet")[1]).unwrap();
+    let mut small = vec![0u8; 32 * 32 * 3];
+    aug.apply(&photo, &mut rand::rng(), &mut small).unwrap();
+    let jpeg = encode_jpeg(32, 32, &small, 90).unwrap();
+    let mut out = vec![0u8; 32 * 32 * 3];
+    aug.apply(&jpeg, &mut rand::rng(), &mut out).unwrap();
+    assert_eq!(out, decode_rgb(&jpeg).unwrap().pixels);
+}

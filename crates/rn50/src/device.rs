@@ -29,7 +29,19 @@ pub struct Compute {
 
 impl ComputeArgs {
     pub fn resolve(&self) -> Result<Compute> {
-        let device = parse_device(&self.device)?;
+        self.resolve_local(0)
+    }
+
+    /// As `resolve` for local rank `local_rank` of a data-parallel job: one GPU per process, so `auto` and
+    /// `cuda` mean GPU number `local_rank` (an explicit `cuda:N` stays N).
+    pub fn resolve_local(&self, local_rank: usize) -> Result<Compute> {
+        let spec = self.device.trim().to_ascii_lowercase();
+        let device = match parse_device(&spec)? {
+            Device::Cuda(0) if local_rank > 0 && (spec == "auto" || spec == "cuda") => {
+                parse_device(&format!("cuda:{local_rank}"))?
+            }
+            d => d,
+        };
         let cpu = crate::machine::cpu_info();
         let precision = Precision::resolve(self.precision, device, cpu.has_bf16())?;
         Ok(Compute {

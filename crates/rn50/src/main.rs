@@ -24,6 +24,12 @@ enum Command {
     Eval(rn50::train::eval::EvalArgs),
     /// Input-pipeline throughput: decode + augment + batch, without the model.
     BenchLoader(rn50_pipeline::cli::BenchLoaderCmd),
+    /// Start N data-parallel workers on this node (like torchrun): `rn50 launch --nproc-per-node 2 -- train …`.
+    Launch(rn50_distributed::launch::LaunchArgs),
+    /// Tables (Markdown, CSV) and PNG plots from bench, sweep and train results.
+    Report(rn50_report::ReportArgs),
+    /// Predict throughput and scaling efficiency at N workers from a measured single-worker step.
+    Predict(Box<rn50_report::PredictArgs>),
     /// Check this node: libtorch, CPU features, GPUs, cuDNN/NCCL, Gloo, launcher environment.
     Doctor(rn50::doctor::DoctorArgs),
 }
@@ -39,6 +45,16 @@ fn main() -> ExitCode {
         Command::Eval(a) => rn50::train::eval::command(a),
         Command::BenchLoader(a) => rn50_pipeline::cli::run_bench_loader(a),
         Command::Doctor(a) => rn50::doctor::command(a),
+        Command::Launch(a) => std::env::current_exe()
+            .map_err(anyhow::Error::from)
+            .and_then(|exe| rn50_distributed::launch::run(a, &exe))
+            .map(|code| {
+                if code != 0 {
+                    std::process::exit(code)
+                }
+            }),
+        Command::Report(a) => rn50_report::report_command(a),
+        Command::Predict(a) => rn50_report::predict_command(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,9 +2,15 @@
 //!
 //! Data modes (tensorpack's split of input-bound from compute-bound):
 //! - `device`: one uint8 batch made on the device once and reused: pure compute;
-//! - `host`: a fresh uint8 batch made on the host every step and copied over, as a loader would.
+//! - `host`: a fresh uint8 batch made on the host every step and copied over, as a loader would;
+//! - `pipeline`: synthetic JPEGs of ImageNet's size distribution through the real decode/augment loader;
+//! - `real`: a dataset on disk (`--data-dir`, ImageFolder or shards) through the loader.
+//!
+//! Under `rn50 launch` (or any launcher) every rank runs the same bench with DDP; rank 0 reports the total.
 pub mod host_data;
+pub mod source;
 pub mod stats;
+pub mod sweep;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -14,11 +20,15 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
+use rn50_distributed::{DistContext, WorldInfo};
+use rn50_pipeline::synthetic::{self, SyntheticConfig};
+use rn50_pipeline::{Dataset, LoaderConfig};
+
 use crate::device::{device_name, parse_device, synchronize};
 use crate::machine::{self, MachineInfo};
 use crate::model::{Arch, Model, ResNetConfig};
 use crate::step::{Precision, SgdConfig, StepConfig, TrainStep};
-use host_data::HostBatches;
+use source::Source;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -27,6 +37,10 @@ pub enum DataMode {
     Device,
     /// A fresh batch made on the host every step and copied to the device.
     Host,
+    /// Synthetic JPEGs of ImageNet's sizes decoded and augmented by the real loader every step.
+    Pipeline,
+    /// A dataset on disk (--data-dir) through the real loader.
+    Real,
 }
 
 /// Measure training throughput (images/s) on synthetic data.
@@ -59,9 +73,32 @@ pub struct BenchArgs {
     /// Device: auto (CUDA if present, else CPU), cpu, cuda, cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: String,
-    /// Where the batches come from (see `--help`): device or host.
-    #[arg(long = "data", value_enum, default_value_t = DataMode::Device)]
-    pub data: DataMode,
+    /// Where the batches come from (see `--help`): device, host, pipeline, real [default: real with
+    /// --data-dir, else device].
+    #[arg(long = "data", value_enum)]
+    pub data: Option<DataMode>,
+    /// Dataset for `--data real`: an ImageFolder tree or shards (DATA/train is used if it exists).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Loader threads for the pipeline and real modes [default: the CPUs of this process].
+    #[arg(short = 'j', long = "workers")]
+    pub workers: Option<usize>,
+    /// Synthetic JPEGs generated for `--data pipeline`.
+    #[arg(long, default_value_t = 512)]
+    pub synthetic_images: usize,
+    /// Measure a grid instead of one point: every world size (ranks started with `rn50 launch`) times every
+    /// batch size, each repeated; reports median and spread, and scaling efficiency against 1 rank.
+    #[arg(long)]
+    pub sweep: bool,
+    /// World sizes of the sweep (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pub world_sizes: Vec<usize>,
+    /// Batch sizes per rank of the sweep [default: the --batch-size].
+    #[arg(long, value_delimiter = ',')]
+    pub batch_sizes: Vec<i64>,
+    /// Repeats of each sweep point.
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
     /// Image size (square).
     #[arg(long, default_value_t = 224)]
     pub image_size: i64,
@@ -86,15 +123,30 @@ pub struct BenchConfig {
     pub threads: usize,
     pub device: String,
     pub data: DataMode,
+    pub data_dir: Option<PathBuf>,
+    pub workers: usize,
+    pub synthetic_images: usize,
     pub seed: u64,
     pub tf32: bool,
     pub optimizer: SgdConfig,
     pub lr: f64,
+    /// Data-parallel processes and the batch of one step over all of them.
+    pub world_size: usize,
+    pub global_batch: i64,
 }
 
 #[derive(Clone, Debug, Serialize)]
 pub struct BenchResult {
+    /// Over all ranks (the sum of the ranks' medians).
     pub images_per_sec: f64,
+    /// What the step alone would sustain (global batch / compute time): the ceiling without data wait.
+    pub compute_images_per_sec: f64,
+    /// Mean per step of the gradient all-reduce that backward did not hide (data-parallel runs).
+    pub allreduce_ms: Option<f64>,
+    /// Images the loader could not decode (pipeline/real modes), skipped and counted.
+    pub bad_images: u64,
+    /// The dataset's disk and this process's reads while measuring (real mode).
+    pub io: Option<rn50_report::IoDelta>,
     pub images_per_sec_p10: f64,
     pub images_per_sec_p90: f64,
     /// Median wall time of one step, data included.
@@ -113,9 +165,16 @@ pub struct BenchResult {
 }
 
 impl BenchArgs {
-    /// Fills in the defaults that depend on the device and CPU, and rejects what cannot run.
-    pub fn resolve(&self) -> Result<(BenchConfig, Device)> {
-        let device = parse_device(&self.device)?;
+    /// Fills in the defaults that depend on the device, the CPU and this process's place in a data-parallel
+    /// job (one GPU per process; the CPUs split between the processes of a node), and rejects what cannot run.
+    pub fn resolve(&self, world: &WorldInfo) -> Result<(BenchConfig, Device)> {
+        let spec = self.device.trim().to_ascii_lowercase();
+        let device = match parse_device(&spec)? {
+            Device::Cuda(0) if world.local_rank > 0 && (spec == "auto" || spec == "cuda") => {
+                parse_device(&format!("cuda:{}", world.local_rank))?
+            }
+            d => d,
+        };
         let cpu = machine::cpu_info();
         let gpu = device.is_cuda();
         let batch_size = self.batch_size.unwrap_or(if gpu { 256 } else { 32 });
@@ -128,7 +187,8 @@ impl BenchArgs {
         let precision = Precision::resolve(self.precision, device, cpu.has_bf16())?;
         // channels_last measured faster on this Sapphire Rapids CPU for fp32 too (8.3 vs 6.6 img/s).
         let channels_last = self.channels_last || !self.no_channels_last;
-        let threads = self.threads.unwrap_or(cpu.logical_cores);
+        let per_rank = (cpu.logical_cores / world.local_world_size.max(1)).max(1);
+        let threads = self.threads.unwrap_or(per_rank);
         if threads == 0 {
             bail!("--threads must be at least 1");
         }
@@ -136,6 +196,13 @@ impl BenchArgs {
         if steps == 0 {
             bail!("--steps must be at least 1");
         }
+        let data = match (self.data, &self.data_dir) {
+            (None, Some(_)) | (Some(DataMode::Real), Some(_)) => DataMode::Real,
+            (Some(DataMode::Real), None) => bail!("--data real needs --data-dir DATA"),
+            (Some(_), Some(_)) => bail!("--data-dir goes with --data real"),
+            (Some(m), None) => m,
+            (None, None) => DataMode::Device,
+        };
         Ok((
             BenchConfig {
                 arch: self.arch,
@@ -147,21 +214,68 @@ impl BenchArgs {
                 steps,
                 threads,
                 device: device_name(device),
-                data: self.data,
+                data,
+                data_dir: self.data_dir.clone(),
+                workers: self.workers.unwrap_or(per_rank).max(1),
+                synthetic_images: self.synthetic_images.max(1),
                 seed: self.seed,
                 tf32: gpu,
                 optimizer: SgdConfig::default(),
-                lr: 0.1 * batch_size as f64 / 256.0,
+                lr: 0.1 * (batch_size * world.world_size as i64) as f64 / 256.0,
+                world_size: world.world_size,
+                global_batch: batch_size * world.world_size as i64,
             },
             device,
         ))
     }
 }
 
-/// Runs the benchmark described by `cfg` on `device`.
+/// The batch source of `cfg.data` for this rank.
+fn source(cfg: &BenchConfig, device: Device, dist: &DistContext) -> Result<Source> {
+    let (b, s) = (cfg.batch_size, cfg.image_size);
+    let loader_cfg = || LoaderConfig {
+        seed: cfg.seed,
+        rank: dist.rank(),
+        world_size: dist.world_size(),
+        ..LoaderConfig::train(b as usize, cfg.workers)
+    };
+    Ok(match cfg.data {
+        DataMode::Device => Source::device(b, s, device),
+        DataMode::Host => Source::host(b, s, device, cfg.seed),
+        DataMode::Pipeline => {
+            let synth = SyntheticConfig {
+                seed: cfg.seed,
+                ..SyntheticConfig::new(cfg.synthetic_images)
+            };
+            Source::loader(synthetic::dataset(&synth)?, loader_cfg(), s as usize)?
+        }
+        DataMode::Real => {
+            let root = cfg
+                .data_dir
+                .as_ref()
+                .expect("resolve checks real has a dir");
+            let dir = if root.join("train").exists() {
+                root.join("train")
+            } else {
+                root.clone()
+            };
+            let dataset =
+                Dataset::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
+            anyhow::ensure!(
+                dataset.classes().len() <= 1000,
+                "{} has more than 1000 classes",
+                dir.display()
+            );
+            Source::loader(dataset, loader_cfg(), s as usize)?
+        }
+    })
+}
+
+/// Runs the benchmark described by `cfg` on `device`: this rank's part when `dist` spans several processes.
 pub fn run(
     cfg: &BenchConfig,
     device: Device,
+    dist: &DistContext,
     mut progress: impl FnMut(usize, usize, f64),
 ) -> Result<BenchResult> {
     tch::set_num_threads(cfg.threads as i32);
@@ -179,56 +293,76 @@ pub fn run(
         sgd: cfg.optimizer.clone(),
     };
     let mut step = TrainStep::new(model, step_cfg);
-    let (b, s) = (cfg.batch_size, cfg.image_size);
-    let labels = Tensor::randint(1000, [b], (Kind::Int64, device));
-    let mut on_device = Tensor::randint(256, [b, s, s, 3], (Kind::Uint8, device));
-    let host = (cfg.data == DataMode::Host).then(|| HostBatches::new(b, s, device, 3, cfg.seed));
+    if dist.world_size() > 1 {
+        let params = step.model.parameters_in_forward_order();
+        let buffers = step.model.buffers();
+        step.grad_sync = Some(dist.gradient_sync(&params, &buffers, &Default::default())?);
+    }
+    let mut src = source(cfg, device, dist)?;
+    let io = match (&cfg.data_dir, dist.is_main()) {
+        (Some(dir), true) => Some(rn50_report::IoMonitor::start(
+            dir,
+            std::time::Duration::from_secs(1),
+        )?),
+        _ => None,
+    };
+    let mut io_start = None;
 
     let total = cfg.warmup + cfg.steps;
-    let (mut wait_ms, mut step_ms) = (Vec::with_capacity(cfg.steps), Vec::with_capacity(cfg.steps));
+    let mut wait_ms = Vec::with_capacity(cfg.steps);
+    let mut step_ms = Vec::with_capacity(cfg.steps);
+    let mut comm_ms = Vec::with_capacity(cfg.steps);
     let mut last_loss = Tensor::zeros([], (Kind::Float, device));
     for i in 0..total {
-        let t0 = Instant::now();
-        let mut in_flight = None;
-        if let Some(h) = &host {
-            let batch = h.next();
-            if device.is_cuda() {
-                // Asynchronous copy from pinned memory, queued ahead of this step's kernels.
-                on_device = batch.to_device_(device, Kind::Uint8, true, false);
-                in_flight = Some(batch);
-            } else {
-                on_device.copy_(&batch);
-                h.recycle(batch);
-            }
+        if i == cfg.warmup {
+            io_start = io.as_ref().map(|m| m.snapshot());
         }
+        let t0 = Instant::now();
+        let batch = src.next(device)?;
         let t1 = Instant::now();
-        let out = step.step_u8(&on_device, &labels, cfg.lr)?;
+        let out = step.step_u8(&batch.images, &batch.labels, cfg.lr)?;
         synchronize(device);
         let t2 = Instant::now();
-        if let (Some(h), Some(batch)) = (&host, in_flight) {
-            h.recycle(batch);
-        }
+        src.recycle(batch);
         last_loss = out.loss;
         if i >= cfg.warmup {
             wait_ms.push((t1 - t0).as_secs_f64() * 1e3);
             step_ms.push((t2 - t0).as_secs_f64() * 1e3);
+            comm_ms.push(step.comm.allreduce_wait_ms);
         }
         progress(i + 1, total, (t2 - t0).as_secs_f64());
     }
+    let io = io.zip(io_start).map(|(m, s0)| m.snapshot().delta(&s0));
     let final_loss = f64::try_from(&last_loss).context("reading the loss")?;
     if !final_loss.is_finite() {
         bail!("the loss became {final_loss}: numerics are broken for this configuration");
     }
-    let ips: Vec<f64> = step_ms.iter().map(|ms| b as f64 / (ms / 1e3)).collect();
+    let b = cfg.batch_size as f64;
+    let ips: Vec<f64> = step_ms.iter().map(|ms| b / (ms / 1e3)).collect();
     let data_wait_ms = stats::mean(&wait_ms);
     let mean_step = stats::mean(&step_ms);
+    let compute_ms = mean_step - data_wait_ms;
+    // Totals over the ranks (each measured its own steps; they run in lockstep).
+    let mut totals = [
+        stats::median(&ips),
+        stats::quantile(&ips, 0.1),
+        stats::quantile(&ips, 0.9),
+        b / (compute_ms / 1e3),
+        src.bad_images() as f64,
+    ];
+    dist.sum_f64(&mut totals, "summing bench results")?;
+    drop(step.grad_sync.take());
     Ok(BenchResult {
-        images_per_sec: stats::median(&ips),
-        images_per_sec_p10: stats::quantile(&ips, 0.1),
-        images_per_sec_p90: stats::quantile(&ips, 0.9),
+        images_per_sec: totals[0],
+        compute_images_per_sec: totals[3],
+        allreduce_ms: (dist.world_size() > 1).then(|| stats::mean(&comm_ms)),
+        bad_images: totals[4] as u64,
+        io,
+        images_per_sec_p10: totals[1],
+        images_per_sec_p90: totals[2],
         step_ms: stats::median(&step_ms),
         data_wait_ms,
-        compute_ms: mean_step - data_wait_ms,
+        compute_ms,
         data_wait_share: data_wait_ms / mean_step,
         peak_rss_bytes: machine::peak_rss_bytes(),
         device_peak_memory_bytes: match device {
@@ -250,9 +384,14 @@ fn gib(bytes: f64) -> String {
 pub fn render(r: &BenchResult) -> String {
     let c = &r.config;
     let mut s = format!(
-        "rn50 bench: {} batch {} {}px {}{} on {} ({} threads), data={}, {} steps after {} warm-up\n",
+        "rn50 bench: {} batch {}{} {}px {}{} on {} ({} threads), data={}, {} steps after {} warm-up\n",
         c.arch,
         c.batch_size,
+        if c.world_size > 1 {
+            format!(" x {} ranks = {}", c.world_size, c.global_batch)
+        } else {
+            String::new()
+        },
         c.image_size,
         c.precision,
         if c.channels_last { " channels_last" } else { "" },
@@ -262,8 +401,12 @@ pub fn render(r: &BenchResult) -> String {
         c.steps,
         c.warmup
     );
-    let rows = [
+    let mut rows = vec![
         ("img/s (median)", format!("{:.2}", r.images_per_sec)),
+        (
+            "compute-only img/s",
+            format!("{:.2}", r.compute_images_per_sec),
+        ),
         (
             "img/s p10 / p90",
             format!("{:.2} / {:.2}", r.images_per_sec_p10, r.images_per_sec_p90),
@@ -280,6 +423,18 @@ pub fn render(r: &BenchResult) -> String {
         ),
         ("peak RSS", gib(r.peak_rss_bytes as f64)),
     ];
+    if let Some(ms) = r.allreduce_ms {
+        rows.push((
+            "all-reduce wait/step",
+            format!("{ms:.1} ms (not hidden by backward)"),
+        ));
+    }
+    if r.bad_images > 0 {
+        rows.push(("bad images skipped", r.bad_images.to_string()));
+    }
+    if let Some(io) = &r.io {
+        rows.push(("I/O", io.summary_line()));
+    }
     for (k, v) in rows {
         s += &format!("  {k:<22}{v}\n");
     }
@@ -291,7 +446,13 @@ pub fn render(r: &BenchResult) -> String {
 
 /// `rn50 bench` as a command: resolve, run with a progress line, print, write JSON.
 pub fn command(args: &BenchArgs) -> Result<()> {
-    let (cfg, device) = args.resolve()?;
+    if args.sweep {
+        return sweep::command(args);
+    }
+    let world = WorldInfo::from_env()?;
+    let (cfg, device) = args.resolve(&world)?;
+    let dist = DistContext::init_with(world, device)?;
+    let main = dist.is_main();
     // Drawn on stderr, hidden when it is not a terminal (logs, CI).
     let bar = indicatif::ProgressBar::new((cfg.warmup + cfg.steps) as u64).with_style(
         indicatif::ProgressStyle::with_template(
@@ -301,7 +462,10 @@ pub fn command(args: &BenchArgs) -> Result<()> {
         .progress_chars("=> "),
     );
     bar.set_prefix(format!("bench {} b{}", cfg.arch, cfg.batch_size));
-    let r = run(&cfg, device, |i, n, secs| {
+    if !main {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let r = run(&cfg, device, &dist, |i, n, secs| {
         bar.set_position(i as u64);
         let phase = if i <= cfg.warmup {
             "warm-up"
@@ -313,6 +477,11 @@ pub fn command(args: &BenchArgs) -> Result<()> {
             bar.finish_and_clear();
         }
     })?;
+    // Rank 0 serves the rendezvous store: everyone is done before it leaves.
+    dist.finish()?;
+    if !main {
+        return Ok(());
+    }
     match &args.json {
         Some(p) if p.as_os_str() == "-" => println!("{}", serde_json::to_string_pretty(&r)?),
         Some(p) => {

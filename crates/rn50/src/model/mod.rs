@@ -41,6 +41,38 @@ impl Model {
             .collect()
     }
 
+    /// Running statistics of the BN layers (state that is not trained), sorted by name.
+    pub fn buffers(&self) -> Vec<Tensor> {
+        self.state()
+            .into_iter()
+            .filter(|(_, t)| !t.requires_grad())
+            .map(|(_, t)| t)
+            .collect()
+    }
+
+    /// Trainable parameters in the order the forward pass uses them (stem, stages by block number, fc), so
+    /// that DDP's buckets, filled in reverse, match the order in which backward produces gradients.
+    pub fn parameters_in_forward_order(&self) -> Vec<Tensor> {
+        let key = |name: &str| -> (usize, usize, String) {
+            let mut parts = name.split('.');
+            let head = parts.next().unwrap_or("");
+            match head
+                .strip_prefix("layer")
+                .and_then(|n| n.parse::<usize>().ok())
+            {
+                Some(stage) => {
+                    let block = parts.next().and_then(|b| b.parse().ok()).unwrap_or(0);
+                    (stage, block, name.to_string())
+                }
+                None if head == "fc" => (usize::MAX, 0, name.to_string()),
+                None => (0, 0, name.to_string()),
+            }
+        };
+        let mut v = self.parameters();
+        v.sort_by_key(|(k, _)| key(k));
+        v.into_iter().map(|(_, t)| t).collect()
+    }
+
     pub fn num_parameters(&self) -> i64 {
         self.parameters()
             .iter()

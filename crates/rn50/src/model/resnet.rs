@@ -90,6 +90,14 @@ pub struct ResNetConfig {
     /// Zero-init the last BN γ of each residual block (Goyal et al. 2017), torchvision's `zero_init_residual`.
     pub zero_init_residual: bool,
     pub stem: Stem,
+    /// Channels of the stem and first stage (torchvision: 64); the stages have width·[1, 2, 4, 8]. Narrower
+    /// networks suit small images and small machines (CIFAR).
+    #[serde(default = "default_width")]
+    pub width: i64,
+}
+
+fn default_width() -> i64 {
+    64
 }
 
 impl ResNetConfig {
@@ -99,6 +107,7 @@ impl ResNetConfig {
             num_classes: 1000,
             zero_init_residual: false,
             stem: Stem::ImageNet,
+            width: default_width(),
         }
     }
 }
@@ -260,19 +269,20 @@ impl ResNet {
             Stem::ImageNet => (7, 2),
             Stem::Cifar => (3, 1),
         };
+        let w = config.width;
         let stem = ConvBn {
-            conv: conv(root / "conv1", 3, 64, k, s),
-            bn: bn(root / "bn1", 64, 1.0),
+            conv: conv(root / "conv1", 3, w, k, s),
+            bn: bn(root / "bn1", w, 1.0),
         };
         let bottleneck = config.arch.bottleneck();
         let expansion = if bottleneck { 4 } else { 1 };
-        let mut cin = 64;
+        let mut cin = w;
         let mut layers = Vec::new();
         for (stage, (&blocks, planes)) in config
             .arch
             .layers()
             .iter()
-            .zip([64, 128, 256, 512])
+            .zip([w, 2 * w, 4 * w, 8 * w])
             .enumerate()
         {
             let p = root / format!("layer{}", stage + 1);

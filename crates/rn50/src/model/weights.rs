@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use tch::Tensor;
 
-use super::Model;
+use super::{Model, ResNetConfig, Stem};
 
 /// Keys a torchvision state_dict has that rn50 does not track (BN's step counter, unused with momentum 0.1).
 fn ignorable(key: &str) -> bool {
@@ -89,8 +89,27 @@ pub fn load(model: &Model, path: &Path) -> Result<()> {
     })
 }
 
-/// The number of classes a weights file was trained for (the length of `fc.bias`), from its header alone.
-pub fn num_classes(path: &Path) -> Result<i64> {
+/// What a weights file says about the network it fits, read from its header alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightsShape {
+    /// The length of `fc.bias`.
+    pub num_classes: i64,
+    /// Output channels of `conv1`.
+    pub width: i64,
+    /// A 3x3 `conv1` is the CIFAR stem, 7x7 ImageNet's.
+    pub stem: Stem,
+}
+
+impl WeightsShape {
+    /// `config` with the classes, width and stem of these weights.
+    pub fn apply(&self, config: &mut ResNetConfig) {
+        config.num_classes = self.num_classes;
+        config.width = self.width;
+        config.stem = self.stem;
+    }
+}
+
+pub fn shape_of(path: &Path) -> Result<WeightsShape> {
     use std::io::Read;
     let not_st = || format!("{} is not a safetensors file", path.display());
     let mut f =
@@ -105,12 +124,28 @@ pub fn num_classes(path: &Path) -> Result<i64> {
     f.read_exact(&mut header).with_context(not_st)?;
     // The header is JSON: {"fc.bias": {"dtype": "F32", "shape": [1000], ...}, ...}.
     let meta: serde_json::Value = serde_json::from_slice(&header).with_context(not_st)?;
-    match meta["fc.bias"]["shape"].as_array().map(Vec::as_slice) {
-        Some([n]) => n
-            .as_i64()
-            .with_context(|| format!("{}: bad fc.bias shape", path.display())),
-        _ => bail!("{} has no 1-D fc.bias: not ResNet weights", path.display()),
-    }
+    let shape = |name: &str| -> Option<Vec<i64>> {
+        meta[name]["shape"]
+            .as_array()?
+            .iter()
+            .map(|d| d.as_i64())
+            .collect()
+    };
+    let not_resnet = || format!("{} is not ResNet weights", path.display());
+    let num_classes = match shape("fc.bias").as_deref() {
+        Some(&[n]) => n,
+        _ => bail!("{}: no 1-D fc.bias", not_resnet()),
+    };
+    let (width, stem) = match shape("conv1.weight").as_deref() {
+        Some(&[w, 3, 7, 7]) => (w, Stem::ImageNet),
+        Some(&[w, 3, 3, 3]) => (w, Stem::Cifar),
+        other => bail!("{}: conv1.weight has shape {other:?}", not_resnet()),
+    };
+    Ok(WeightsShape {
+        num_classes,
+        width,
+        stem,
+    })
 }
 
 /// Copies `file[name]` into each target tensor in place (keeping its memory format), after checking that

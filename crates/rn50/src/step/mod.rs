@@ -12,6 +12,7 @@ use crate::model::Model;
 pub use input::Normalizer;
 pub use optim::{Sgd, SgdConfig};
 pub use precision::Precision;
+use rn50_distributed::{GradSync, StepComm};
 pub use scaler::GradScaler;
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -35,6 +36,10 @@ pub struct TrainStep {
     pub scaler: Option<GradScaler>,
     pub input: Normalizer,
     pub config: StepConfig,
+    /// Data-parallel gradient averaging (c10d's Reducer, overlapped with backward); `None`: plain backward.
+    pub grad_sync: Option<GradSync>,
+    /// The last synchronised backward's communication figures.
+    pub comm: StepComm,
 }
 
 impl TrainStep {
@@ -57,6 +62,8 @@ impl TrainStep {
             scaler,
             input,
             config,
+            grad_sync: None,
+            comm: StepComm::default(),
         }
     }
 
@@ -73,10 +80,47 @@ impl TrainStep {
     /// A step on a normalised float NCHW batch.
     pub fn step(&mut self, x: &Tensor, labels: &Tensor, lr: f64) -> Result<StepOutcome> {
         self.opt.zero_grad();
+        let loss = self.backward(x, labels, 0, 1)?;
+        let skipped = self.apply(lr)?;
+        Ok(StepOutcome { loss, skipped })
+    }
+
+    /// Forward and backward of micro-batch `micro` of `of` (gradient accumulation: gradients add up, each
+    /// loss weighted 1/`of`, so `of` micro-batches of b equal one batch of `of`·b). Call `opt.zero_grad()`
+    /// before the first. Returns the micro-batch's (unweighted) loss, detached.
+    pub fn backward(
+        &mut self,
+        x: &Tensor,
+        labels: &Tensor,
+        micro: usize,
+        of: usize,
+    ) -> Result<Tensor> {
         let loss = self.loss(x, labels)?;
-        let skipped = match &mut self.scaler {
+        let weighted = if of > 1 {
+            &loss / of as f64
+        } else {
+            loss.shallow_clone()
+        };
+        let scaled = match &self.scaler {
+            Some(scaler) => scaler.scale_loss(&weighted),
+            None => weighted,
+        };
+        match &mut self.grad_sync {
+            // Ranks average only the complete gradient: earlier micro-batches accumulate locally (no_sync).
+            Some(sync) if micro + 1 == of => self.comm = sync.backward(&scaled)?,
+            Some(sync) => {
+                sync.backward_no_sync(&scaled)?;
+            }
+            None => scaled.f_backward()?,
+        }
+        Ok(loss.detach())
+    }
+
+    /// After the last `backward` of a step: (fp16) unscale and skip the update on overflow, else the
+    /// optimizer step. Returns whether the step was skipped.
+    pub fn apply(&mut self, lr: f64) -> Result<bool> {
+        Ok(match &mut self.scaler {
             Some(scaler) => {
-                scaler.scale_loss(&loss).backward();
                 let overflow = scaler.unscale(&self.opt.grads())?;
                 if !overflow {
                     self.opt.step(lr)?;
@@ -85,14 +129,9 @@ impl TrainStep {
                 overflow
             }
             None => {
-                loss.backward();
                 self.opt.step(lr)?;
                 false
             }
-        };
-        Ok(StepOutcome {
-            loss: loss.detach(),
-            skipped,
         })
     }
 
@@ -155,6 +194,37 @@ mod tests {
             .unwrap();
         assert_eq!(w.kind(), Kind::Float);
         assert!(crate::model::memory_format::is_channels_last(&w));
+    }
+
+    /// Two micro-batches of the same images accumulate to exactly the gradient of one (BN makes a split
+    /// batch differ from the whole, so the same batch twice is the case where the two must agree).
+    #[test]
+    fn accumulated_micro_batches_weigh_like_one_batch() {
+        let images = Tensor::randint(256, [4, 32, 32, 3], (Kind::Uint8, Device::Cpu));
+        let labels = Tensor::randint(10, [4], (Kind::Int64, Device::Cpu));
+        let mut one = small_step(Precision::Fp32, false);
+        let mut acc = small_step(Precision::Fp32, false);
+        // The same start (tests share the global RNG, so seeding alone does not guarantee it).
+        tch::no_grad(|| {
+            for ((_, mut a), (_, b)) in acc.model.state().into_iter().zip(one.model.state()) {
+                a.copy_(&b);
+            }
+        });
+        let start = one.model.parameters()[0].1.copy();
+        one.step_u8(&images, &labels, 0.1).unwrap();
+        acc.opt.zero_grad();
+        for micro in 0..2 {
+            let x = acc.input.normalize(&images);
+            let _ = acc.backward(&x, &labels, micro, 2).unwrap();
+        }
+        assert!(!acc.apply(0.1).unwrap());
+        for ((name, a), (_, b)) in one.model.parameters().iter().zip(acc.model.parameters()) {
+            let diff = f64::try_from((a - &b).abs().max()).unwrap();
+            assert!(diff < 1e-6, "{name} differs by {diff}");
+        }
+        // And the update did move the weights.
+        let moved = one.model.parameters()[0].1.not_equal_tensor(&start);
+        assert!(bool::try_from(moved.any()).unwrap());
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Training checkpoints: one safetensors file holding the model state (torchvision keys under `model.`),
-//! the SGD momentum buffers (`optim.<param>`), the loss scaler (`scaler.*`), and in the header's metadata the
+//! the SGD momentum buffers (`optim.<param>`), the loss scaler (`scaler.*`), the weight EMA (`ema.*`,
+//! when kept), and in the header's metadata the
 //! position (epoch, batch within epoch) and the run's configuration as JSON. Written atomically (temporary
 //! file, fsync, rename): a crash mid-write leaves the previous checkpoint as it was.
 use std::borrow::Cow;
@@ -13,6 +14,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::model::weights::{copy_into, write_atomic};
 use crate::step::TrainStep;
+use crate::train::ema::Ema;
 
 const META_KEY: &str = "rn50";
 
@@ -24,6 +26,24 @@ pub struct Position {
     pub batch_in_epoch: u64,
     pub global_step: u64,
     pub best_acc1: f64,
+    /// Processes and per-process batch when it was written: a run resumed on another world size starts
+    /// after the same number of samples (every world size walks the same global order).
+    #[serde(default)]
+    pub world_size: u64,
+    #[serde(default)]
+    pub batch_size: u64,
+}
+
+impl Position {
+    /// Where epoch `epoch` resumes, in batches of `batch_size` per process for `world_size` processes.
+    pub fn start_batch(&self, batch_size: usize, world_size: usize) -> usize {
+        let (b0, w0) = (self.batch_size.max(1), self.world_size.max(1));
+        if self.batch_size == 0 || (b0, w0) == (batch_size as u64, world_size as u64) {
+            return self.batch_in_epoch as usize;
+        }
+        let samples = self.batch_in_epoch * b0 * w0;
+        (samples / (batch_size * world_size).max(1) as u64) as usize
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -103,14 +123,23 @@ fn state_tensors(step: &TrainStep) -> Vec<(String, Tensor)> {
     out
 }
 
+fn ema_tensors(ema: &Ema) -> Vec<(String, Tensor)> {
+    ema.tensors()
+        .map(|(k, t)| (format!("ema.{k}"), t.shallow_clone()))
+        .collect()
+}
+
 /// Writes a checkpoint of `step` at `position`, with `config` (the run's full configuration) in the header.
 pub fn save(
     path: &Path,
     step: &TrainStep,
+    ema: Option<&Ema>,
     position: &Position,
     config: &serde_json::Value,
 ) -> Result<()> {
-    let tensors: BTreeMap<String, HostTensor> = state_tensors(step)
+    let mut all = state_tensors(step);
+    all.extend(ema.map(ema_tensors).unwrap_or_default());
+    let tensors: BTreeMap<String, HostTensor> = all
         .iter()
         .map(|(k, t)| Ok((k.clone(), HostTensor::new(t)?)))
         .collect::<Result<_>>()?;
@@ -151,8 +180,13 @@ pub fn read_meta(path: &Path) -> Result<(Position, serde_json::Value)> {
     Ok((meta.position, meta.config))
 }
 
-/// Restores `step` (built with the same architecture and options) from `path` and returns the position.
-pub fn load(path: &Path, step: &mut TrainStep) -> Result<(Position, serde_json::Value)> {
+/// Restores `step` (built with the same architecture and options) and the EMA, if one is kept, from `path`
+/// and returns the position. A checkpoint written without an EMA starts the EMA from the restored weights.
+pub fn load(
+    path: &Path,
+    step: &mut TrainStep,
+    ema: Option<&mut Ema>,
+) -> Result<(Position, serde_json::Value)> {
     let (position, config) = read_meta(path)?;
     let file: HashMap<String, Tensor> = Tensor::read_safetensors(path)
         .with_context(|| format!("reading checkpoint {}", path.display()))?
@@ -160,6 +194,18 @@ pub fn load(path: &Path, step: &mut TrainStep) -> Result<(Position, serde_json::
         .collect();
     copy_into(state_tensors(step), &file, path)
         .context("the checkpoint does not fit this model/optimizer")?;
+    if let Some(ema) = ema {
+        if file.keys().any(|k| k.starts_with("ema.")) {
+            copy_into(ema_tensors(ema), &file, path)
+                .context("the checkpoint's EMA does not fit")?;
+        } else {
+            eprintln!(
+                "{} holds no EMA: starting it from the restored weights",
+                path.display()
+            );
+            *ema = Ema::new(&step.model, ema.decay);
+        }
+    }
     Ok((position, config))
 }
 
@@ -197,27 +243,61 @@ mod tests {
     }
 
     #[test]
+    fn resume_position_carries_over_to_another_world_size() {
+        let p = Position {
+            batch_in_epoch: 6,
+            world_size: 2,
+            batch_size: 32,
+            ..Position::default()
+        };
+        assert_eq!(p.start_batch(32, 2), 6, "same layout");
+        assert_eq!(
+            p.start_batch(32, 1),
+            12,
+            "384 samples seen = 12 batches of one process"
+        );
+        assert_eq!(p.start_batch(64, 3), 2, "384 / 192");
+        let old = Position {
+            batch_in_epoch: 5,
+            ..Position::default()
+        };
+        assert_eq!(
+            old.start_batch(32, 4),
+            5,
+            "a checkpoint without layout resumes as it says"
+        );
+    }
+
+    #[test]
     fn round_trip_gives_bit_identical_next_steps() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ckpt.safetensors");
         let mut a = step(0);
+        let mut ema_a = Ema::new(&a.model, 0.9);
         for i in 0..2 {
             let (x, y) = batch(i);
             a.step_u8(&x, &y, 0.05).unwrap();
+            ema_a.update();
         }
         let pos = Position {
             epoch: 3,
             batch_in_epoch: 2,
             global_step: 2,
             best_acc1: 12.5,
+            world_size: 1,
+            batch_size: 4,
         };
         let config = serde_json::json!({"arch": "resnet18", "lr": 0.05});
-        save(&path, &a, &pos, &config).unwrap();
+        save(&path, &a, Some(&ema_a), &pos, &config).unwrap();
 
         // A differently initialised run restored from the file continues exactly like the original.
         let mut b = step(7);
-        let (p, c) = load(&path, &mut b).unwrap();
+        let mut ema_b = Ema::new(&b.model, 0.9);
+        let (p, c) = load(&path, &mut b, Some(&mut ema_b)).unwrap();
         assert_eq!((p, c), (pos, config));
+        for ((k, ta), (_, tb)) in ema_a.tensors().zip(ema_b.tensors()) {
+            assert!(ta.equal(tb), "EMA {k} differs after loading");
+        }
         for i in 2..4 {
             let (x, y) = batch(i);
             let la = f64::try_from(&a.step_u8(&x, &y, 0.05).unwrap().loss).unwrap();
@@ -238,7 +318,7 @@ mod tests {
             epoch: 1,
             ..Position::default()
         };
-        save(&path, &a, &pos, &serde_json::json!({})).unwrap();
+        save(&path, &a, None, &pos, &serde_json::json!({})).unwrap();
         // A writer killed half way: its temporary file is left behind, torn, and never renamed.
         let err = write_atomic(&path, |tmp| {
             std::fs::write(tmp, b"partial")?;
@@ -246,11 +326,11 @@ mod tests {
         });
         assert!(err.is_err());
         let mut b = step(1);
-        assert_eq!(load(&path, &mut b).unwrap().0, pos);
+        assert_eq!(load(&path, &mut b, None).unwrap().0, pos);
         // A torn file given directly is a clear error, not a panic.
         let torn = dir.path().join("torn.safetensors");
         let full = std::fs::read(&path).unwrap();
         std::fs::write(&torn, &full[..full.len() / 2]).unwrap();
-        assert!(load(&torn, &mut b).is_err());
+        assert!(load(&torn, &mut b, None).is_err());
     }
 }

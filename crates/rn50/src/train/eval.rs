@@ -7,21 +7,47 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rn50_pipeline::{Dataset, Loader, LoaderConfig, Transform};
 use serde::Serialize;
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use crate::device::{device_name, Compute, ComputeArgs};
 use crate::model::{weights, Arch, Model, ResNetConfig};
 use crate::step::{Normalizer, Precision};
+use crate::train::data::DeviceBatch;
 use crate::train::metrics::Accuracy;
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct EvalResult {
     pub acc1: f64,
     pub acc5: f64,
+    /// Counts behind the percentages (summed over ranks in a data-parallel run).
+    pub correct1: u64,
+    pub correct5: u64,
     pub images: u64,
     pub bad_images: u64,
     pub seconds: f64,
     pub images_per_sec: f64,
+}
+
+impl EvalResult {
+    /// This rank's counts summed with the other ranks' (each evaluated its own shard of the images).
+    pub fn all_ranks(mut self, dist: &rn50_distributed::DistContext) -> Result<Self> {
+        let mut v = [
+            self.correct1 as f64,
+            self.correct5 as f64,
+            self.images as f64,
+            self.bad_images as f64,
+        ];
+        dist.sum_f64(&mut v, "summing evaluation counts")?;
+        let n = v[2].max(1.0);
+        self.correct1 = v[0] as u64;
+        self.correct5 = v[1] as u64;
+        self.images = v[2] as u64;
+        self.bad_images = v[3] as u64;
+        self.acc1 = 100.0 * v[0] / n;
+        self.acc5 = 100.0 * v[1] / n;
+        self.images_per_sec = v[2] / self.seconds.max(1e-9);
+        Ok(self)
+    }
 }
 
 /// Runs `model` over one pass of `loader`.
@@ -40,11 +66,9 @@ pub fn evaluate(
         if b.n() == 0 {
             continue;
         }
-        let shape = [b.n() as i64, b.h() as i64, b.w() as i64, 3];
-        let images = Tensor::f_from_data_size(&b, &shape, Kind::Uint8)?.to_device(device);
-        let labels = Tensor::from_slice(b.labels()).to_device(device);
-        drop(b); // the buffer goes back to the loader while the model runs
-        let x = norm.normalize(&images);
+        let batch = DeviceBatch::new(b, device)?;
+        let x = norm.normalize(&batch.images);
+        let labels = batch.labels.shallow_clone();
         let logits = tch::no_grad(|| -> Result<Tensor> {
             let _autocast = precision.autocast(device)?;
             Ok(model.forward_t(&x, false))
@@ -52,10 +76,13 @@ pub fn evaluate(
         acc.add(&logits, &labels);
     }
     let (acc1, acc5) = acc.percent();
+    let (correct1, correct5) = acc.counts();
     let seconds = start.elapsed().as_secs_f64();
     Ok(EvalResult {
         acc1,
         acc5,
+        correct1,
+        correct5,
         images: acc.images,
         bad_images: loader.stats().bad_images,
         seconds,
@@ -114,7 +141,8 @@ pub fn command(args: &EvalArgs) -> Result<()> {
     } = args.compute.resolve()?;
     let dir = val_dir(&args.data);
     let dataset = Dataset::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
-    let classes = weights::num_classes(&args.weights)?;
+    let shape = weights::shape_of(&args.weights)?;
+    let classes = shape.num_classes;
     if dataset.classes().len() as i64 != classes {
         bail!(
             "{} has {} classes but {} was trained for {classes}: labels would not line up",
@@ -124,7 +152,7 @@ pub fn command(args: &EvalArgs) -> Result<()> {
         );
     }
     let mut cfg = ResNetConfig::new(args.arch);
-    cfg.num_classes = classes;
+    shape.apply(&mut cfg);
     let model = Model::new(cfg, device);
     weights::load(&model, &args.weights)?;
     if channels_last {

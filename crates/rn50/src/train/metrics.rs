@@ -30,6 +30,12 @@ impl Accuracy {
         self.images += labels.size()[0] as u64;
     }
 
+    /// (top-1, top-5) correct predictions.
+    pub fn counts(&self) -> (u64, u64) {
+        let get = |t: &Tensor| i64::try_from(t).unwrap_or(0) as u64;
+        (get(&self.correct1), get(&self.correct5))
+    }
+
     /// (top-1 %, top-5 %).
     pub fn percent(&self) -> (f64, f64) {
         let n = self.images.max(1) as f64;

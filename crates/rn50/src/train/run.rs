@@ -1,215 +1,90 @@
 //! `rn50 train`: the ImageNet recipe in one place, like pytorch/examples' main.py: data, model, step,
-//! schedule, per-epoch evaluation, checkpoints that survive preemption.
+//! schedule, per-epoch evaluation, checkpoints that survive preemption, metrics and a summary.
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
-use rn50_pipeline::{Dataset, Loader, LoaderConfig, Transform};
+use rn50_pipeline::Loader;
 use serde::Serialize;
 use tch::{Kind, Tensor};
 
-use crate::device::{device_name, Compute, ComputeArgs};
-use crate::model::{weights, Arch, Model, ResNetConfig};
-use crate::step::{SgdConfig, StepConfig, TrainStep};
+use crate::device::{device_name, Compute};
+use crate::model::{weights, Model, ResNetConfig, Stem};
+use crate::step::{Precision, SgdConfig, StepConfig, TrainStep};
+pub use crate::train::args::TrainArgs;
+use crate::train::args::{Augment, OptimizerKind, ScheduleKind};
 use crate::train::checkpoint::{self, Position};
+use crate::train::data::{DeviceBatch, RealData};
 use crate::train::ema::Ema;
 use crate::train::eval::{evaluate, EvalResult};
-use crate::train::schedule::{scaled_lr, Decay, LrSchedule};
+use crate::train::keeper::{resolve_resume, Keeper};
+use crate::train::progress::EpochProgress;
+use crate::train::schedule::{scaled_lr, Decay, LrSchedule, Resolution};
+use rn50_distributed::{DistContext, WorldInfo};
 
 /// Exit code after saving a checkpoint on SIGTERM/SIGUSR1, so job scripts can requeue.
 pub const EXIT_PREEMPTED: i32 = 3;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ScheduleKind {
-    Step,
-    Cosine,
-    Linear,
-}
-
-/// Train a ResNet on DATA/train, evaluating on DATA/val after every epoch.
-#[derive(Args, Debug, Clone, Serialize)]
-pub struct TrainArgs {
-    /// Dataset root with train/ and val/ (ImageFolder trees or packed shards).
-    #[arg(required_unless_present = "dummy")]
-    pub data: Option<PathBuf>,
-    /// Model architecture.
-    #[arg(short = 'a', long = "arch", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
-    pub arch: Arch,
-    /// Batch size per process.
-    #[arg(short = 'b', long = "batch-size", default_value_t = 256)]
-    pub batch_size: usize,
-    #[arg(long, default_value_t = 90)]
-    pub epochs: usize,
-    /// Learning rate per 256 images; the effective rate is lr·global_batch/256.
-    #[arg(long, default_value_t = 0.1)]
-    pub lr: f64,
-    #[arg(long, default_value_t = 0.9)]
-    pub momentum: f64,
-    /// Weight decay.
-    #[arg(long = "wd", alias = "weight-decay", default_value_t = 1e-4)]
-    pub wd: f64,
-    #[arg(long, default_value_t = 0.0)]
-    pub warmup_epochs: f64,
-    /// LR decay after warmup: step (÷10 at 30, 60, 80 epochs, scaled to --epochs), cosine or linear.
-    #[arg(long, value_enum, default_value_t = ScheduleKind::Step)]
-    pub lr_schedule: ScheduleKind,
-    #[arg(long, default_value_t = 0.0)]
-    pub label_smoothing: f64,
-    #[arg(long)]
-    pub nesterov: bool,
-    /// No weight decay on BN parameters and biases.
-    #[arg(long)]
-    pub no_bn_wd: bool,
-    /// Zero-init the last BN γ of each residual block.
-    #[arg(long)]
-    pub zero_init_residual: bool,
-    /// Keep an EMA of the weights with this decay (e.g. 0.9999) and evaluate it.
-    #[arg(long)]
-    pub ema: Option<f64>,
-    /// Data loading threads [default: the CPUs this process may use].
-    #[arg(short = 'j', long = "workers")]
-    pub workers: Option<usize>,
-    /// Training crop size.
-    #[arg(long, default_value_t = 224)]
-    pub image_size: usize,
-    #[arg(long, default_value_t = 256)]
-    pub val_resize: usize,
-    #[arg(long, default_value_t = 224)]
-    pub val_crop: usize,
-    /// Stop each epoch after this many steps (smoke tests, quick measurements).
-    #[arg(long)]
-    pub steps_per_epoch: Option<usize>,
-    /// Resume from this checkpoint (exact position, optimizer and scaler state).
-    #[arg(long)]
-    pub resume: Option<PathBuf>,
-    /// Only evaluate (the --resume checkpoint or fresh weights) on DATA/val.
-    #[arg(short = 'e', long = "evaluate")]
-    pub evaluate: bool,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Run directory: checkpoints, metrics.jsonl (per epoch), steps.jsonl (per logged step), weights.
-    #[arg(long, default_value = "runs/train")]
-    pub out: PathBuf,
-    /// Synthetic data instead of DATA (no disk, no decode).
-    #[arg(long)]
-    pub dummy: bool,
-    #[command(flatten)]
-    pub compute: ComputeArgs,
-    /// Log every N steps.
-    #[arg(short = 'p', long = "print-freq", default_value_t = 10)]
-    pub print_freq: usize,
-}
-
+/// One line of metrics.jsonl.
 #[derive(Serialize)]
 struct EpochRecord {
     epoch: usize,
     train_loss: f64,
     lr: f64,
+    /// Training images per second over all processes.
     images_per_sec: f64,
     acc1: f64,
     acc5: f64,
+    /// Validation images evaluated (all ranks).
+    val_images: u64,
+    /// The epoch's wall-clock time, evaluation included.
     seconds: f64,
+    resolution: usize,
+    data_wait_share: f64,
+    /// The dataset's block device during the epoch (when it has one), and what this process read.
+    disk_read_gbs: Option<f64>,
+    disk_read_iops: Option<f64>,
+    process_read_gbs: Option<f64>,
 }
 
-/// Where the batches come from.
-enum Data {
-    Real {
-        train: Box<Loader>,
-        val: Box<Loader>,
-    },
-    Dummy {
-        classes: usize,
-    },
+/// What the summary says about the run besides its flags.
+struct RunInfo {
+    device: String,
+    world: usize,
+    global_batch: usize,
+    peak_lr: f64,
+    precision: Precision,
 }
 
-fn open(dir: &Path) -> Result<Dataset> {
-    Dataset::open(dir).with_context(|| format!("opening {}", dir.display()))
-}
-
-pub fn command(args: &TrainArgs) -> Result<()> {
-    if args.batch_size == 0 || args.epochs == 0 || args.print_freq == 0 {
-        bail!("--batch-size, --epochs and --print-freq must be at least 1");
-    }
-    let Compute {
-        device,
-        precision,
-        channels_last,
-        cpu,
-    } = args.compute.resolve()?;
-    let workers = args.workers.unwrap_or(cpu.logical_cores).max(1);
-    tch::manual_seed(args.seed as i64);
-
-    let mut classes = 1000;
-    let data = if args.dummy {
-        Data::Dummy { classes }
-    } else {
-        let root = args
+/// summary.json, metrics.csv, summary.md and the plots, refreshed after every epoch so a run cut short
+/// still has them.
+fn write_report(args: &TrainArgs, run: &RunInfo) -> Result<()> {
+    let metrics = rn50_report::schema::read_metrics(&args.out.join("metrics.jsonl"))?;
+    let mut summary = rn50_report::TrainSummary {
+        arch: args.arch.to_string(),
+        device: run.device.clone(),
+        world_size: run.world as u64,
+        batch_size: args.batch_size as u64,
+        global_batch: run.global_batch as u64,
+        lr: run.peak_lr,
+        precision: run.precision.to_string(),
+        dataset: args
             .data
             .as_ref()
-            .expect("clap requires DATA without --dummy");
-        let (train, val) = (open(&root.join("train"))?, open(&root.join("val"))?);
-        if train.classes() != val.classes() {
-            bail!(
-                "train/ has {} classes and val/ {}, or their names differ: they must be the same set",
-                train.classes().len(),
-                val.classes().len()
-            );
-        }
-        classes = train.classes().len();
-        let train_cfg = LoaderConfig {
-            transform: Transform::train(args.image_size),
-            seed: args.seed,
-            ..LoaderConfig::train(args.batch_size, workers)
-        };
-        let val_cfg = LoaderConfig {
-            transform: Transform::val(args.val_resize, args.val_crop),
-            ..LoaderConfig::val(args.batch_size, workers)
-        };
-        Data::Real {
-            train: Box::new(Loader::new(train, train_cfg)?),
-            val: Box::new(Loader::new(val, val_cfg)?),
-        }
+            .filter(|_| !args.dummy)
+            .map_or("dummy".into(), |d| d.display().to_string()),
+        ..Default::default()
     };
+    summary.fill_from_metrics(&metrics);
+    rn50_report::write_summary(&args.out, &summary)?;
+    rn50_report::write_run_report(&args.out)?;
+    Ok(())
+}
 
-    let mut model_cfg = ResNetConfig::new(args.arch);
-    model_cfg.num_classes = classes as i64;
-    model_cfg.zero_init_residual = args.zero_init_residual;
-    let sgd = SgdConfig {
-        momentum: args.momentum,
-        weight_decay: args.wd,
-        nesterov: args.nesterov,
-        no_bn_bias_decay: args.no_bn_wd,
-        lars_eta: None,
-    };
-    let step_cfg = StepConfig {
-        precision,
-        channels_last,
-        label_smoothing: args.label_smoothing,
-        sgd,
-    };
-    let mut step = TrainStep::new(Model::new(model_cfg.clone(), device), step_cfg);
-    let config = serde_json::to_value(args)?;
-    let mut position = Position::default();
-    if let Some(ckpt) = &args.resume {
-        let (p, _) = checkpoint::load(ckpt, &mut step)
-            .with_context(|| format!("resuming from {}", ckpt.display()))?;
-        eprintln!(
-            "resumed from {} at epoch {} batch {}",
-            ckpt.display(),
-            p.epoch,
-            p.batch_in_epoch
-        );
-        position = p;
-    }
-    let mut ema = args.ema.map(|d| Ema::new(&step.model, d));
-
-    let global_batch = args.batch_size;
-    let peak = scaled_lr(args.lr, global_batch);
+fn schedule(args: &TrainArgs, peak: f64) -> Result<LrSchedule> {
     let decay = match args.lr_schedule {
         ScheduleKind::Step => {
             let e = args.epochs as f64;
@@ -221,16 +96,138 @@ pub fn command(args: &TrainArgs) -> Result<()> {
         ScheduleKind::Cosine => Decay::Cosine { final_lr: 0.0 },
         ScheduleKind::Linear => Decay::Linear,
     };
-    let schedule = LrSchedule::new(peak, args.warmup_epochs, args.epochs as f64, decay)?;
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("creating {}", args.out.display()))?;
-    eprintln!(
-        "rn50 train: {} on {} ({precision}{}), batch {global_batch}, lr {} x {global_batch}/256 = {peak}; {schedule}",
-        args.arch,
-        device_name(device),
-        if channels_last { ", channels_last" } else { "" },
-        args.lr
-    );
+    LrSchedule::new(peak, args.warmup_epochs, args.epochs as f64, decay)
+}
+
+fn resolution(args: &TrainArgs) -> Result<Resolution> {
+    match args.min_res {
+        None => Ok(Resolution::fixed(args.image_size)),
+        Some(min) => Resolution::new(
+            min,
+            args.image_size,
+            args.start_ramp,
+            args.end_ramp.unwrap_or(0.85 * args.epochs as f64),
+        ),
+    }
+}
+
+fn append(dir: &Path, name: &str) -> Result<std::fs::File> {
+    let path = dir.join(name);
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))
+}
+
+pub fn command(args: &TrainArgs) -> Result<()> {
+    if args.batch_size == 0 || args.epochs == 0 || args.print_freq == 0 || args.accum_steps == 0 {
+        bail!("--batch-size, --epochs, --accum-steps and --print-freq must be at least 1");
+    }
+    if args.width < 1 {
+        bail!("--width must be at least 1");
+    }
+    // torchrun / SLURM / Open MPI / PBS / `rn50 launch` tell each process its rank; one device per process.
+    let world_info = WorldInfo::from_env()?;
+    let Compute {
+        device,
+        precision,
+        channels_last,
+        cpu,
+    } = args.compute.resolve_local(world_info.local_rank)?;
+    let local_ranks = world_info.local_world_size.max(1);
+    if local_ranks > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
+        // srun does not split the cores between the tasks of a node: do it here.
+        tch::set_num_threads(world_info.threads_per_rank() as i32);
+    }
+    let dist = DistContext::init_with(world_info, device)?;
+    let (rank, world) = (dist.rank(), dist.world_size());
+    let rank0 = dist.is_main();
+    let workers = args
+        .workers
+        .unwrap_or(cpu.logical_cores / local_ranks)
+        .max(1);
+    tch::manual_seed(args.seed as i64);
+
+    let mut data = match (&args.data, args.dummy) {
+        (Some(root), false) => Some(RealData::open(root, args, workers, rank, world)?),
+        _ => None,
+    };
+    let classes = data.as_ref().map_or(1000, |d| d.classes);
+
+    let mut model_cfg = ResNetConfig::new(args.arch);
+    model_cfg.num_classes = classes as i64;
+    model_cfg.zero_init_residual = args.zero_init_residual;
+    model_cfg.width = args.width;
+    if args.augment == Augment::Cifar {
+        model_cfg.stem = Stem::Cifar;
+    }
+    let sgd = SgdConfig {
+        momentum: args.momentum,
+        weight_decay: args.wd,
+        nesterov: args.nesterov,
+        no_bn_bias_decay: args.no_bn_wd,
+        lars_eta: (args.optimizer == OptimizerKind::Lars).then_some(args.lars_eta),
+    };
+    let step_cfg = StepConfig {
+        precision,
+        channels_last,
+        label_smoothing: args.label_smoothing,
+        sgd,
+    };
+    let mut step = TrainStep::new(Model::new(model_cfg.clone(), device), step_cfg);
+    let mut ema = args.ema.map(|d| Ema::new(&step.model, d));
+    let config = serde_json::to_value(args)?;
+    let mut position = Position::default();
+    if let Some(ckpt) = match &args.resume {
+        Some(r) => resolve_resume(r, &args.out)?,
+        None => None,
+    } {
+        let (p, _) = checkpoint::load(&ckpt, &mut step, ema.as_mut())
+            .with_context(|| format!("resuming from {}", ckpt.display()))?;
+        if rank0 {
+            eprintln!(
+                "resumed from {} at epoch {} batch {}",
+                ckpt.display(),
+                p.epoch,
+                p.batch_in_epoch
+            );
+        }
+        position = p;
+    }
+    if world > 1 {
+        // DDP: rank 0's weights everywhere, then gradients averaged in buckets during backward. Built after
+        // the channels_last conversion and the checkpoint load: buckets follow the parameters' strides.
+        let params = step.model.parameters_in_forward_order();
+        let buffers = step.model.buffers();
+        let opts = rn50_distributed::DdpOptions {
+            bucket_cap_bytes: (args.bucket_cap_mb * 1024.0 * 1024.0) as usize,
+            ..Default::default()
+        };
+        step.grad_sync = Some(dist.gradient_sync(&params, &buffers, &opts)?);
+        if let Some(e) = &mut ema {
+            *e = Ema::new(&step.model, e.decay);
+        }
+    }
+
+    let global_batch = args.batch_size * args.accum_steps * world;
+    let peak = scaled_lr(args.lr, global_batch);
+    let schedule = schedule(args, peak)?;
+    let resolution = resolution(args)?;
+    if rank0 {
+        std::fs::create_dir_all(&args.out)
+            .with_context(|| format!("creating {}", args.out.display()))?;
+        eprintln!(
+            "rn50 train: {} on {} ({precision}{}), global batch {global_batch} ({} x {} accum x {world} procs), \
+             lr {} x {global_batch}/256 = {peak}; {schedule}",
+            args.arch,
+            device_name(device),
+            if channels_last { ", channels_last" } else { "" },
+            args.batch_size,
+            args.accum_steps,
+            args.lr
+        );
+    }
 
     let eval_model = |step: &TrainStep, ema: &Option<Ema>, val: &Loader| -> Result<EvalResult> {
         match ema {
@@ -246,10 +243,10 @@ pub fn command(args: &TrainArgs) -> Result<()> {
         }
     };
     if args.evaluate {
-        let Data::Real { val, .. } = &data else {
+        let Some(d) = &data else {
             bail!("-e needs a dataset, not --dummy")
         };
-        let r = eval_model(&step, &ema, val)?;
+        let r = eval_model(&step, &ema, &d.val)?;
         println!(
             "Acc@1 {:.3} Acc@5 {:.3} ({} images)",
             r.acc1, r.acc5, r.images
@@ -262,160 +259,240 @@ pub fn command(args: &TrainArgs) -> Result<()> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGUSR1] {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
-    let append = |name: &str| {
-        let path = args.out.join(name);
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))
-    };
     // Per-epoch records, and every logged step with its loss at full precision.
-    let mut metrics = append("metrics.jsonl")?;
-    let mut steps_log = append("steps.jsonl")?;
-    let ckpt_path = args.out.join("checkpoint.safetensors");
-    let dummy = match &data {
-        Data::Dummy { classes } => Some((
-            Tensor::randint(
-                256,
-                [
-                    global_batch as i64,
-                    args.image_size as i64,
-                    args.image_size as i64,
-                    3,
-                ],
-                (Kind::Uint8, device),
-            ),
-            Tensor::randint(
-                *classes as i64,
-                [global_batch as i64],
-                (Kind::Int64, device),
-            ),
-        )),
-        Data::Real { .. } => None,
+    let (mut metrics, mut steps_log) = if rank0 {
+        (
+            Some(append(&args.out, "metrics.jsonl")?),
+            Some(append(&args.out, "steps.jsonl")?),
+        )
+    } else {
+        (None, None)
     };
-    let batches_per_epoch = match &data {
-        Data::Real { train, .. } => train.batches_per_epoch(),
-        Data::Dummy { .. } => args.steps_per_epoch.unwrap_or(100),
+    let mut keeper = Keeper::new(&args.out, args.keep_checkpoints, args.checkpoint_minutes)?;
+    if rank0 {
+        keeper.clear_stale();
+    }
+    let dummy = data.is_none().then(|| {
+        let s = args.image_size as i64;
+        let b = args.batch_size as i64;
+        (
+            Tensor::randint(256, [b, s, s, 3], (Kind::Uint8, device)),
+            Tensor::randint(classes as i64, [b], (Kind::Int64, device)),
+        )
+    });
+    let micro_per_epoch = match &mut data {
+        Some(d) => d.batches_per_epoch(args)?,
+        None => args.steps_per_epoch.unwrap_or(100) * args.accum_steps,
     };
+    if micro_per_epoch < args.accum_steps {
+        bail!(
+            "an epoch has {micro_per_epoch} batches, fewer than --accum-steps {}",
+            args.accum_steps
+        );
+    }
     let per_epoch = args
         .steps_per_epoch
-        .map_or(batches_per_epoch, |s| s.min(batches_per_epoch))
+        .map_or(micro_per_epoch / args.accum_steps, |s| {
+            s.min(micro_per_epoch / args.accum_steps)
+        })
         .max(1);
+    let run_start = Instant::now();
+    let run_info = RunInfo {
+        device: match device {
+            tch::Device::Cpu => format!("{} ({} threads)", cpu.model, tch::get_num_threads()),
+            d => device_name(d),
+        },
+        world,
+        global_batch,
+        peak_lr: peak,
+        precision,
+    };
+    // Read bandwidth and IOPS of the dataset's disk and of this process, per epoch and as io.jsonl.
+    let io = match (&args.data, rank0 && data.is_some()) {
+        (Some(root), true) => Some(rn50_report::IoMonitor::start_logging(
+            root,
+            std::time::Duration::from_secs(1),
+            &args.out.join("io.jsonl"),
+        )?),
+        _ => None,
+    };
 
+    // The position after `s` optimizer steps of `epoch`.
+    let here = |epoch: usize, s: usize, best_acc1: f64| Position {
+        epoch: epoch as u64,
+        batch_in_epoch: (s * args.accum_steps) as u64,
+        global_step: (epoch * per_epoch + s) as u64,
+        best_acc1,
+        world_size: world as u64,
+        batch_size: args.batch_size as u64,
+    };
+    let resume_batch = position.start_batch(args.batch_size, world);
+    if rank0 && resume_batch != position.batch_in_epoch as usize {
+        eprintln!(
+            "checkpoint written by {} processes x batch {}: resuming epoch {} at batch {resume_batch} of this layout",
+            position.world_size, position.batch_size, position.epoch
+        );
+    }
     for epoch in position.epoch as usize..args.epochs {
-        let start_batch = if epoch as u64 == position.epoch {
-            position.batch_in_epoch as usize
+        let start = if epoch as u64 == position.epoch {
+            resume_batch / args.accum_steps
         } else {
             0
         };
-        let t0 = Instant::now();
-        let (mut loss_sum, mut loss_n, mut images, mut lr) = (0.0, 0usize, 0usize, 0.0);
-        let mut run_batch = |i: usize,
-                             images_u8: &Tensor,
-                             labels: &Tensor,
-                             step: &mut TrainStep|
-         -> Result<()> {
-            lr = schedule.at(epoch as f64 + (i + 1) as f64 / per_epoch as f64);
-            let out = step.step_u8(images_u8, labels, lr)?;
+        let res = resolution.at(epoch);
+        let mut prog = EpochProgress::new(epoch, start, per_epoch, world, rank0);
+        let io_start = io.as_ref().map(|m| m.snapshot());
+        let mut batches = match &mut data {
+            Some(d) => Some(
+                d.train(args, res)?
+                    .epoch(epoch as u64, start * args.accum_steps),
+            ),
+            None => None,
+        };
+        let (mut loss_sum, mut loss_n, mut lr) = (0.0, 0usize, 0.0);
+        let mut s = start;
+        // Every rank must stop at the same step (a signal may reach only some): agree on it each step.
+        let stop_now = |dist: &DistContext| -> Result<bool> {
+            Ok(dist.any_rank(stop.load(Ordering::Relaxed), "checking for a stop signal")?)
+        };
+        let mut stopping = false;
+        while s < per_epoch {
+            stopping = stop_now(&dist)?;
+            if stopping {
+                break;
+            }
+            step.opt.zero_grad();
+            let mut loss = Tensor::zeros([], (Kind::Float, device));
+            for micro in 0..args.accum_steps {
+                let (images, labels, _batch);
+                if let Some(it) = &mut batches {
+                    let t = Instant::now();
+                    let b = it
+                        .next()
+                        .context("the loader ended before the epoch's last step")??;
+                    prog.data_wait += t.elapsed();
+                    let db = DeviceBatch::new(b, device)?;
+                    (images, labels) = (db.images.shallow_clone(), db.labels.shallow_clone());
+                    _batch = Some(db);
+                } else {
+                    let (x, y) = dummy.as_ref().expect("dummy batch without a dataset");
+                    (images, labels, _batch) = (x.shallow_clone(), y.shallow_clone(), None);
+                }
+                let x = step.input.normalize(&images);
+                let l = step.backward(&x, &labels, micro, args.accum_steps)?;
+                loss += l / args.accum_steps as f64;
+                prog.images += labels.size()[0] as usize;
+            }
+            lr = schedule.at(epoch as f64 + (s + 1) as f64 / per_epoch as f64);
+            let skipped = step.apply(lr)?;
             if let Some(e) = &mut ema {
                 e.update();
             }
-            images += labels.size()[0] as usize;
-            if (i + 1).is_multiple_of(args.print_freq) || i + 1 == per_epoch {
-                let loss = f64::try_from(&out.loss)?;
-                if !loss.is_finite() && !out.skipped {
-                    bail!("the loss became {loss} at epoch {epoch} step {i}: stopping (the last checkpoint is kept)");
+            let logged = if (s + 1).is_multiple_of(args.print_freq) || s + 1 == per_epoch {
+                let loss = f64::try_from(&loss)?;
+                if !loss.is_finite() && !skipped {
+                    bail!("the loss became {loss} at epoch {epoch} step {s}: stopping (the last checkpoint is kept)");
                 }
                 loss_sum += loss;
                 loss_n += 1;
-                let rec = serde_json::json!({"epoch": epoch, "step": i, "loss": loss, "lr": lr});
-                writeln!(steps_log, "{rec}")?;
+                if let Some(f) = &mut steps_log {
+                    let rec =
+                        serde_json::json!({"epoch": epoch, "step": s, "loss": loss, "lr": lr});
+                    writeln!(f, "{rec}")?;
+                }
+                Some(loss)
+            } else {
+                None
+            };
+            prog.step(s, logged, lr);
+            s += 1;
+            if rank0 && keeper.due() && s < per_epoch {
+                let p = here(epoch, s, position.best_acc1);
+                keeper.save(&step, ema.as_ref(), &p, &config)?;
+            }
+        }
+        prog.finish();
+        drop(batches);
+        if stopping {
+            let p = here(epoch, s, position.best_acc1);
+            if rank0 {
+                let path = keeper.save(&step, ema.as_ref(), &p, &config)?;
                 eprintln!(
-                    "epoch {epoch} [{:>5}/{per_epoch}] loss {loss:.4} lr {lr:.5} {:.1} img/s",
-                    i + 1,
-                    images as f64 / t0.elapsed().as_secs_f64()
+                    "signal received: checkpoint saved to {} (resume with --resume {})",
+                    path.display(),
+                    args.out.display()
                 );
             }
-            Ok(())
-        };
-        let mut i = start_batch;
-        match (&data, &dummy) {
-            (Data::Real { train, .. }, _) => {
-                for batch in train.epoch(epoch as u64, start_batch) {
-                    if i >= per_epoch || stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let b = batch?;
-                    let shape = [b.n() as i64, b.h() as i64, b.w() as i64, 3];
-                    let x = Tensor::f_from_data_size(&b, &shape, Kind::Uint8)?.to_device(device);
-                    let y = Tensor::from_slice(b.labels()).to_device(device);
-                    drop(b);
-                    run_batch(i, &x, &y, &mut step)?;
-                    i += 1;
-                }
-            }
-            (Data::Dummy { .. }, Some((x, y))) => {
-                while i < per_epoch && !stop.load(Ordering::Relaxed) {
-                    run_batch(i, x, y, &mut step)?;
-                    i += 1;
-                }
-            }
-            _ => unreachable!("dummy batch exists exactly for dummy data"),
-        }
-        if stop.load(Ordering::Relaxed) {
-            let p = Position {
-                epoch: epoch as u64,
-                batch_in_epoch: i as u64,
-                global_step: (epoch * per_epoch + i) as u64,
-                best_acc1: position.best_acc1,
-            };
-            checkpoint::save(&ckpt_path, &step, &p, &config)?;
-            eprintln!(
-                "signal received: checkpoint saved to {} (resume with --resume)",
-                ckpt_path.display()
-            );
             std::process::exit(EXIT_PREEMPTED);
         }
-        let train_secs = t0.elapsed().as_secs_f64();
+        let (train_secs, images_per_sec) = (prog.elapsed(), prog.images_per_sec());
         let r = match &data {
-            Data::Real { val, .. } => eval_model(&step, &ema, val)?,
-            Data::Dummy { .. } => EvalResult {
+            Some(d) => eval_model(&step, &ema, &d.val)?.all_ranks(&dist)?,
+            None => EvalResult {
                 acc1: f64::NAN,
                 acc5: f64::NAN,
-                images: 0,
-                bad_images: 0,
-                seconds: 0.0,
-                images_per_sec: 0.0,
+                ..EvalResult::default()
             },
         };
-        position = Position {
-            epoch: epoch as u64 + 1,
-            batch_in_epoch: 0,
-            global_step: ((epoch + 1) * per_epoch) as u64,
-            best_acc1: position
-                .best_acc1
-                .max(if r.acc1.is_nan() { 0.0 } else { r.acc1 }),
-        };
-        checkpoint::save(&ckpt_path, &step, &position, &config)?;
-        if r.acc1 >= position.best_acc1 {
+        let improved = !r.acc1.is_nan() && r.acc1 >= position.best_acc1;
+        position = here(
+            epoch + 1,
+            0,
+            if improved { r.acc1 } else { position.best_acc1 },
+        );
+        if !rank0 {
+            continue;
+        }
+        let io_epoch = io
+            .as_ref()
+            .zip(io_start)
+            .map(|(m, s0)| m.snapshot().delta(&s0));
+        keeper.save(&step, ema.as_ref(), &position, &config)?;
+        if improved {
             weights::save(&step.model, &args.out.join("best.safetensors"))?;
         }
         let rec = EpochRecord {
             epoch,
             train_loss: loss_sum / loss_n.max(1) as f64,
             lr,
-            images_per_sec: images as f64 / train_secs,
+            images_per_sec,
             acc1: r.acc1,
             acc5: r.acc5,
-            seconds: t0.elapsed().as_secs_f64(),
+            val_images: r.images,
+            seconds: prog.elapsed(),
+            resolution: res,
+            data_wait_share: prog.data_wait.as_secs_f64() / train_secs.max(1e-9),
+            disk_read_gbs: io_epoch.as_ref().and_then(|d| d.disk_read_gbs),
+            disk_read_iops: io_epoch.as_ref().and_then(|d| d.disk_read_iops),
+            process_read_gbs: io_epoch.as_ref().and_then(|d| d.process_read_gbs),
         };
-        writeln!(metrics, "{}", serde_json::to_string(&rec)?)?;
+        if let Some(f) = &mut metrics {
+            writeln!(f, "{}", serde_json::to_string(&rec)?)?;
+        }
         eprintln!(
-            "epoch {epoch}: loss {:.4}  Acc@1 {:.3}  Acc@5 {:.3}  {:.1} img/s",
-            rec.train_loss, r.acc1, r.acc5, rec.images_per_sec
+            "epoch {epoch}: loss {:.4}  Acc@1 {:.3}  Acc@5 {:.3}  {:.1} img/s  data wait {:.0}%  ({:.0} s)",
+            rec.train_loss,
+            r.acc1,
+            r.acc5,
+            rec.images_per_sec,
+            100.0 * rec.data_wait_share,
+            rec.seconds
+        );
+        write_report(args, &run_info)?;
+    }
+    // Rank 0 serves the rendezvous store: it leaves last.
+    drop(step.grad_sync.take());
+    dist.finish()?;
+    if rank0 {
+        weights::save(&step.model, &args.out.join("final.safetensors"))?;
+        if args.out.join("metrics.jsonl").exists() {
+            eprint!("{}", rn50_report::summary_text(&args.out)?);
+        }
+        eprintln!(
+            "done in {:.0} s; weights in {}",
+            run_start.elapsed().as_secs_f64(),
+            args.out.display()
         );
     }
-    weights::save(&step.model, &args.out.join("final.safetensors"))?;
     Ok(())
 }

@@ -97,6 +97,53 @@ impl fmt::Display for LrSchedule {
     }
 }
 
+/// Progressive resizing as FFCV does it: `min` until epoch `start`, then linear growth to `max` at `end`,
+/// rounded to a multiple of 32 (small images early train faster; the last epochs run at full size).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Resolution {
+    pub min: usize,
+    pub max: usize,
+    pub start: f64,
+    pub end: f64,
+}
+
+impl Resolution {
+    pub fn fixed(size: usize) -> Self {
+        Self {
+            min: size,
+            max: size,
+            start: 0.0,
+            end: 0.0,
+        }
+    }
+
+    pub fn new(min: usize, max: usize, start: f64, end: f64) -> Result<Self> {
+        if min == 0 || min > max || start < 0.0 || end < start {
+            bail!("progressive resizing needs 0 < --min-res <= --image-size and --start-ramp <= --end-ramp (got {min}, {max}, {start}, {end})");
+        }
+        Ok(Self {
+            min,
+            max,
+            start,
+            end,
+        })
+    }
+
+    /// The training resolution of `epoch`.
+    pub fn at(&self, epoch: usize) -> usize {
+        let e = epoch as f64;
+        if self.min == self.max || e <= self.start {
+            return self.min;
+        }
+        if e >= self.end {
+            return self.max;
+        }
+        let t = (e - self.start) / (self.end - self.start);
+        let res = self.min as f64 + t * (self.max - self.min) as f64;
+        ((res / 32.0).round() as usize * 32).clamp(self.min, self.max)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,6 +198,23 @@ mod tests {
         assert!(close(s.at(0.0), 1.0));
         assert!(close(s.at(7.5), 0.25));
         assert_eq!(s.at(10.0), 0.0);
+    }
+
+    #[test]
+    fn progressive_resizing_like_ffcv() {
+        // 160 → 192 between epochs 11 and 13 of 16, as in FFCV's short ResNet-50 configs.
+        let r = Resolution::new(160, 192, 11.0, 13.0).unwrap();
+        let got: Vec<usize> = (0..16).map(|e| r.at(e)).collect();
+        let mut want = vec![160; 12];
+        want.extend([192; 4]); // epoch 12: 176 = 5.5·32 rounds to 6·32, as numpy's round does too
+        assert_eq!(got, want);
+        let r = Resolution::new(128, 224, 0.0, 30.0).unwrap();
+        assert_eq!(
+            [r.at(0), r.at(10), r.at(15), r.at(29), r.at(30)],
+            [128, 160, 192, 224, 224]
+        );
+        assert!(Resolution::new(256, 224, 0.0, 1.0).is_err());
+        assert_eq!(Resolution::fixed(32).at(7), 32);
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub fn shared() -> PathBuf {
 }
 
 /// `root/split/<wnid>/<wnid>_<i>.JPEG`: `copies` copies of each of the first `classes` ImageNet sample photos.
+#[allow(dead_code)]
 pub fn image_tree(root: &Path, split: &str, classes: usize, copies: usize) {
     let mut photos: Vec<PathBuf> = std::fs::read_dir(shared().join("jpeg/imagenet"))
         .unwrap()

@@ -1,0 +1,141 @@
+//! Where a bench step's batch comes from, by data mode: a constant batch on the device (compute only), random
+//! bytes made on the host and copied (transfer), or the real decode/augment loader over synthetic JPEGs of
+//! ImageNet's size distribution or over a dataset on disk (the whole input pipeline).
+use anyhow::{Context, Result};
+use rn50_pipeline::{Dataset, Epoch, Loader, LoaderConfig, Transform};
+use tch::{Device, Kind, Tensor};
+
+use super::host_data::HostBatches;
+use crate::train::data::DeviceBatch;
+
+pub enum Source {
+    Device {
+        images: Tensor,
+        labels: Tensor,
+    },
+    Host {
+        batches: HostBatches,
+        on_device: Tensor,
+        labels: Tensor,
+    },
+    Loader {
+        loader: Box<Loader>,
+        epoch: u64,
+        it: Box<Epoch>,
+    },
+}
+
+/// A batch handed to the step: keeps what the device may still read alive until dropped.
+pub struct Staged {
+    pub images: Tensor,
+    pub labels: Tensor,
+    _keep: Keep,
+}
+
+enum Keep {
+    Nothing,
+    Pinned(Tensor),
+    /// Holds the loader's buffer (viewed by `images` on CPU) until the step is done.
+    Loader {
+        _batch: DeviceBatch,
+    },
+}
+
+impl Source {
+    pub fn device(b: i64, s: i64, device: Device) -> Source {
+        Source::Device {
+            images: Tensor::randint(256, [b, s, s, 3], (Kind::Uint8, device)),
+            labels: Tensor::randint(1000, [b], (Kind::Int64, device)),
+        }
+    }
+
+    pub fn host(b: i64, s: i64, device: Device, seed: u64) -> Source {
+        Source::Host {
+            batches: HostBatches::new(b, s, device, 3, seed),
+            on_device: Tensor::empty([b, s, s, 3], (Kind::Uint8, device)),
+            labels: Tensor::randint(1000, [b], (Kind::Int64, device)),
+        }
+    }
+
+    /// The training loader (RandomResizedCrop + flip at `size`) over `dataset`, this rank's shard.
+    pub fn loader(dataset: Dataset, cfg: LoaderConfig, size: usize) -> Result<Source> {
+        let cfg = LoaderConfig {
+            transform: Transform::train(size),
+            ..cfg
+        };
+        let loader = Box::new(Loader::new(dataset, cfg)?);
+        anyhow::ensure!(
+            loader.batches_per_epoch() > 0,
+            "the dataset has fewer images than one batch per process"
+        );
+        let it = Box::new(loader.epoch(0, 0));
+        Ok(Source::Loader {
+            loader,
+            epoch: 0,
+            it,
+        })
+    }
+
+    /// The next batch, on the device (GPU: copied asynchronously from pinned memory).
+    pub fn next(&mut self, device: Device) -> Result<Staged> {
+        match self {
+            Source::Device { images, labels } => Ok(Staged {
+                images: images.shallow_clone(),
+                labels: labels.shallow_clone(),
+                _keep: Keep::Nothing,
+            }),
+            Source::Host {
+                batches,
+                on_device,
+                labels,
+            } => {
+                let batch = batches.next();
+                let keep = if device.is_cuda() {
+                    // Queued ahead of this step's kernels; the buffer is recycled once the step is done.
+                    *on_device = batch.to_device_(device, Kind::Uint8, true, false);
+                    Keep::Pinned(batch)
+                } else {
+                    on_device.copy_(&batch);
+                    batches.recycle(batch);
+                    Keep::Nothing
+                };
+                Ok(Staged {
+                    images: on_device.shallow_clone(),
+                    labels: labels.shallow_clone(),
+                    _keep: keep,
+                })
+            }
+            Source::Loader { loader, epoch, it } => {
+                let batch = loop {
+                    match it.next() {
+                        Some(b) => break b.context("loading a batch")?,
+                        None => {
+                            *epoch += 1;
+                            **it = loader.epoch(*epoch, 0);
+                        }
+                    }
+                };
+                let b = DeviceBatch::new(batch, device)?;
+                Ok(Staged {
+                    images: b.images.shallow_clone(),
+                    labels: b.labels.shallow_clone(),
+                    _keep: Keep::Loader { _batch: b },
+                })
+            }
+        }
+    }
+
+    /// Gives a host buffer back once the step that read it is done.
+    pub fn recycle(&mut self, staged: Staged) {
+        if let (Source::Host { batches, .. }, Keep::Pinned(t)) = (self, staged._keep) {
+            batches.recycle(t);
+        }
+    }
+
+    pub fn bad_images(&self) -> u64 {
+        match self {
+            Source::Loader { loader, .. } => loader.stats().bad_images,
+            _ => 0,
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Where `rn50 train` gets its batches: DATA/train and DATA/val (or DATA/test) with the chosen recipe's
+//! transforms, a train loader rebuilt when progressive resizing changes the resolution, and the hand-over of
+//! a host batch to the device.
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use rn50_pipeline::{Batch, Dataset, Loader, LoaderConfig, Transform};
+use tch::{Device, Kind, Tensor};
+
+use crate::train::args::{Augment, TrainArgs};
+
+/// The validation split: `val/`, or `test/` as CIFAR-style trees name it.
+fn val_split(root: &Path) -> Result<PathBuf> {
+    for name in ["val", "test"] {
+        let p = root.join(name);
+        if p.exists() {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "{} has no val/ (or test/) folder: expected DATA/train and DATA/val",
+        root.display()
+    )
+}
+
+fn open(dir: &Path) -> Result<Dataset> {
+    Dataset::open(dir).with_context(|| format!("opening {}", dir.display()))
+}
+
+/// The training recipe's transforms at training resolution `res`.
+fn train_transform(args: &TrainArgs, res: usize) -> Transform {
+    match args.augment {
+        Augment::Imagenet => Transform::train(res),
+        Augment::Cifar => Transform::pad_crop(res, args.pad),
+    }
+}
+
+fn val_transform(args: &TrainArgs) -> Transform {
+    match args.augment {
+        Augment::Imagenet => Transform::val(args.val_resize, args.val_crop),
+        // CIFAR evaluates on the images as they are.
+        Augment::Cifar => Transform::val(args.image_size, args.image_size),
+    }
+}
+
+pub struct RealData {
+    train_set: Dataset,
+    train_cfg: LoaderConfig,
+    /// The loader for the current resolution.
+    train: Option<(usize, Loader)>,
+    pub val: Loader,
+    pub classes: usize,
+}
+
+impl RealData {
+    /// Opens both splits (this rank's shard of each) and checks they agree on the classes.
+    pub fn open(
+        root: &Path,
+        args: &TrainArgs,
+        workers: usize,
+        rank: usize,
+        world: usize,
+    ) -> Result<Self> {
+        let train_dir = root.join("train");
+        if !train_dir.exists() {
+            bail!(
+                "{} has no train/ folder: expected DATA/train and DATA/val",
+                root.display()
+            );
+        }
+        let val_dir = val_split(root)?;
+        let (train, val) = (open(&train_dir)?, open(&val_dir)?);
+        if train.classes() != val.classes() {
+            bail!(
+                "{} has {} classes and {} {}, or their names differ: they must be the same set",
+                train_dir.display(),
+                train.classes().len(),
+                val_dir.display(),
+                val.classes().len()
+            );
+        }
+        let classes = train.classes().len();
+        let train_cfg = LoaderConfig {
+            seed: args.seed,
+            rank,
+            world_size: world,
+            ..LoaderConfig::train(args.batch_size, workers)
+        };
+        let val_cfg = LoaderConfig {
+            transform: val_transform(args),
+            rank,
+            world_size: world,
+            ..LoaderConfig::val(args.batch_size, workers)
+        };
+        Ok(Self {
+            train_set: train,
+            train_cfg,
+            train: None,
+            val: Loader::new(val, val_cfg)?,
+            classes,
+        })
+    }
+
+    /// The train loader at resolution `res` (built on first use and when the resolution changes).
+    pub fn train(&mut self, args: &TrainArgs, res: usize) -> Result<&Loader> {
+        if self.train.as_ref().is_none_or(|(r, _)| *r != res) {
+            let cfg = LoaderConfig {
+                transform: train_transform(args, res),
+                ..self.train_cfg.clone()
+            };
+            self.train = Some((res, Loader::new(self.train_set.clone(), cfg)?));
+        }
+        Ok(&self.train.as_ref().expect("just built").1)
+    }
+
+    /// Batches per epoch (the same at every resolution).
+    pub fn batches_per_epoch(&mut self, args: &TrainArgs) -> Result<usize> {
+        let res = self.train.as_ref().map_or(args.image_size, |(r, _)| *r);
+        Ok(self.train(args, res)?.batches_per_epoch())
+    }
+}
+
+/// A batch on the device: uint8 NHWC images and int64 labels.
+pub struct DeviceBatch {
+    pub images: Tensor,
+    pub labels: Tensor,
+    /// On CPU the images tensor borrows the loader's buffer: keep it until the tensors are dropped
+    /// (fields drop in order, so the tensors go first).
+    _host: Option<Batch>,
+}
+
+impl DeviceBatch {
+    /// CPU: no copy, the tensor views the loader's buffer. GPU: staged through page-locked memory from
+    /// PyTorch's caching host allocator and copied asynchronously, like DataLoader's pin_memory +
+    /// `.cuda(non_blocking=True)`: the copy queues behind the running step while the host goes on to the
+    /// next batch, and the allocator keeps the staging buffer until its copy has finished.
+    pub fn new(batch: Batch, device: Device) -> Result<Self> {
+        let shape = [batch.n() as i64, batch.h() as i64, batch.w() as i64, 3];
+        let labels = Tensor::from_slice(batch.labels());
+        // SAFETY: `batch` holds `shape.product()` contiguous bytes and outlives `host` (kept in `_host`
+        // on CPU; on GPU `host` is copied from before `batch` is dropped here).
+        let host = unsafe {
+            Tensor::from_blob(
+                batch.as_ptr(),
+                &shape,
+                &[shape[1] * shape[2] * 3, shape[2] * 3, 3, 1],
+                Kind::Uint8,
+                Device::Cpu,
+            )
+        };
+        if device == Device::Cpu {
+            return Ok(Self {
+                images: host,
+                labels,
+                _host: Some(batch),
+            });
+        }
+        let pinned = host.f_pin_memory(device)?;
+        drop(host);
+        drop(batch);
+        Ok(Self {
+            images: pinned.f_to_device_(device, Kind::Uint8, true, false)?,
+            labels: labels
+                .f_pin_memory(device)?
+                .f_to_device_(device, Kind::Int64, true, false)?,
+            _host: None,
+        })
+    }
+}
