@@ -389,7 +389,10 @@ pub fn command(args: &TrainArgs) -> Result<()> {
                 e.update();
             }
             let logged = if (s + 1).is_multiple_of(args.print_freq) || s + 1 == per_epoch {
-                let loss = f64::try_from(&loss)?;
+                // The mean over ranks: what is logged, and what every rank judges (so all stop together).
+                let mut mean = [f64::try_from(&loss)? / world as f64];
+                dist.sum_f64(&mut mean, "averaging the loss")?;
+                let loss = mean[0];
                 if !loss.is_finite() && !skipped {
                     bail!("the loss became {loss} at epoch {epoch} step {s}: stopping (the last checkpoint is kept)");
                 }
