@@ -205,7 +205,8 @@ pub fn command(args: &TrainArgs) -> Result<()> {
             ..Default::default()
         };
         step.grad_sync = Some(dist.gradient_sync(&params, &buffers, &opts)?);
-        if let Some(e) = &mut ema {
+        // A fresh EMA starts from the broadcast weights; a resumed one is the checkpoint's on every rank.
+        if let (Some(e), None) = (&mut ema, &args.resume) {
             *e = Ema::new(&step.model, e.decay);
         }
     }
@@ -246,11 +247,13 @@ pub fn command(args: &TrainArgs) -> Result<()> {
         let Some(d) = &data else {
             bail!("-e needs a dataset, not --dummy")
         };
-        let r = eval_model(&step, &ema, &d.val)?;
-        println!(
-            "Acc@1 {:.3} Acc@5 {:.3} ({} images)",
-            r.acc1, r.acc5, r.images
-        );
+        let r = eval_model(&step, &ema, &d.val)?.all_ranks(&dist)?;
+        if rank0 {
+            println!(
+                "Acc@1 {:.3} Acc@5 {:.3} ({} images)",
+                r.acc1, r.acc5, r.images
+            );
+        }
         return Ok(());
     }
 
@@ -326,7 +329,8 @@ pub fn command(args: &TrainArgs) -> Result<()> {
         world_size: world as u64,
         batch_size: args.batch_size as u64,
     };
-    let resume_batch = position.start_batch(args.batch_size, world);
+    let (resume_epoch, resume_batch) =
+        (position.epoch, position.start_batch(args.batch_size, world));
     if rank0 && resume_batch != position.batch_in_epoch as usize {
         eprintln!(
             "checkpoint written by {} processes x batch {}: resuming epoch {} at batch {resume_batch} of this layout",
@@ -334,7 +338,7 @@ pub fn command(args: &TrainArgs) -> Result<()> {
         );
     }
     for epoch in position.epoch as usize..args.epochs {
-        let start = if epoch as u64 == position.epoch {
+        let start = if epoch as u64 == resume_epoch {
             resume_batch / args.accum_steps
         } else {
             0
