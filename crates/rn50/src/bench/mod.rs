@@ -99,6 +99,10 @@ pub struct BenchArgs {
     /// Repeats of each sweep point.
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
+    /// How the sweep starts each point's ranks: `rn50 launch` on this node, or `srun`/`mpirun` inside a
+    /// SLURM or PBS/UGE allocation (world sizes up to the tasks it has).
+    #[arg(long, value_enum, default_value_t = sweep::SweepLauncher::Launch)]
+    pub launcher: sweep::SweepLauncher,
     /// Image size (square).
     #[arg(long, default_value_t = 224)]
     pub image_size: i64,

@@ -50,6 +50,46 @@ fn point_args(a: &BenchArgs, batch: Option<i64>, json: &Path) -> Vec<String> {
     v
 }
 
+/// How the ranks of one sweep point are started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SweepLauncher {
+    /// `rn50 launch` on this node.
+    Launch,
+    /// `srun -n N` inside a SLURM allocation (the ranks find their place in SLURM's variables).
+    Srun,
+    /// `mpirun -np N` (Open MPI, MPICH, Intel MPI; PBS/UGE allocations).
+    Mpirun,
+}
+
+/// The command line that starts `n` ranks of `bench` with `launcher`.
+pub fn point_command(
+    launcher: SweepLauncher,
+    exe: &Path,
+    n: usize,
+    bench: &[String],
+) -> Vec<String> {
+    let exe = exe.display().to_string();
+    let mut v: Vec<String> = match launcher {
+        SweepLauncher::Launch => vec![
+            exe,
+            "launch".into(),
+            "--nproc-per-node".into(),
+            n.to_string(),
+            "--".into(),
+        ],
+        SweepLauncher::Srun => vec![
+            "srun".into(),
+            "--ntasks".into(),
+            n.to_string(),
+            "--kill-on-bad-exit=1".into(),
+            exe,
+        ],
+        SweepLauncher::Mpirun => vec!["mpirun".into(), "-np".into(), n.to_string(), exe],
+    };
+    v.extend(bench.iter().cloned());
+    v
+}
+
 pub fn command(args: &BenchArgs) -> Result<()> {
     if args.world_sizes.is_empty() || args.world_sizes.contains(&0) || args.repeats == 0 {
         bail!("--world-sizes needs positive sizes and --repeats at least 1");
@@ -78,11 +118,11 @@ pub fn command(args: &BenchArgs) -> Result<()> {
                     r + 1,
                     args.repeats
                 );
-                let status = Command::new(&exe)
-                    .args(["launch", "--nproc-per-node", &n.to_string(), "--"])
-                    .args(point_args(args, batch, &json))
+                let cmd = point_command(args.launcher, &exe, n, &point_args(args, batch, &json));
+                let status = Command::new(&cmd[0])
+                    .args(&cmd[1..])
                     .status()
-                    .context("starting rn50 launch")?;
+                    .with_context(|| format!("starting {}", cmd[0]))?;
                 if !status.success() {
                     bail!("the {n}-rank bench failed ({status})");
                 }
@@ -119,7 +159,7 @@ pub fn command(args: &BenchArgs) -> Result<()> {
         precision: text(&c["precision"]),
         image_size: c["image_size"].as_u64(),
         data: text(&c["data"]),
-        launcher: Some("launch".into()),
+        launcher: Some(format!("{:?}", args.launcher).to_lowercase()),
         points,
         machine: serde_json::from_value(base["machine"].clone()).ok(),
         ..Default::default()
@@ -182,4 +222,27 @@ pub fn render(r: &SweepResult) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_launcher_starts_n_ranks_of_the_same_bench() {
+        let exe = Path::new("/opt/rn50");
+        let bench = vec!["bench".to_string(), "-b".into(), "32".into()];
+        assert_eq!(
+            point_command(SweepLauncher::Launch, exe, 2, &bench).join(" "),
+            "/opt/rn50 launch --nproc-per-node 2 -- bench -b 32"
+        );
+        assert_eq!(
+            point_command(SweepLauncher::Srun, exe, 8, &bench).join(" "),
+            "srun --ntasks 8 --kill-on-bad-exit=1 /opt/rn50 bench -b 32"
+        );
+        assert_eq!(
+            point_command(SweepLauncher::Mpirun, exe, 4, &bench).join(" "),
+            "mpirun -np 4 /opt/rn50 bench -b 32"
+        );
+    }
 }
