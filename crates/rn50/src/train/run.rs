@@ -456,7 +456,16 @@ pub fn command(args: &TrainArgs) -> Result<()> {
             .map(|(m, s0)| m.snapshot().delta(&s0));
         keeper.save(&step, ema.as_ref(), &position, &config)?;
         if improved {
-            weights::save(&step.model, &args.out.join("best.safetensors"))?;
+            // The weights that scored: the EMA's when evaluation used it.
+            let best = args.out.join("best.safetensors");
+            match &ema {
+                Some(e) => {
+                    let m = Model::new(model_cfg.clone(), device);
+                    e.copy_to(&m);
+                    weights::save(&m, &best)?;
+                }
+                None => weights::save(&step.model, &best)?,
+            }
         }
         let rec = EpochRecord {
             epoch,
