@@ -27,32 +27,9 @@
 #include <string>
 #include <vector>
 
+#include "rn50_shim_common.h"
+
 namespace {
-thread_local std::string last_error;
-
-template <typename F>
-int guarded(F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const c10::Error& e) {
-    // what() carries a C++ backtrace; the message alone is what a user needs.
-    last_error = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    last_error = e.what();
-  } catch (...) {
-    last_error = "unknown C++ exception";
-  }
-  return 1;
-}
-
-std::vector<at::Tensor> gather(at::Tensor** ts, size_t n) {
-  std::vector<at::Tensor> v;
-  v.reserve(n);
-  for (size_t i = 0; i < n; ++i) v.push_back(*ts[i]);
-  return v;
-}
-
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();

@@ -21,30 +21,10 @@
 
 #include <c10/core/CachingDeviceAllocator.h>
 
+#include "rn50_shim_common.h"
+
 namespace {
-thread_local std::string last_error;
-
-template <typename F>
-int guarded(F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-  } catch (...) {
-    last_error = "unknown C++ exception";
-  }
-  return 1;
-}
-
 at::DeviceType device_type(int device) { return device == 1 ? at::kCUDA : at::kCPU; }
-
-std::vector<at::Tensor> gather(at::Tensor** ts, size_t n) {
-  std::vector<at::Tensor> v;
-  v.reserve(n);
-  for (size_t i = 0; i < n; ++i) v.push_back(*ts[i]);
-  return v;
-}
 
 char* dup(const std::string& s) {
   char* out = static_cast<char*>(std::malloc(s.size() + 1));

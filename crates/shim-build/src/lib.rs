@@ -1,0 +1,99 @@
+//! What the build scripts of rn50's C++ shims share: the libtorch that torch-sys linked, a `cc::Build` set up
+//! for its headers (C++17, the wheel's CXX11 ABI, and with the `cuda` feature the CUDA/NCCL headers of the pip
+//! wheels' nvidia packages or `CUDA_HOME`), and the link arguments that keep libtorch_cuda and find libtorch at
+//! run time. Shims include `rn50_shim_common.h` (exception guard, tensor-handle gather) from here.
+use std::env;
+use std::path::{Path, PathBuf};
+
+/// The libtorch that torch-sys found (a wheel's `torch/` or an unpacked libtorch).
+pub struct Libtorch {
+    /// `<root>/lib`, where libtorch*.so live.
+    pub lib: PathBuf,
+    /// The libtorch root, with `include/` and `lib/`.
+    pub root: PathBuf,
+}
+
+impl Libtorch {
+    /// Reads the lib dir torch-sys (links = "tch") exports to the build scripts of crates that depend on it.
+    pub fn from_torch_sys() -> Libtorch {
+        let Ok(lib) = env::var("DEP_TCH_LIBTORCH_LIB").map(PathBuf::from) else {
+            panic!("torch-sys did not export its libtorch lib dir (DEP_TCH_LIBTORCH_LIB)");
+        };
+        let root = lib
+            .parent()
+            .map(PathBuf::from)
+            .unwrap_or_else(|| lib.clone());
+        Libtorch { lib, root }
+    }
+
+    /// A C++ build of `source` against libtorch's headers. With `cuda`, adds the CUDA and NCCL headers, defines
+    /// `RN50_CUDA` and links libtorch_cuda/libc10_cuda.
+    pub fn shim(&self, source: &str, cuda: bool) -> cc::Build {
+        let common = Path::new(env!("CARGO_MANIFEST_DIR")).join("include");
+        println!("cargo:rerun-if-changed={source}");
+        println!(
+            "cargo:rerun-if-changed={}",
+            common.join("rn50_shim_common.h").display()
+        );
+        let include = self.root.join("include");
+        let mut build = cc::Build::new();
+        build
+            .cpp(true)
+            .pic(true)
+            .warnings(false)
+            .file(source)
+            .include(&include)
+            .include(include.join("torch/csrc/api/include"))
+            .include(&common)
+            .flag("-std=c++17")
+            .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
+            // The headers warn about C++20 bit-field initializers; harmless.
+            .flag("-Wno-c++20-extensions")
+            .flag("-Wno-deprecated-declarations")
+            .flag("-Wno-unused-parameter");
+        if cuda {
+            for dir in self.cuda_includes() {
+                build.include(dir);
+            }
+            build.define("RN50_CUDA", None);
+            println!("cargo:rustc-link-lib=dylib=torch_cuda");
+            println!("cargo:rustc-link-lib=dylib=c10_cuda");
+        }
+        println!("cargo:rerun-if-env-changed=CUDA_HOME");
+        build
+    }
+
+    /// CUDA and NCCL headers: `CUDA_HOME/include` if set, then the pip wheels' nvidia packages next to torch in
+    /// site-packages (cuda_runtime.h needs crt/host_config.h and cuda_fp16.h needs CCCL's nv/target: the
+    /// `nvidia-cuda-crt` and `nvidia-cuda-cccl` wheels, both installing into nvidia/cu13/include). Links are
+    /// resolved first: `.venv/libtorch` points into site-packages, where nvidia/ sits next to torch/.
+    fn cuda_includes(&self) -> Vec<PathBuf> {
+        let real = std::fs::canonicalize(&self.root).unwrap_or_else(|_| self.root.clone());
+        let nvidia = real.parent().map(|p| p.join("nvidia")).unwrap_or_default();
+        let mut dirs = vec![
+            nvidia.join("cu13/include"),
+            nvidia.join("cuda_runtime/include"),
+            nvidia.join("nccl/include"),
+        ];
+        if let Some(home) = env::var_os("CUDA_HOME") {
+            dirs.insert(0, PathBuf::from(home).join("include"));
+        }
+        dirs.retain(|d| d.exists());
+        dirs
+    }
+
+    /// Keeps libtorch.so (and through it libtorch_cuda.so) as a NEEDED entry, otherwise the linker drops it and
+    /// CUDA is never seen (tch-rs #980, #907; rust-lld rejects --copy-dt-needed-entries, so it is named
+    /// directly), and finds libtorch at run time through an rpath.
+    pub fn link(&self) {
+        println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
+        println!("cargo:rustc-link-arg=-ltorch");
+        println!("cargo:rustc-link-arg=-Wl,--as-needed");
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{}", self.lib.display());
+    }
+}
+
+/// Whether the crate running this build script was built with its `cuda` feature.
+pub fn cuda_feature() -> bool {
+    env::var_os("CARGO_FEATURE_CUDA").is_some()
+}
