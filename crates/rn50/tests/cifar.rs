@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{rn50, shared};
+use common::{json_lines, rn50, shared};
 
 /// `dst/<split>/<class>/` with links to the first `n` images of each class of `src/<from>/`.
 fn subset(src: &Path, from: &str, dst: &Path, split: &str, n: usize) {
@@ -83,16 +83,11 @@ fn cifar10_subset_beats_the_linear_baseline() {
     ]);
     let log = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{log}");
-    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
-    let accs: Vec<f64> = metrics
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["acc1"]
-                .as_f64()
-                .unwrap()
-        })
+    let accs: Vec<f64> = json_lines(&out.join("metrics.jsonl"))
+        .iter()
+        .map(|m| m["acc1"].as_f64().unwrap())
         .collect();
-    assert_eq!(accs.len(), 6, "{metrics}");
+    assert_eq!(accs.len(), 6, "{accs:?}");
     let last = *accs.last().unwrap();
     assert!(
         last >= 55.0,

@@ -6,20 +6,12 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{image_tree, rn50};
+use common::{image_tree, json_lines, rn50};
 
 /// DATA/{train,val}/<wnid>/: `classes` classes with 2 training copies, the first `val_classes` with 1 val copy.
 fn tree(root: &Path, classes: usize, val_classes: usize) {
     image_tree(root, "train", classes, 2);
     image_tree(root, "val", val_classes, 1);
-}
-
-fn lines(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 #[test]
@@ -45,7 +37,7 @@ fn resnet50_trains_evaluates_checkpoints_and_resumes() {
     ];
     let r = rn50(&[&common[..], &["--epochs", "2", "--out", o, "-p", "1"]].concat());
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    let m = lines(&out.join("metrics.jsonl"));
+    let m = json_lines(&out.join("metrics.jsonl"));
     assert_eq!(m.len(), 2);
     for rec in &m {
         assert!(rec["train_loss"].as_f64().unwrap().is_finite());
@@ -79,7 +71,7 @@ fn resnet50_trains_evaluates_checkpoints_and_resumes() {
         .concat(),
     );
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    let m = lines(&out.join("metrics.jsonl"));
+    let m = json_lines(&out.join("metrics.jsonl"));
     assert_eq!(
         m.iter()
             .map(|r| r["epoch"].as_u64().unwrap())
@@ -182,7 +174,7 @@ fn mismatched_class_sets_are_a_clear_error() {
 
 /// (epoch, step) → loss from a run's steps.jsonl.
 fn step_losses(run: &Path) -> std::collections::BTreeMap<(u64, u64), f64> {
-    lines(&run.join("steps.jsonl"))
+    json_lines(&run.join("steps.jsonl"))
         .iter()
         .map(|r| {
             (
@@ -435,14 +427,14 @@ fn recipe_options_train_and_checkpoint() {
         log.contains("global batch 2 (1 x 2 accum x 1 procs)"),
         "{log}"
     );
-    let m = lines(&out.join("metrics.jsonl"));
+    let m = json_lines(&out.join("metrics.jsonl"));
     let res: Vec<u64> = m
         .iter()
         .map(|r| r["resolution"].as_u64().unwrap())
         .collect();
     assert_eq!(res, [64, 96]);
     // 4 training images, 2 per optimizer step: 2 steps an epoch.
-    let steps = lines(&out.join("steps.jsonl"));
+    let steps = json_lines(&out.join("steps.jsonl"));
     assert_eq!(steps.len(), 4, "{steps:?}");
     let ckpts: Vec<String> = std::fs::read_dir(&out)
         .unwrap()
@@ -588,17 +580,17 @@ fn two_ranks_via_launch_then_resume_on_one() {
         log.contains("global batch 2 (1 x 1 accum x 2 procs)"),
         "{log}"
     );
-    let m = lines(&out.join("metrics.jsonl"));
+    let m = json_lines(&out.join("metrics.jsonl"));
     assert_eq!(m.len(), 1, "only rank 0 writes metrics");
     assert_eq!(
         m[0]["val_images"], 3,
         "3 val images, each once over 2 ranks"
     );
     // 6 training images over 2 ranks with batch 1: 3 steps, each logged once.
-    assert_eq!(lines(&out.join("steps.jsonl")).len(), 3);
+    assert_eq!(json_lines(&out.join("steps.jsonl")).len(), 3);
     let r = rn50(&[&train[..], &["--epochs", "2", "--resume", o]].concat());
     let log = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{log}");
     assert!(log.contains("resumed from"), "{log}");
-    assert_eq!(lines(&out.join("metrics.jsonl")).len(), 2);
+    assert_eq!(json_lines(&out.join("metrics.jsonl")).len(), 2);
 }

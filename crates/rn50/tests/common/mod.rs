@@ -25,6 +25,16 @@ pub fn image_tree(root: &Path, split: &str, classes: usize, copies: usize) {
     }
 }
 
+/// The records of a JSON-lines file of a run (metrics.jsonl, steps.jsonl).
+#[allow(dead_code)]
+pub fn json_lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 pub fn rn50(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_rn50"))
         .args(args)
