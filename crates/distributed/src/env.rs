@@ -207,11 +207,6 @@ impl WorldInfo {
         self.rank == 0
     }
 
-    /// The CUDA device of this process: one process per GPU, numbered by local rank.
-    pub fn device_index(&self) -> usize {
-        self.local_rank
-    }
-
     /// CPU threads for this process: the CPUs available to it split evenly between the ranks on this node.
     pub fn threads_per_rank(&self) -> usize {
         let cpus = std::thread::available_parallelism()

@@ -1,7 +1,7 @@
 // rn50's C++ shim: the few libtorch calls that tch 0.26 does not expose.
 //
 // - autocast on CPU (bf16) and CUDA (fp16/bf16): tch::autocast only toggles CUDA;
-// - TF32 switches;
+// - TF32 and cuDNN-autotuning switches, pinning host memory;
 // - multi-tensor (foreach) SGD and AMP unscale, the kernels torch.optim.SGD and GradScaler use;
 // - build/config strings and where libtorch was loaded from, for `rn50 doctor`;
 // - CUDA caching-allocator statistics.
@@ -72,6 +72,15 @@ int rn50_set_tf32(int on) {
 }
 
 int rn50_get_tf32() { return at::globalContext().allowTF32CuBLAS() && at::globalContext().allowTF32CuDNN() ? 1 : 0; }
+
+// torch.backends.cudnn.benchmark (tch has the setter only).
+int rn50_get_cudnn_benchmark() { return at::globalContext().benchmarkCuDNN() ? 1 : 0; }
+
+// Tensor.pin_memory() without the device argument: passing one (all tch's pin_memory can do) is deprecated and
+// makes libtorch print two warnings per call.
+int rn50_pin_memory(at::Tensor* t, at::Tensor** out) {
+  return guarded([&] { *out = new at::Tensor(t->pin_memory()); });
+}
 
 // SGD with momentum, exactly torch.optim.SGD's multi-tensor path (dampening 0, maximize off):
 //   g += wd*p;  buf = momentum*buf + g;  g = nesterov ? g + momentum*buf : buf;  p -= lr*g.

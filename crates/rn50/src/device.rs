@@ -1,4 +1,5 @@
-//! Choosing the compute device: `auto`, `cpu`, `cuda`, `cuda:N`.
+//! The compute device: choosing it (`auto`, `cpu`, `cuda`, `cuda:N`, one GPU per local rank) and setting it up,
+//! the same way for `bench`, `train` and `eval`.
 use anyhow::{bail, Result};
 use clap::Args;
 use tch::Device;
@@ -8,7 +9,8 @@ use crate::step::Precision;
 /// Where and how the network computes: the flags `train` and `eval` share.
 #[derive(Args, Debug, Clone, serde::Serialize)]
 pub struct ComputeArgs {
-    /// Device: auto (CUDA if present, else CPU), cpu, cuda, cuda:N.
+    /// Device: auto (CUDA if present, else CPU), cpu, cuda, cuda:N. Under a launcher, auto and cuda mean GPU
+    /// LOCAL_RANK modulo the GPUs this process sees.
     #[arg(long, default_value = "auto")]
     pub device: String,
     /// Numeric precision [default: bf16 on CPUs with AMX/AVX512-BF16, else fp32; fp16 on GPU].
@@ -28,22 +30,13 @@ pub struct Compute {
 }
 
 impl ComputeArgs {
-    pub fn resolve(&self) -> Result<Compute> {
-        self.resolve_local(0)
-    }
-
-    /// As `resolve` for local rank `local_rank` of a data-parallel job: one GPU per process, so `auto` and
-    /// `cuda` mean GPU number `local_rank` (an explicit `cuda:N` stays N).
-    pub fn resolve_local(&self, local_rank: usize) -> Result<Compute> {
-        let spec = self.device.trim().to_ascii_lowercase();
-        let device = match parse_device(&spec)? {
-            Device::Cuda(0) if local_rank > 0 && (spec == "auto" || spec == "cuda") => {
-                parse_device(&format!("cuda:{local_rank}"))?
-            }
-            d => d,
-        };
+    /// Resolves the flags for local rank `local_rank` of a job (0 alone) computing a network whose narrowest
+    /// convolution has `narrowest_conv` output channels (which can rule out bf16 on some CPUs: see
+    /// [`Precision::resolve`]).
+    pub fn resolve(&self, local_rank: usize, narrowest_conv: i64) -> Result<Compute> {
+        let device = select(&self.device, local_rank)?;
         let cpu = crate::machine::cpu_info();
-        let precision = Precision::resolve(self.precision, device, cpu.has_bf16())?;
+        let precision = Precision::resolve(self.precision, device, &cpu, narrowest_conv)?;
         Ok(Compute {
             device,
             precision,
@@ -53,34 +46,80 @@ impl ComputeArgs {
     }
 }
 
-/// Resolves a `--device` value; asking for CUDA where there is none is an error, not a silent CPU run.
-pub fn parse_device(spec: &str) -> Result<Device> {
-    let n = tch::Cuda::device_count();
+/// The device of local rank `local_rank` for a `--device` value: `auto` (CUDA if present, else CPU), `cpu`,
+/// `cuda`, `cuda:N`. Asking for CUDA where there is none is an error, not a silent CPU run.
+pub fn select(spec: &str, local_rank: usize) -> Result<Device> {
+    select_among(spec, local_rank, tch::Cuda::device_count())
+}
+
+/// [`select`] with `visible` CUDA devices. One GPU per process: `auto` and `cuda` mean GPU
+/// `local_rank % visible`, as torchrun-based and NVIDIA's scripts pick it, which is also right where every task
+/// sees only its own GPU (SLURM `--gpus-per-task=1` and other launchers that set one `CUDA_VISIBLE_DEVICES` per
+/// task: each process has one device, number 0). An explicit `cuda:N` stays N.
+fn select_among(spec: &str, local_rank: usize, visible: i64) -> Result<Device> {
     let s = spec.trim().to_ascii_lowercase();
-    match s.as_str() {
-        "auto" => Ok(if n > 0 { Device::Cuda(0) } else { Device::Cpu }),
-        "cpu" => Ok(Device::Cpu),
-        _ => {
-            let index = match s.strip_prefix("cuda") {
-                Some("") => 0,
-                Some(rest) => match rest.strip_prefix(':').and_then(|i| i.parse::<usize>().ok()) {
-                    Some(i) => i,
-                    None => bail!("unknown device '{spec}': use auto, cpu, cuda or cuda:N"),
-                },
+    let index = match s.as_str() {
+        "cpu" => return Ok(Device::Cpu),
+        "auto" if visible == 0 => return Ok(Device::Cpu),
+        "auto" | "cuda" if visible > 0 => local_rank % visible as usize,
+        _ => match s.strip_prefix("cuda") {
+            Some("") => 0,
+            Some(rest) => match rest.strip_prefix(':').and_then(|i| i.parse::<usize>().ok()) {
+                Some(i) => i,
                 None => bail!("unknown device '{spec}': use auto, cpu, cuda or cuda:N"),
-            };
-            if n == 0 {
-                bail!(
-                    "--device {spec}: no CUDA device is visible (this libtorch {} CUDA; see `rn50 doctor`)",
-                    if tch::utils::has_cuda() { "has" } else { "was built without" }
-                );
+            },
+            None => bail!("unknown device '{spec}': use auto, cpu, cuda or cuda:N"),
+        },
+    };
+    if visible == 0 {
+        bail!(
+            "--device {spec}: no CUDA device is visible (this libtorch {} CUDA; see `rn50 doctor`)",
+            if tch::utils::has_cuda() {
+                "has"
+            } else {
+                "was built without"
             }
-            if index as i64 >= n {
-                bail!("--device {spec}: only {n} CUDA device(s) visible");
-            }
-            Ok(Device::Cuda(index))
+        );
+    }
+    if index as i64 >= visible {
+        bail!("--device {spec}: only {visible} CUDA device(s) visible");
+    }
+    Ok(Device::Cuda(index))
+}
+
+/// How a process sets up its device before building a model: the same for `bench`, `train` and `eval`. On
+/// CUDA, cuDNN autotuning (`torch.backends.cudnn.benchmark`) and TF32 for matmuls and convolutions (Ampere and
+/// newer), as NVIDIA's and timm's recipes run; fixed input sizes make autotuning pay off after the first steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceSettings {
+    pub tf32: bool,
+    pub cudnn_benchmark: bool,
+}
+
+impl DeviceSettings {
+    pub fn for_device(device: Device) -> Self {
+        let gpu = device.is_cuda();
+        Self {
+            tf32: gpu,
+            cudnn_benchmark: gpu,
         }
     }
+
+    fn apply(self) -> Result<()> {
+        crate::shim::set_tf32(self.tf32)?;
+        tch::Cuda::cudnn_set_benchmark(self.cudnn_benchmark);
+        Ok(())
+    }
+}
+
+/// Applies [`DeviceSettings`] for `device` to this process and starts its peak-memory count afresh.
+pub fn setup(device: Device) -> Result<DeviceSettings> {
+    let settings = DeviceSettings::for_device(device);
+    settings.apply()?;
+    if let Device::Cuda(i) = device {
+        crate::shim::cuda_reset_peak(i);
+    }
+    Ok(settings)
 }
 
 pub fn device_name(d: Device) -> String {
@@ -104,13 +143,53 @@ mod tests {
 
     #[test]
     fn parses_and_rejects() {
-        assert_eq!(parse_device("cpu").unwrap(), Device::Cpu);
-        assert!(parse_device("tpu").is_err());
-        assert!(parse_device("cuda:x").is_err());
+        assert_eq!(select("cpu", 0).unwrap(), Device::Cpu);
+        assert!(select("tpu", 0).is_err());
+        assert!(select("cuda:x", 0).is_err());
         if tch::Cuda::device_count() == 0 {
-            assert_eq!(parse_device("auto").unwrap(), Device::Cpu);
-            let e = parse_device("cuda").unwrap_err().to_string();
+            assert_eq!(select("auto", 0).unwrap(), Device::Cpu);
+            let e = select("cuda", 0).unwrap_err().to_string();
             assert!(e.contains("no CUDA device"), "{e}");
         }
+    }
+
+    /// Faked device counts: 4 ranks on a node of 4 visible GPUs, and 4 ranks that each see one GPU (SLURM
+    /// --gpus-per-task=1), where `cuda:LOCAL_RANK` would fail on every rank but the first.
+    #[test]
+    fn one_gpu_per_local_rank_whatever_each_process_sees() {
+        for rank in 0..4 {
+            assert_eq!(select_among("auto", rank, 4).unwrap(), Device::Cuda(rank));
+            assert_eq!(select_among("cuda", rank, 4).unwrap(), Device::Cuda(rank));
+            assert_eq!(select_among("auto", rank, 1).unwrap(), Device::Cuda(0));
+            assert_eq!(select_among(" CUDA ", rank, 1).unwrap(), Device::Cuda(0));
+            assert_eq!(select_among("auto", rank, 0).unwrap(), Device::Cpu);
+            assert_eq!(select_among("cpu", rank, 4).unwrap(), Device::Cpu);
+        }
+        assert_eq!(
+            select_among("cuda", 5, 4).unwrap(),
+            Device::Cuda(1),
+            "2 ranks a GPU"
+        );
+        assert_eq!(
+            select_among("cuda:1", 3, 2).unwrap(),
+            Device::Cuda(1),
+            "explicit stays"
+        );
+        let e = select_among("cuda:1", 1, 1).unwrap_err().to_string();
+        assert!(e.contains("only 1 CUDA device"), "{e}");
+        assert!(select_among("cuda", 0, 0).is_err());
+    }
+
+    /// Every command's device set-up: autotuning and TF32 on CUDA, off on CPU (the flags are libtorch's global
+    /// context, which exists without a GPU).
+    #[test]
+    fn device_settings_reach_libtorch() {
+        let gpu = DeviceSettings::for_device(Device::Cuda(0));
+        assert!(gpu.tf32 && gpu.cudnn_benchmark);
+        gpu.apply().unwrap();
+        assert!(crate::shim::tf32() && crate::shim::cudnn_benchmark());
+        let cpu = setup(Device::Cpu).unwrap();
+        assert_eq!(cpu, DeviceSettings::for_device(Device::Cpu));
+        assert!(!crate::shim::tf32() && !crate::shim::cudnn_benchmark());
     }
 }

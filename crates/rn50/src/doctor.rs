@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use crate::machine::{self, MachineInfo};
 use crate::shim;
+use crate::step::precision::{BF16_MIN_CONV_CHANNELS, NARROW_BF16_PROBLEM};
 
 /// Check this node: libtorch, CPU features, GPUs, cuDNN/NCCL, Gloo, launcher environment.
 #[derive(Args, Debug, Clone)]
@@ -66,6 +67,13 @@ fn build_setting<'a>(config: &'a str, key: &str) -> Option<&'a str> {
         .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
 }
 
+/// Whether a `USE_…` build setting is on: CMake writes ON, 1 or TRUE depending on how the option was set
+/// (the CUDA wheels of 2.11–2.13 say `USE_GLOO=ON` but `USE_NCCL=1`).
+fn setting_on(config: &str, key: &str) -> bool {
+    build_setting(config, key)
+        .is_some_and(|v| ["ON", "1", "TRUE", "YES"].contains(&v.to_ascii_uppercase().as_str()))
+}
+
 /// NCCL's runtime version through `ncclGetVersion`, if libnccl is loadable.
 fn nccl_version() -> Option<String> {
     // SAFETY: ncclResult_t ncclGetVersion(int*), stable NCCL API.
@@ -112,6 +120,49 @@ pub fn detect_launcher(var: impl Fn(&str) -> Option<String>) -> (String, Option<
     }
 }
 
+/// The libtorch rn50 was compiled against (its headers) and the one loaded now (its build settings), both in
+/// the supported range and the same.
+fn libtorch_check(m: &MachineInfo, config: &str) -> Check {
+    let Some(path) = &m.libtorch_path else {
+        return fail(
+            "libtorch",
+            "could not locate the loaded libtorch_cpu.so",
+            "rebuild with ./dev build",
+        );
+    };
+    let built = &m.torch_version;
+    let loaded = build_setting(config, "TORCH_VERSION").unwrap_or(built);
+    let detail = format!("{loaded} from {path}");
+    // Major.minor: pre-releases in vendor containers say 2.11.0a0+git… where the headers say 2.11.0.
+    let release = |v: &str| -> Vec<String> {
+        v.split(['.', 'a', '+'])
+            .take(2)
+            .map(str::to_owned)
+            .collect()
+    };
+    if !shim::torch_supported(built) {
+        fail(
+            "libtorch",
+            format!("{detail}; rn50 was built against {built}"),
+            format!(
+                "rebuild against PyTorch {} (./dev build, or export LIBTORCH=…)",
+                shim::SUPPORTED_TORCH
+            ),
+        )
+    } else if release(loaded) != release(built) {
+        fail(
+            "libtorch",
+            format!("{detail}, but rn50 was built against {built}"),
+            "rebuild against the torch this node loads, or fix LD_LIBRARY_PATH",
+        )
+    } else {
+        ok(
+            "libtorch",
+            format!("{detail} (supported: {})", shim::SUPPORTED_TORCH),
+        )
+    }
+}
+
 pub fn checks(m: &MachineInfo) -> Vec<Check> {
     let config = shim::show_config().unwrap_or_default();
     let mut out = vec![ok(
@@ -125,28 +176,17 @@ pub fn checks(m: &MachineInfo) -> Vec<Check> {
         ),
     )];
 
-    out.push(match &m.libtorch_path {
-        Some(p) if m.torch_version == "2.13.0" => {
-            ok("libtorch", format!("{} from {p}", m.torch_version))
-        }
-        Some(p) => fail(
-            "libtorch",
-            format!("{} from {p}", m.torch_version),
-            "rebuild against PyTorch 2.13.0 (./dev build)",
-        ),
-        None => fail(
-            "libtorch",
-            "could not locate the loaded libtorch_cpu.so",
-            "rebuild with ./dev build",
-        ),
-    });
-
+    out.push(libtorch_check(m, &config));
     let c = &m.cpu;
     out.push(ok(
         "cpu",
         format!(
             "{}, {} CPUs usable ({} physical cores), {} GiB RAM",
-            c.model,
+            if c.model.contains(&c.vendor) {
+                c.model.clone()
+            } else {
+                format!("{} {}", c.vendor, c.model)
+            },
             c.logical_cores,
             c.physical_cores,
             m.memory_bytes >> 30
@@ -160,11 +200,28 @@ pub fn checks(m: &MachineInfo) -> Vec<Check> {
     .into_iter()
     .filter_map(|(n, has)| has.then_some(n))
     .collect();
-    out.push(if c.has_bf16() {
+    let cap = c
+        .onednn_max_isa
+        .as_ref()
+        .map(|v| format!("; ONEDNN_MAX_CPU_ISA={v}"))
+        .unwrap_or_default();
+    out.push(if c.bf16_without_amx() {
+        warn(
+            "cpu bf16",
+            format!(
+                "native ({}{cap}), without AMX: {NARROW_BF16_PROBLEM}",
+                features.join(", ")
+            ),
+            format!(
+                "nothing for standard widths; rn50 trains nets narrower than {BF16_MIN_CONV_CHANNELS} channels \
+                 (--width) in fp32 here and refuses --precision bf16 for them"
+            ),
+        )
+    } else if c.has_bf16() {
         ok(
             "cpu bf16",
             format!(
-                "native ({}): `--precision bf16` is the CPU default",
+                "native ({}{cap}): `--precision bf16` is the CPU default",
                 features.join(", ")
             ),
         )
@@ -202,7 +259,7 @@ pub fn checks(m: &MachineInfo) -> Vec<Check> {
         (None, false) => fail(
             "libtorch cuda",
             "CPU-only libtorch on a node with GPUs",
-            "install a CUDA build of torch==2.13.0 and rebuild (export LIBTORCH=…; see README)",
+            "install a CUDA build of torch 2.11–2.13 and rebuild (export LIBTORCH=…; see README)",
         ),
     });
     out.push(if gpus.is_empty() {
@@ -230,19 +287,19 @@ pub fn checks(m: &MachineInfo) -> Vec<Check> {
                 (None, b) => warn(
                     "cudnn",
                     format!("not available (built with {})", b.unwrap_or("?")),
-                    "install the nvidia-cudnn wheel matching torch 2.13",
+                    "install the nvidia-cudnn wheel your torch wheel requires",
                 ),
             },
         );
-        let nccl_built = build_setting(&config, "USE_NCCL") == Some("ON");
-        out.push(match (nccl_built, nccl_version()) {
-            (true, Some(v)) => ok("nccl", format!("{v} loadable")),
-            (true, None) => warn(
+        // The NCCL libtorch_cuda loaded (libnccl.so.2 is one of its dependencies) is what NCCL process groups use.
+        out.push(match (nccl_version(), setting_on(&config, "USE_NCCL")) {
+            (Some(v), _) => ok("nccl", format!("{v} (loaded with libtorch)")),
+            (None, true) => warn(
                 "nccl",
                 "libtorch built with NCCL, libnccl.so.2 not loadable",
-                "install the nvidia-nccl wheel matching torch 2.13",
+                "install the nvidia-nccl wheel your torch wheel requires",
             ),
-            (false, _) => warn(
+            (None, false) => warn(
                 "nccl",
                 "libtorch built without NCCL",
                 "use a CUDA torch wheel built with NCCL for multi-GPU",
@@ -261,9 +318,9 @@ pub fn checks(m: &MachineInfo) -> Vec<Check> {
             )
         });
     }
-    out.push(match build_setting(&config, "USE_GLOO") {
-        Some("ON") => ok("gloo", "libtorch built with Gloo (CPU collectives)"),
-        _ => warn(
+    out.push(match setting_on(&config, "USE_GLOO") {
+        true => ok("gloo", "libtorch built with Gloo (CPU collectives)"),
+        false => warn(
             "gloo",
             "libtorch built without Gloo",
             "use the PyPI torch wheel, which has Gloo",
@@ -351,13 +408,56 @@ mod tests {
         assert!(l.starts_with("none") && d.is_none());
     }
 
+    /// The build settings line of the torch 2.11.0+cu130 wheel (`torch.__config__.show()`, compiler flags cut):
+    /// NCCL is on as `USE_NCCL=1`, which the first doctor read as off.
+    const WHEEL_2_11_CU130: &str = "  - Build settings: BLAS_INFO=mkl, BUILD_TYPE=Release, \
+        COMMIT_SHA=70d99e998b4955e0049d13a98d77ae1b14db1f45, CUDA_VERSION=13.0, CUDNN_VERSION=9.19.0, \
+        LAPACK_INFO=mkl, PERF_WITH_AVX=1, PERF_WITH_AVX2=1, TORCH_VERSION=2.11.0, USE_CUDA=ON, USE_CUDNN=ON, \
+        USE_CUSPARSELT=1, USE_GFLAGS=OFF, USE_GLOG=OFF, USE_GLOO=ON, USE_MKL=ON, USE_MKLDNN=ON, USE_MPI=OFF, \
+        USE_NCCL=1, USE_NNPACK=ON, USE_OPENMP=ON, USE_ROCM=OFF, USE_ROCM_KERNEL_ASSERT=OFF, USE_XCCL=OFF, \
+        USE_XPU=OFF, \n";
+
     #[test]
     fn reads_build_settings() {
-        let cfg =
-            "  - Build settings: BLAS_INFO=mkl, CUDA_VERSION=13.0, USE_GLOO=ON, USE_NCCL=ON, \n";
+        let cfg = WHEEL_2_11_CU130;
         assert_eq!(build_setting(cfg, "CUDA_VERSION"), Some("13.0"));
-        assert_eq!(build_setting(cfg, "USE_GLOO"), Some("ON"));
-        assert_eq!(build_setting(cfg, "USE_MPI"), None);
+        assert_eq!(build_setting(cfg, "TORCH_VERSION"), Some("2.11.0"));
+        assert_eq!(build_setting(cfg, "USE_MPI"), Some("OFF"));
+        assert_eq!(build_setting(cfg, "USE_UCC"), None);
+        assert!(setting_on(cfg, "USE_NCCL"), "USE_NCCL=1 is on");
+        assert!(setting_on(cfg, "USE_GLOO") && setting_on(cfg, "USE_CUSPARSELT"));
+        assert!(!setting_on(cfg, "USE_MPI") && !setting_on(cfg, "USE_ROCM"));
+        assert!(!setting_on(cfg, "USE_UCC"));
+    }
+
+    /// 2.11–2.13 pass; outside the range, or a loaded libtorch other than the one built against, fails.
+    #[test]
+    fn libtorch_versions_in_and_out_of_range() {
+        let mut m = machine::machine_info();
+        let status = |m: &MachineInfo, loaded: &str| {
+            let cfg =
+                format!("  - Build settings: BLAS_INFO=mkl, TORCH_VERSION={loaded}, USE_GLOO=ON\n");
+            let c = libtorch_check(m, &cfg);
+            (c.status, c.detail)
+        };
+        for v in ["2.11.0", "2.12.0", "2.13.0"] {
+            m.torch_version = v.into();
+            assert_eq!(status(&m, v).0, Status::Ok, "{v}");
+        }
+        m.torch_version = "2.11.0".into();
+        assert_eq!(
+            status(&m, "2.11.0a0+git70d99e9").0,
+            Status::Ok,
+            "NGC-style pre-release"
+        );
+        m.torch_version = "2.13.0".into();
+        let (s, d) = status(&m, "2.11.0");
+        assert_eq!(s, Status::Fail);
+        assert!(d.contains("built against 2.13.0"), "{d}");
+        for v in ["2.10.0", "2.14.0", "3.0.0"] {
+            m.torch_version = v.into();
+            assert_eq!(status(&m, v).0, Status::Fail, "{v}");
+        }
     }
 
     #[test]

@@ -6,6 +6,8 @@ use crate::shim;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct CpuInfo {
+    /// "Intel", "AMD", or the raw `vendor_id` of other makers.
+    pub vendor: String,
     pub model: String,
     /// CPUs this process may run on (affinity / cgroup aware).
     pub logical_cores: usize,
@@ -13,6 +15,9 @@ pub struct CpuInfo {
     pub amx_bf16: bool,
     pub avx512_bf16: bool,
     pub avx512f: bool,
+    /// `ONEDNN_MAX_CPU_ISA` (or its old name `DNNL_MAX_CPU_ISA`) as set for this process: the ISA cap oneDNN
+    /// reads at start-up.
+    pub onednn_max_isa: Option<String>,
 }
 
 impl CpuInfo {
@@ -20,6 +25,32 @@ impl CpuInfo {
     pub fn has_bf16(&self) -> bool {
         self.amx_bf16 || self.avx512_bf16
     }
+
+    /// Whether oneDNN runs bf16 convolutions with its AVX512-BF16 kernels rather than AMX: CPUs with
+    /// AVX512-BF16 and no AMX (AMD Zen 4 and 5, Intel Cooper Lake), or an AMX CPU whose oneDNN is capped below
+    /// AMX by `ONEDNN_MAX_CPU_ISA`. Caps below AVX512_CORE_BF16 leave oneDNN no bf16 kernels at all.
+    pub fn bf16_without_amx(&self) -> bool {
+        if !self.avx512_bf16 {
+            return false;
+        }
+        let cap = self
+            .onednn_max_isa
+            .as_ref()
+            .map(|s| s.trim().to_ascii_uppercase());
+        match cap.as_deref() {
+            Some("AVX512_CORE_BF16" | "AVX512_CORE_FP16" | "AVX10_1_512" | "AVX10_2_512") => true,
+            Some(c) if c.starts_with("SSE") || c.starts_with("AVX2") || c == "AVX" => false,
+            Some("AVX512_CORE" | "AVX512_CORE_VNNI") => false,
+            // Unset, ALL/DEFAULT, or an AMX level: oneDNN uses what the CPU has.
+            _ => !self.amx_bf16,
+        }
+    }
+}
+
+fn onednn_max_isa() -> Option<String> {
+    ["ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()))
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -52,6 +83,7 @@ fn read(path: &str) -> String {
 /// Parses `/proc/cpuinfo` text.
 pub fn parse_cpuinfo(text: &str, logical_cores: usize) -> CpuInfo {
     let mut model = String::new();
+    let mut vendor = String::new();
     let mut flags = String::new();
     let mut cores = std::collections::HashSet::new();
     let mut phys = String::new();
@@ -62,6 +94,7 @@ pub fn parse_cpuinfo(text: &str, logical_cores: usize) -> CpuInfo {
         let (k, v) = (k.trim(), v.trim());
         match k {
             "model name" if model.is_empty() => model = v.to_string(),
+            "vendor_id" if vendor.is_empty() => vendor = v.to_string(),
             "flags" if flags.is_empty() => flags = v.to_string(),
             "physical id" => phys = v.to_string(),
             "core id" => {
@@ -77,6 +110,12 @@ pub fn parse_cpuinfo(text: &str, logical_cores: usize) -> CpuInfo {
         cores.len().min(logical_cores).max(1)
     };
     CpuInfo {
+        vendor: match vendor.as_str() {
+            "GenuineIntel" => "Intel".into(),
+            "AuthenticAMD" => "AMD".into(),
+            "" => "unknown".into(),
+            _ => vendor,
+        },
         model: if model.is_empty() {
             std::env::consts::ARCH.to_string()
         } else {
@@ -87,6 +126,7 @@ pub fn parse_cpuinfo(text: &str, logical_cores: usize) -> CpuInfo {
         amx_bf16: has("amx_bf16"),
         avx512_bf16: has("avx512_bf16"),
         avx512f: has("avx512f"),
+        onednn_max_isa: None,
     }
 }
 
@@ -94,7 +134,10 @@ pub fn cpu_info() -> CpuInfo {
     let logical = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    parse_cpuinfo(&read("/proc/cpuinfo"), logical)
+    CpuInfo {
+        onednn_max_isa: onednn_max_isa(),
+        ..parse_cpuinfo(&read("/proc/cpuinfo"), logical)
+    }
 }
 
 fn meminfo_total() -> u64 {
@@ -208,14 +251,48 @@ mod tests {
 
     #[test]
     fn parses_cpuinfo_flags_and_cores() {
-        let text = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\nphysical id\t: 0\ncore id\t\t: 0\n\nprocessor\t: 1\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\nphysical id\t: 0\ncore id\t\t: 0\n";
+        let text = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\nphysical id\t: 0\ncore id\t\t: 0\n\nprocessor\t: 1\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\nphysical id\t: 0\ncore id\t\t: 0\n";
         let c = parse_cpuinfo(text, 2);
         assert_eq!(c.model, "Intel(R) Xeon(R) Platinum 8480+");
+        assert_eq!(c.vendor, "Intel");
         assert!(c.amx_bf16 && c.avx512_bf16 && c.avx512f && c.has_bf16());
         assert_eq!(c.physical_cores, 1, "two hyperthreads of one core");
         let none = parse_cpuinfo("flags\t: fpu sse2\n", 4);
         assert!(!none.has_bf16());
         assert_eq!(none.physical_cores, 4);
+        assert_eq!(none.vendor, "unknown");
+    }
+
+    /// Which CPUs run oneDNN's bf16 convolutions on AVX512-BF16 kernels (the ones with the narrow-convolution
+    /// heap corruption), with and without an ONEDNN_MAX_CPU_ISA cap.
+    #[test]
+    fn tells_avx512_bf16_from_amx() {
+        let zen4 = parse_cpuinfo(
+            "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654\nflags\t: avx512f avx512_bf16\n",
+            2,
+        );
+        let spr = parse_cpuinfo("flags\t: avx512f avx512_bf16 amx_bf16 amx_tile\n", 2);
+        let zen3 = parse_cpuinfo("vendor_id\t: AuthenticAMD\nflags\t: avx2 fma\n", 2);
+        let capped = |c: &CpuInfo, cap: &str| CpuInfo {
+            onednn_max_isa: Some(cap.into()),
+            ..c.clone()
+        };
+        assert_eq!(zen4.vendor, "AMD");
+        assert!(zen4.bf16_without_amx());
+        assert!(
+            capped(&zen4, "avx512_core_amx").bf16_without_amx(),
+            "a cap cannot add AMX"
+        );
+        assert!(
+            !capped(&zen4, "AVX2").bf16_without_amx(),
+            "no bf16 kernels below AVX512_CORE_BF16"
+        );
+        assert!(!spr.bf16_without_amx());
+        assert!(!capped(&spr, "ALL").bf16_without_amx());
+        assert!(capped(&spr, "AVX512_CORE_BF16").bf16_without_amx());
+        assert!(capped(&spr, "avx512_core_fp16").bf16_without_amx());
+        assert!(!capped(&spr, "AVX512_CORE_VNNI").bf16_without_amx());
+        assert!(!zen3.bf16_without_amx());
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Safe wrappers over `shim/shim.cpp`: the libtorch calls tch 0.26 lacks (CPU autocast, foreach SGD, AMP
-//! unscale, TF32, build facts, CUDA allocator statistics).
+//! unscale, TF32 and cuDNN autotuning, pinning without the deprecated device argument, build facts, CUDA
+//! allocator statistics).
 use std::ffi::{c_char, c_int, CStr};
 
 use anyhow::{bail, Result};
@@ -21,6 +22,8 @@ mod ffi {
         pub fn rn50_autocast_is_enabled(device: c_int) -> c_int;
         pub fn rn50_set_tf32(on: c_int) -> c_int;
         pub fn rn50_get_tf32() -> c_int;
+        pub fn rn50_get_cudnn_benchmark() -> c_int;
+        pub fn rn50_pin_memory(t: *const C_tensor, out: *mut *mut C_tensor) -> c_int;
         pub fn rn50_sgd_foreach(
             params: *const *const C_tensor,
             grads: *const *const C_tensor,
@@ -140,6 +143,25 @@ pub fn tf32() -> bool {
     unsafe { ffi::rn50_get_tf32() != 0 }
 }
 
+/// Whether cuDNN autotuning (`torch.backends.cudnn.benchmark`) is on.
+pub fn cudnn_benchmark() -> bool {
+    unsafe { ffi::rn50_get_cudnn_benchmark() != 0 }
+}
+
+/// A copy of CPU tensor `t` in page-locked memory from PyTorch's caching host allocator (`t.pin_memory()`), so
+/// that a copy to the GPU can run asynchronously. tch's `pin_memory(device)` passes a device, which libtorch
+/// deprecates with two warnings a call.
+pub fn pin_memory(t: &Tensor) -> Result<Tensor> {
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: `t` is a live tensor handle; on success the shim stores a new heap tensor in `out`, owned by the
+    // returned Tensor.
+    check(
+        unsafe { ffi::rn50_pin_memory(t.as_ptr(), &mut out) },
+        "pin_memory",
+    )?;
+    Ok(unsafe { Tensor::from_ptr(out) })
+}
+
 /// One SGD update of `params` with torch.optim.SGD's multi-tensor kernels. `grads` are modified in place
 /// (weight decay is added to them); `bufs` are the momentum buffers, zero-initialised.
 pub fn sgd_foreach(
@@ -212,6 +234,19 @@ pub fn torch_version() -> String {
     let (mut a, mut b, mut c) = (0, 0, 0);
     unsafe { ffi::rn50_torch_version(&mut a, &mut b, &mut c) };
     format!("{a}.{b}.{c}")
+}
+
+/// The PyTorch versions rn50 builds against (crates/shim-build/compat/rn50_torch_compat.h enforces it at build
+/// time; `rn50 doctor` checks it at run time).
+pub const SUPPORTED_TORCH: &str = "2.11, 2.12 or 2.13";
+
+/// Whether `version` ("2.12.0", "2.11.0+cu130", …) is one of [`SUPPORTED_TORCH`].
+pub fn torch_supported(version: &str) -> bool {
+    let mut parts = version.split(['.', '+']).map(|p| p.parse::<u32>().ok());
+    matches!(
+        (parts.next(), parts.next()),
+        (Some(Some(2)), Some(Some(11..=13)))
+    )
 }
 
 /// libtorch's own build summary (`torch.__config__.show()`).
@@ -303,8 +338,19 @@ mod tests {
     }
 
     #[test]
-    fn version_is_the_pinned_libtorch() {
-        assert_eq!(torch_version(), "2.13.0");
+    fn version_is_a_supported_libtorch() {
+        assert!(torch_supported(&torch_version()), "{}", torch_version());
         assert!(libtorch_path().unwrap().contains("libtorch_cpu"));
+        for (v, ok) in [
+            ("2.11.0", true),
+            ("2.12.1+cu130", true),
+            ("2.13.0", true),
+            ("2.10.0", false),
+            ("2.14.0", false),
+            ("3.11.0", false),
+            ("", false),
+        ] {
+            assert_eq!(torch_supported(v), ok, "{v}");
+        }
     }
 }

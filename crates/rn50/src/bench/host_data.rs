@@ -3,6 +3,7 @@
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::thread::JoinHandle;
 
+use anyhow::Result;
 use rand::{RngCore, SeedableRng};
 use tch::{Device, Kind, Tensor};
 
@@ -15,13 +16,13 @@ pub struct HostBatches {
 
 impl HostBatches {
     /// `depth` buffers of `[batch, size, size, 3]` uint8; pinned for `device` when it is CUDA.
-    pub fn new(batch: i64, size: i64, device: Device, depth: usize, seed: u64) -> Self {
+    pub fn new(batch: i64, size: i64, device: Device, depth: usize, seed: u64) -> Result<Self> {
         let (full_tx, full_rx) = mpsc::sync_channel::<Tensor>(depth);
         let (empty_tx, empty_rx) = mpsc::sync_channel::<Tensor>(depth);
         for _ in 0..depth {
             let t = Tensor::empty([batch, size, size, 3], (Kind::Uint8, Device::Cpu));
             let t = if device.is_cuda() {
-                t.pin_memory(device)
+                crate::shim::pin_memory(&t)?
             } else {
                 t
             };
@@ -39,11 +40,11 @@ impl HostBatches {
                 }
             }
         });
-        Self {
+        Ok(Self {
             full: Some(full_rx),
             empty: Some(empty_tx),
             worker: Some(worker),
-        }
+        })
     }
 
     /// The next filled buffer (blocks while the producer is behind: that is the data wait).

@@ -24,7 +24,7 @@ use rn50_distributed::{DistContext, WorldInfo};
 use rn50_pipeline::synthetic::{self, SyntheticConfig};
 use rn50_pipeline::{Dataset, LoaderConfig};
 
-use crate::device::{device_name, parse_device, synchronize};
+use crate::device::{device_name, synchronize, DeviceSettings};
 use crate::machine::{self, MachineInfo};
 use crate::model::{Arch, Model, ResNetConfig};
 use crate::step::{Precision, SgdConfig, StepConfig, TrainStep};
@@ -172,13 +172,7 @@ impl BenchArgs {
     /// Fills in the defaults that depend on the device, the CPU and this process's place in a data-parallel
     /// job (one GPU per process; the CPUs split between the processes of a node), and rejects what cannot run.
     pub fn resolve(&self, world: &WorldInfo) -> Result<(BenchConfig, Device)> {
-        let spec = self.device.trim().to_ascii_lowercase();
-        let device = match parse_device(&spec)? {
-            Device::Cuda(0) if world.local_rank > 0 && (spec == "auto" || spec == "cuda") => {
-                parse_device(&format!("cuda:{}", world.local_rank))?
-            }
-            d => d,
-        };
+        let device = crate::device::select(&self.device, world.local_rank)?;
         let cpu = machine::cpu_info();
         let gpu = device.is_cuda();
         let batch_size = self.batch_size.unwrap_or(if gpu { 256 } else { 32 });
@@ -188,7 +182,12 @@ impl BenchArgs {
         if self.image_size < 32 {
             bail!("--image-size must be at least 32 (got {})", self.image_size);
         }
-        let precision = Precision::resolve(self.precision, device, cpu.has_bf16())?;
+        let precision = Precision::resolve(
+            self.precision,
+            device,
+            &cpu,
+            ResNetConfig::new(self.arch).narrowest_conv(),
+        )?;
         // channels_last measured faster on this Sapphire Rapids CPU for fp32 too (8.3 vs 6.6 img/s).
         let channels_last = self.channels_last || !self.no_channels_last;
         let per_rank = (cpu.logical_cores / world.local_world_size.max(1)).max(1);
@@ -223,7 +222,7 @@ impl BenchArgs {
                 workers: self.workers.unwrap_or(per_rank).max(1),
                 synthetic_images: self.synthetic_images.max(1),
                 seed: self.seed,
-                tf32: gpu,
+                tf32: DeviceSettings::for_device(device).tf32,
                 optimizer: SgdConfig::default(),
                 lr: 0.1 * (batch_size * world.world_size as i64) as f64 / 256.0,
                 world_size: world.world_size,
@@ -245,7 +244,7 @@ fn source(cfg: &BenchConfig, device: Device, dist: &DistContext) -> Result<Sourc
     };
     Ok(match cfg.data {
         DataMode::Device => Source::device(b, s, device),
-        DataMode::Host => Source::host(b, s, device, cfg.seed),
+        DataMode::Host => Source::host(b, s, device, cfg.seed)?,
         DataMode::Pipeline => {
             let synth = SyntheticConfig {
                 seed: cfg.seed,
@@ -283,12 +282,8 @@ pub fn run(
     mut progress: impl FnMut(usize, usize, f64),
 ) -> Result<BenchResult> {
     tch::set_num_threads(cfg.threads as i32);
-    crate::shim::set_tf32(cfg.tf32)?;
+    crate::device::setup(device)?;
     tch::manual_seed(cfg.seed as i64);
-    if let Device::Cuda(i) = device {
-        tch::Cuda::cudnn_set_benchmark(true);
-        crate::shim::cuda_reset_peak(i);
-    }
     let model = Model::new(ResNetConfig::new(cfg.arch), device);
     let step_cfg = StepConfig {
         precision: cfg.precision,

@@ -49,12 +49,12 @@ impl Source {
         }
     }
 
-    pub fn host(b: i64, s: i64, device: Device, seed: u64) -> Source {
-        Source::Host {
-            batches: HostBatches::new(b, s, device, 3, seed),
+    pub fn host(b: i64, s: i64, device: Device, seed: u64) -> Result<Source> {
+        Ok(Source::Host {
+            batches: HostBatches::new(b, s, device, 3, seed)?,
             on_device: Tensor::empty([b, s, s, 3], (Kind::Uint8, device)),
             labels: Tensor::randint(1000, [b], (Kind::Int64, device)),
-        }
+        })
     }
 
     /// The training loader (RandomResizedCrop + flip at `size`) over `dataset`, this rank's shard.

@@ -110,6 +110,12 @@ impl ResNetConfig {
             width: default_width(),
         }
     }
+
+    /// The fewest output channels of any convolution: the stem's and the first stage's, `width` (3 input
+    /// channels of the stem aside).
+    pub fn narrowest_conv(&self) -> i64 {
+        self.width
+    }
 }
 
 const BN_EPS: f64 = 1e-5;

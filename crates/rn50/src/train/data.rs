@@ -155,14 +155,17 @@ impl DeviceBatch {
                 _host: Some(batch),
             });
         }
-        let pinned = host.f_pin_memory(device)?;
+        let pinned = crate::shim::pin_memory(&host)?;
         drop(host);
         drop(batch);
         Ok(Self {
             images: pinned.f_to_device_(device, Kind::Uint8, true, false)?,
-            labels: labels
-                .f_pin_memory(device)?
-                .f_to_device_(device, Kind::Int64, true, false)?,
+            labels: crate::shim::pin_memory(&labels)?.f_to_device_(
+                device,
+                Kind::Int64,
+                true,
+                false,
+            )?,
             _host: None,
         })
     }

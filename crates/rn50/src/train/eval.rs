@@ -133,12 +133,6 @@ pub fn command(args: &EvalArgs) -> Result<()> {
     if args.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }
-    let Compute {
-        device,
-        precision,
-        channels_last,
-        cpu,
-    } = args.compute.resolve()?;
     let dir = val_dir(&args.data);
     let dataset = Dataset::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
     let shape = weights::shape_of(&args.weights)?;
@@ -153,6 +147,13 @@ pub fn command(args: &EvalArgs) -> Result<()> {
     }
     let mut cfg = ResNetConfig::new(args.arch);
     shape.apply(&mut cfg);
+    let Compute {
+        device,
+        precision,
+        channels_last,
+        cpu,
+    } = args.compute.resolve(0, cfg.narrowest_conv())?;
+    crate::device::setup(device)?;
     let model = Model::new(cfg, device);
     weights::load(&model, &args.weights)?;
     if channels_last {

@@ -129,12 +129,21 @@ pub fn command(args: &TrainArgs) -> Result<()> {
     }
     // torchrun / SLURM / Open MPI / PBS / `rn50 launch` tell each process its rank; one device per process.
     let world_info = WorldInfo::from_env()?;
+    let mut model_cfg = ResNetConfig::new(args.arch);
+    model_cfg.zero_init_residual = args.zero_init_residual;
+    model_cfg.width = args.width;
+    if args.augment == Augment::Cifar {
+        model_cfg.stem = Stem::Cifar;
+    }
     let Compute {
         device,
         precision,
         channels_last,
         cpu,
-    } = args.compute.resolve_local(world_info.local_rank)?;
+    } = args
+        .compute
+        .resolve(world_info.local_rank, model_cfg.narrowest_conv())?;
+    crate::device::setup(device)?;
     let local_ranks = world_info.local_world_size.max(1);
     if local_ranks > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
         // srun does not split the cores between the tasks of a node: do it here.
@@ -155,13 +164,7 @@ pub fn command(args: &TrainArgs) -> Result<()> {
     };
     let classes = data.as_ref().map_or(1000, |d| d.classes);
 
-    let mut model_cfg = ResNetConfig::new(args.arch);
     model_cfg.num_classes = classes as i64;
-    model_cfg.zero_init_residual = args.zero_init_residual;
-    model_cfg.width = args.width;
-    if args.augment == Augment::Cifar {
-        model_cfg.stem = Stem::Cifar;
-    }
     let sgd = SgdConfig {
         momentum: args.momentum,
         weight_decay: args.wd,
