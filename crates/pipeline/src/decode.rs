@@ -146,8 +146,14 @@ pub struct Decoded<'a> {
     pub downscale: usize,
 }
 
-/// A reusable decoder: one TurboJPEG handle plus scratch buffers, meant to live in one worker
-/// thread so that steady-state decoding allocates nothing.
+/// A decoder with reusable scratch buffers, meant to live in one worker thread.
+///
+/// Every JPEG gets a fresh TurboJPEG handle, and the output buffers are cleared first, so each file
+/// gets the verdict and pixels a new decoder would give it. A reused handle carried state from one
+/// file to the next: after `crashtest/invalid-dimensions.jpg`, good photos failed with "Bogus marker
+/// length"; after a good photo, a 2-byte `FF D8` file (whose header read succeeds on a tables-only
+/// stream and changes nothing) decoded with the previous photo's size; and a corrupt file that decodes
+/// with warnings left rows libjpeg never wrote holding the previous image.
 pub struct Decoder {
     tj: TjHandle,
     out: Vec<u8>,
@@ -155,6 +161,30 @@ pub struct Decoder {
 }
 
 struct TjHandle(raw::tjhandle);
+
+impl TjHandle {
+    /// A decompression handle with rn50's limits set.
+    fn new() -> Result<TjHandle, DecodeError> {
+        // SAFETY: plain FFI constructor; null is checked.
+        let h = TjHandle(unsafe { raw::tj3Init(raw::TJINIT_TJINIT_DECOMPRESS as c_int) });
+        if h.0.is_null() {
+            return Err(DecodeError::Jpeg("tj3Init failed".into()));
+        }
+        // Accurate IDCT and smooth (fancy) upsampling stay on: they match Pillow bit for bit,
+        // and libjpeg-turbo 3.1.0's fast (merged) upsampling segfaulted in jpeg_skip_scanlines
+        // under partial decompression in our stress runs.
+        for (param, value) in [
+            (raw::TJPARAM_TJPARAM_SCANLIMIT, MAX_SCANS),
+            (raw::TJPARAM_TJPARAM_MAXPIXELS, MAX_PIXELS as c_int),
+        ] {
+            // SAFETY: valid handle; tj3Set validates param/value.
+            if unsafe { raw::tj3Set(h.0, param as c_int, value) } != 0 {
+                return Err(DecodeError::Jpeg(format!("tj3Set({param}) failed")));
+            }
+        }
+        Ok(h)
+    }
+}
 
 // The handle is only used through &mut self; TurboJPEG handles may move between threads.
 unsafe impl Send for TjHandle {}
@@ -175,22 +205,11 @@ struct JpegHeader {
 
 impl Decoder {
     pub fn new() -> Result<Decoder, DecodeError> {
-        // SAFETY: plain FFI constructor; null is checked.
-        let h = unsafe { raw::tj3Init(raw::TJINIT_TJINIT_DECOMPRESS as c_int) };
-        if h.is_null() {
-            return Err(DecodeError::Jpeg("tj3Init failed".into()));
-        }
-        let mut d = Decoder {
-            tj: TjHandle(h),
+        Ok(Decoder {
+            tj: TjHandle::new()?,
             out: Vec::new(),
             cmyk: Vec::new(),
-        };
-        // Accurate IDCT and smooth (fancy) upsampling stay on: they match Pillow bit for bit,
-        // and libjpeg-turbo 3.1.0's fast (merged) upsampling segfaulted in jpeg_skip_scanlines
-        // under partial decompression in our stress runs.
-        d.set(raw::TJPARAM_TJPARAM_SCANLIMIT, MAX_SCANS)?;
-        d.set(raw::TJPARAM_TJPARAM_MAXPIXELS, MAX_PIXELS as c_int)?;
-        Ok(d)
+        })
     }
 
     /// Decode `bytes`; `plan` is called with the image's width and height and chooses the region
@@ -219,14 +238,6 @@ impl Decoder {
                 bytes[..bytes.len().min(8)].to_vec(),
             )),
         }
-    }
-
-    fn set(&mut self, param: raw::TJPARAM, value: c_int) -> Result<(), DecodeError> {
-        // SAFETY: valid handle; tj3Set validates param/value.
-        if unsafe { raw::tj3Set(self.tj.0, param as c_int, value) } != 0 {
-            return Err(self.error());
-        }
-        Ok(())
     }
 
     fn get(&mut self, param: raw::TJPARAM) -> c_int {
@@ -292,6 +303,8 @@ impl Decoder {
     where
         F: FnOnce(usize, usize) -> Plan,
     {
+        // A fresh handle for every file, as `pack` has: see the type's comment.
+        self.tj = TjHandle::new()?;
         let hdr = self.header(bytes)?;
         let (w, h) = (hdr.width, hdr.height);
         let plan = plan(w, h);
@@ -353,6 +366,8 @@ impl Decoder {
         } else {
             &mut self.out
         };
+        // Zeroed, not just sized: rows a corrupt file never gets to must not show the last image.
+        dst.clear();
         dst.resize(ow * oh * px, 0);
         let dst_ptr = dst.as_mut_ptr();
         // SAFETY: dst holds ow*oh*px bytes, exactly what TurboJPEG writes for this scaling

@@ -122,3 +122,71 @@ fn edge_files_match_pillow() {
         );
     }
 }
+
+/// What one worker's Augmenter makes of `bytes` (train crop with DCT scaling, its RNG seeded by `id`): the
+/// pixels, or that it was rejected.
+fn verdict(aug: &mut Augmenter, bytes: &[u8], id: u64) -> Option<Vec<u8>> {
+    let size = aug.transform().output_size();
+    let mut out = vec![0u8; size * size * 3];
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(id);
+    aug.apply(bytes, &mut rng, &mut out).ok().map(|_| out)
+}
+
+/// A file's verdict never depends on what the same decoder saw before. A worker keeps one TurboJPEG handle;
+/// after `crashtest/invalid-dimensions.jpg` it once rejected good photos ("Bogus marker length") and accepted
+/// 2-byte `FF D8` files. Every crashtest and edge file, SOI-only files and good photos, in several orders through
+/// one Augmenter, must each get what a fresh Augmenter gives it.
+#[test]
+fn a_files_verdict_does_not_depend_on_the_files_before_it() {
+    let mut files: Vec<Vec<u8>> = jpeg_files("crashtest")
+        .iter()
+        .chain(&jpeg_files("edge"))
+        .chain(jpeg_files("imagenet").iter().take(24))
+        .map(|f| std::fs::read(f).unwrap())
+        .collect();
+    files.extend([
+        vec![0xFF, 0xD8],
+        vec![0xFF, 0xD8, 0xFF],
+        vec![0xFF, 0xD8, 0xFF, 0xD9],
+    ]);
+    let fresh = |bytes: &[u8], id| {
+        let mut aug = Augmenter::new(Transform::train(32), true).unwrap();
+        verdict(&mut aug, bytes, id)
+    };
+    let expected: Vec<Option<Vec<u8>>> = (0..files.len())
+        .map(|i| fresh(&files[i], i as u64))
+        .collect();
+    let good = expected.iter().filter(|v| v.is_some()).count();
+    assert!(
+        good >= 24 && good < files.len(),
+        "{good} of {} decode",
+        files.len()
+    );
+    for order in 0..4u64 {
+        let mut idx: Vec<usize> = (0..files.len()).collect();
+        if order > 0 {
+            use rand::seq::SliceRandom;
+            idx.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(order));
+        }
+        let mut aug = Augmenter::new(Transform::train(32), true).unwrap();
+        let mut differ = Vec::new();
+        for (pos, &i) in idx.iter().enumerate() {
+            let got = verdict(&mut aug, &files[i], i as u64);
+            if got != expected[i] {
+                let say = |v: &Option<Vec<u8>>| if v.is_some() { "decodes" } else { "rejected" };
+                differ.push(format!(
+                    "file {i} at position {pos} (after file {:?}): {} alone, {} here{}",
+                    pos.checked_sub(1).map(|p| idx[p]),
+                    say(&expected[i]),
+                    say(&got),
+                    if got.is_some() && expected[i].is_some() {
+                        " (other pixels)"
+                    } else {
+                        ""
+                    },
+                ));
+            }
+        }
+        assert!(differ.is_empty(), "order {order}:\n{}", differ.join("\n"));
+    }
+}
