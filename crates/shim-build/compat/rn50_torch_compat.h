@@ -22,7 +22,7 @@
 #if defined(TORCH_VERSION_MAJOR) && defined(TORCH_VERSION_MINOR)
 #if TORCH_VERSION_MAJOR != 2 || TORCH_VERSION_MINOR < 11 || TORCH_VERSION_MINOR > 13
 #pragma message("rn50: LIBTORCH is PyTorch " TORCH_VERSION)
-#error "rn50 builds against PyTorch 2.11, 2.12 or 2.13: point LIBTORCH at such a torch/ (see README, Supported PyTorch)"
+#error "rn50 builds against PyTorch 2.11, 2.12 or 2.13: point LIBTORCH at such a torch/ (README: Using your own PyTorch)"
 #endif
 
 #if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 11
