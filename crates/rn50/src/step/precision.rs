@@ -91,11 +91,11 @@ impl Precision {
     }
 }
 
-/// Training convolutions narrower than this in bf16 corrupts the heap on CPUs where oneDNN uses its AVX512-BF16
-/// kernels (no AMX: AMD Zen 4). Measured on a Zen 4 EPYC with PyTorch 2.13 and plain PyTorch too (bf16 autocast,
-/// channels_last, ResNet-18 stage widths W..8W, batch 1): W = 8 crashed 3 runs of 3 ("double free or corruption",
-/// in `jit_avx512_core_bf16_1x1_convolution_bwd_weights_t`'s destructor), W = 16 and 32 passed 3 of 3, standard
-/// widths (64+) and fp32 pass.
+/// Training convolutions narrower than this in bf16 corrupts the heap on CPUs where oneDNN uses its
+/// AVX512-BF16 kernels (no AMX: AMD Zen 4). Measured (issue 13) on a Zen 4 EPYC with PyTorch 2.13, and plain
+/// PyTorch crashes the same way (bf16 autocast, channels_last, ResNet-18 stage widths W..8W, batch 1): W = 8
+/// crashed 3 runs of 3 ("double free or corruption", in `jit_avx512_core_bf16_1x1_convolution_bwd_weights_t`'s
+/// destructor), W = 16 and 32 passed 3 of 3, standard widths (64+) and fp32 pass.
 pub const BF16_MIN_CONV_CHANNELS: i64 = 16;
 
 /// What goes wrong, for messages (`rn50 doctor`, the precision error).
@@ -104,7 +104,7 @@ pub const NARROW_BF16_PROBLEM: &str = "libtorch's oneDNN corrupts the heap when 
 
 /// Whether bf16 on this CPU would hit [`NARROW_BF16_PROBLEM`] for a network whose narrowest convolution has
 /// `narrowest_conv` output channels.
-pub fn narrow_bf16_unsafe(cpu: &CpuInfo, narrowest_conv: i64) -> bool {
+fn narrow_bf16_unsafe(cpu: &CpuInfo, narrowest_conv: i64) -> bool {
     narrowest_conv < BF16_MIN_CONV_CHANNELS && cpu.bf16_without_amx()
 }
 
