@@ -37,14 +37,15 @@ impl Keeper {
         })
     }
 
-    /// Removes the temporary files of a writer that was killed (kill -9, node failure): call it from the one
-    /// process that writes checkpoints, before it writes any.
+    /// Removes the temporary files that writers killed mid-write (kill -9, node failure) left in the run
+    /// directory: `write_atomic`'s `.NAME.tmpPID` (checkpoints, and best/final weights: a 33 MB
+    /// `.best.safetensors.tmpPID` was seen after a kill) and the latest link's `.NAME.linkPID`, of processes no
+    /// longer running, so that one writing here right now keeps its own. Call it from the one process that
+    /// writes checkpoints, before it writes any.
     pub fn clear_stale(&self) {
         if let Ok(entries) = std::fs::read_dir(&self.dir) {
             for e in entries.flatten() {
-                let name = e.file_name();
-                let name = name.to_string_lossy();
-                if name.starts_with(".checkpoint-") && name.contains(".tmp") {
+                if is_stale_temp(&e.file_name().to_string_lossy()) {
                     let _ = std::fs::remove_file(e.path());
                 }
             }
@@ -115,6 +116,25 @@ pub fn resolve_resume(arg: &Path, out: &Path) -> Result<Option<PathBuf>> {
     Ok(Some(arg.to_path_buf()))
 }
 
+/// Whether `name` is a temporary file of rn50's (`.NAME.tmpPID`, `.NAME.linkPID`) whose process is gone.
+fn is_stale_temp(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix('.') else {
+        return false;
+    };
+    let pid = rest
+        .rsplit_once(".tmp")
+        .or_else(|| rest.rsplit_once(".link"))
+        .and_then(|(_, pid)| pid.parse::<i32>().ok());
+    match pid {
+        Some(pid) if pid > 0 => {
+            // SAFETY: signal 0 only asks whether the process exists (EPERM: it does, as another user's).
+            let rc = unsafe { libc::kill(pid, 0) };
+            rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+        }
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +194,34 @@ mod tests {
         let timed = Keeper::new(dir.path(), 1, 1e-6).unwrap(); // every 60 µs
         std::thread::sleep(Duration::from_millis(1));
         assert!(timed.due());
+    }
+
+    /// kill -9 leaves `write_atomic`'s temporary files behind: a new start removes those of dead processes,
+    /// not a running writer's, nor files of the user's.
+    #[test]
+    fn clears_temporary_files_of_dead_writers_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let live = std::process::id();
+        let files = [
+            (format!(".best.safetensors.tmp{dead}"), false),
+            (
+                format!(".checkpoint-000000004.safetensors.tmp{dead}"),
+                false,
+            ),
+            (format!(".{LATEST}.link{dead}"), false),
+            (format!(".final.safetensors.tmp{live}"), true),
+            (".notes.tmpfile".to_string(), true),
+            ("best.safetensors".to_string(), true),
+        ];
+        for (f, _) in &files {
+            std::fs::write(dir.path().join(f), b"x").unwrap();
+        }
+        Keeper::new(dir.path(), 1, 0.0).unwrap().clear_stale();
+        for (f, kept) in &files {
+            assert_eq!(dir.path().join(f).exists(), *kept, "{f}");
+        }
     }
 }
