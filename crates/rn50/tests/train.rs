@@ -594,3 +594,62 @@ fn two_ranks_via_launch_then_resume_on_one() {
     assert!(log.contains("resumed from"), "{log}");
     assert_eq!(json_lines(&out.join("metrics.jsonl")).len(), 2);
 }
+
+/// A truncated latest checkpoint: the error names the older checkpoint that is kept, and that one resumes.
+#[test]
+fn a_truncated_checkpoint_names_the_older_one_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = out.to_str().unwrap();
+    let args = |extra: &[&str]| -> Vec<String> {
+        [
+            "train",
+            "--dummy",
+            "-a",
+            "resnet18",
+            "--width",
+            "16",
+            "-b",
+            "2",
+            "--image-size",
+            "32",
+            "--augment",
+            "cifar",
+            "--steps-per-epoch",
+            "1",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+            "--keep-checkpoints",
+            "2",
+            "--out",
+            o,
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let run = |a: Vec<String>| rn50(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let r = run(args(&["--epochs", "2"]));
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let latest = std::fs::canonicalize(out.join("checkpoint.safetensors")).unwrap();
+    let bytes = std::fs::read(&latest).unwrap();
+    std::fs::write(&latest, &bytes[..bytes.len() / 2]).unwrap();
+    let r = run(args(&["--epochs", "3", "--resume", "auto"]));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success(), "{err}");
+    let older = err
+        .split_once("another checkpoint is kept: --resume ")
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .map(|(p, _)| p.to_string())
+        .unwrap_or_else(|| panic!("no older checkpoint named: {err}"));
+    assert!(
+        older.contains("checkpoint-") && older != latest.to_str().unwrap(),
+        "{older}"
+    );
+    let r = run(args(&["--epochs", "3", "--resume", &older]));
+    let log = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success() && log.contains("resumed from"), "{log}");
+}

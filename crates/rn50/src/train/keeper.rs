@@ -85,18 +85,33 @@ impl Keeper {
 
     /// This run's numbered checkpoints, oldest first.
     fn list(&self) -> Result<Vec<PathBuf>> {
-        let mut v: Vec<PathBuf> = std::fs::read_dir(&self.dir)
-            .with_context(|| format!("listing {}", self.dir.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("checkpoint-") && n.ends_with(".safetensors"))
-            })
-            .collect();
-        v.sort();
-        Ok(v)
+        kept(&self.dir).with_context(|| format!("listing {}", self.dir.display()))
     }
+}
+
+/// The numbered checkpoints in `dir`, oldest first.
+fn kept(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("checkpoint-") && n.ends_with(".safetensors"))
+        })
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// For an error resuming from `ckpt`: the newest other checkpoint kept next to it, to name in the message.
+pub fn other_kept(ckpt: &Path) -> Option<PathBuf> {
+    let dir = ckpt.parent().filter(|d| !d.as_os_str().is_empty())?;
+    let this = std::fs::canonicalize(ckpt).ok();
+    kept(dir)
+        .ok()?
+        .into_iter()
+        .rev()
+        .find(|p| std::fs::canonicalize(p).ok() != this)
 }
 
 /// What `--resume X` means: a checkpoint file, a run directory (its latest checkpoint), or `auto` (the

@@ -186,8 +186,16 @@ pub fn command(args: &TrainArgs) -> Result<()> {
         Some(r) => resolve_resume(r, &args.out)?,
         None => None,
     } {
-        let (p, _) = checkpoint::load(&ckpt, &mut step, ema.as_mut())
-            .with_context(|| format!("resuming from {}", ckpt.display()))?;
+        let (p, _) = checkpoint::load(&ckpt, &mut step, ema.as_mut()).with_context(|| {
+            match crate::train::keeper::other_kept(&ckpt) {
+                Some(older) => format!(
+                    "resuming from {} (another checkpoint is kept: --resume {})",
+                    ckpt.display(),
+                    older.display()
+                ),
+                None => format!("resuming from {}", ckpt.display()),
+            }
+        })?;
         if rank0 {
             eprintln!(
                 "resumed from {} at epoch {} batch {}",
