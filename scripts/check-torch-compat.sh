@@ -17,7 +17,11 @@ if [[ ! -f $root/torch/include/torch/headeronly/version.h ]]; then
         "torch==$version" -d "$tmp"
     rm -rf "$root"
     mkdir -p "$root"
-    unzip -q "$tmp"/torch-*.whl 'torch/include/*' -d "$root"
+    .venv/bin/python - "$tmp"/torch-*.whl "$root" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("torch/include/")])
+PY
 fi
 mkdir -p "$root/torch/lib"
 # The CUDA and NCCL headers sit next to torch/ in a site-packages (crates/shim-build looks there): the .venv's.
