@@ -109,6 +109,24 @@ int rn50_sgd_foreach(at::Tensor** params, at::Tensor** grads, at::Tensor** bufs,
   });
 }
 
+// torch.optim.SGD(fused=True) on CUDA: the same update as rn50_sgd_foreach in one kernel per group of tensors,
+// skipped on the device when found_inf (GradScaler's overflow flag; may be null) is 1, so the host never waits.
+int rn50_sgd_fused(at::Tensor** params, at::Tensor** grads, at::Tensor** bufs, size_t n, double lr, double momentum,
+                   double weight_decay, int nesterov, at::Tensor* found_inf) {
+  return guarded([&] {
+    if (n == 0) return;
+    at::NoGradGuard no_grad;
+    auto p = gather(params, n);
+    auto g = gather(grads, n);
+    auto b = momentum != 0.0 ? gather(bufs, n) : std::vector<at::Tensor>{};
+    std::optional<at::Tensor> inf;
+    if (found_inf) inf = *found_inf;
+    // Zero-initialised buffers make every step a regular one (buf = m·0 + g on the first), as in rn50_sgd_foreach.
+    at::_fused_sgd_(p, g, b, weight_decay, momentum, lr, /*dampening=*/0.0, nesterov != 0, /*maximize=*/false,
+                    /*is_first_step=*/false, /*grad_scale=*/std::nullopt, inf);
+  });
+}
+
 // GradScaler.unscale_: grads *= inv_scale, found_inf := 1 if any grad holds inf/NaN.
 int rn50_amp_unscale(at::Tensor** grads, size_t n, at::Tensor* found_inf, at::Tensor* inv_scale) {
   return guarded([&] {

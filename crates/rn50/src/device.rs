@@ -19,6 +19,10 @@ pub struct ComputeArgs {
     /// Use the contiguous NCHW memory format instead of channels_last.
     #[arg(long)]
     pub no_channels_last: bool,
+    /// On CUDA, run BatchNorm, residual add and ReLU as PyTorch's separate kernels instead of one fused cuDNN
+    /// batch norm (same numbers; the fused one saves passes over the activations).
+    #[arg(long)]
+    pub no_fused_bn: bool,
 }
 
 /// [`ComputeArgs`] resolved against this machine.
@@ -26,6 +30,8 @@ pub struct Compute {
     pub device: Device,
     pub precision: Precision,
     pub channels_last: bool,
+    /// Fused batch norm + ReLU where it applies (see [`DeviceSettings::fused_bn`]).
+    pub fused_bn: bool,
     pub cpu: crate::machine::CpuInfo,
 }
 
@@ -41,6 +47,7 @@ impl ComputeArgs {
             device,
             precision,
             channels_last: !self.no_channels_last,
+            fused_bn: !self.no_fused_bn,
             cpu,
         })
     }
@@ -94,27 +101,33 @@ fn select_among(spec: &str, local_rank: usize, visible: i64) -> Result<Device> {
 pub struct DeviceSettings {
     pub tf32: bool,
     pub cudnn_benchmark: bool,
+    /// BatchNorm (+ residual add) + ReLU of training as one cuDNN op ([`crate::model::fused`]); it applies to
+    /// fp16/bf16 channels_last CUDA tensors and leaves everything else to the separate ops.
+    pub fused_bn: bool,
 }
 
 impl DeviceSettings {
-    pub fn for_device(device: Device) -> Self {
+    /// The settings for `device`; `fused_bn: false` (`--no-fused-bn`) keeps PyTorch's separate kernels.
+    pub fn for_device(device: Device, fused_bn: bool) -> Self {
         let gpu = device.is_cuda();
         Self {
             tf32: gpu,
             cudnn_benchmark: gpu,
+            fused_bn: gpu && fused_bn,
         }
     }
 
     fn apply(self) -> Result<()> {
         crate::shim::set_tf32(self.tf32)?;
         tch::Cuda::cudnn_set_benchmark(self.cudnn_benchmark);
+        crate::model::fused::set_enabled(self.fused_bn);
         Ok(())
     }
 }
 
 /// Applies [`DeviceSettings`] for `device` to this process and starts its peak-memory count afresh.
-pub fn setup(device: Device) -> Result<DeviceSettings> {
-    let settings = DeviceSettings::for_device(device);
+pub fn setup(device: Device, fused_bn: bool) -> Result<DeviceSettings> {
+    let settings = DeviceSettings::for_device(device, fused_bn);
     settings.apply()?;
     if let Device::Cuda(i) = device {
         crate::shim::cuda_reset_peak(i);
@@ -184,12 +197,15 @@ mod tests {
     /// context, which exists without a GPU).
     #[test]
     fn device_settings_reach_libtorch() {
-        let gpu = DeviceSettings::for_device(Device::Cuda(0));
-        assert!(gpu.tf32 && gpu.cudnn_benchmark);
+        let gpu = DeviceSettings::for_device(Device::Cuda(0), true);
+        assert!(gpu.tf32 && gpu.cudnn_benchmark && gpu.fused_bn);
+        assert!(!DeviceSettings::for_device(Device::Cuda(0), false).fused_bn);
         gpu.apply().unwrap();
         assert!(crate::shim::tf32() && crate::shim::cudnn_benchmark());
-        let cpu = setup(Device::Cpu).unwrap();
-        assert_eq!(cpu, DeviceSettings::for_device(Device::Cpu));
+        assert!(crate::model::fused::enabled());
+        let cpu = setup(Device::Cpu, true).unwrap();
+        assert_eq!(cpu, DeviceSettings::for_device(Device::Cpu, true));
         assert!(!crate::shim::tf32() && !crate::shim::cudnn_benchmark());
+        assert!(!crate::model::fused::enabled(), "no fused BN on a CPU");
     }
 }

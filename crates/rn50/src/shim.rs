@@ -1,6 +1,6 @@
 //! Safe wrappers over `shim/shim.cpp`: the libtorch calls tch 0.26 lacks (CPU autocast, foreach SGD, AMP
 //! unscale, TF32 and cuDNN autotuning, pinning without the deprecated device argument, build facts, CUDA
-//! allocator statistics).
+//! allocator statistics) and the fused cuDNN batch norm + ReLU of `shim/fused_bn.cpp`.
 use std::ffi::{c_char, c_int, CStr};
 
 use anyhow::{bail, Result};
@@ -34,6 +34,17 @@ mod ffi {
             weight_decay: f64,
             nesterov: c_int,
         ) -> c_int;
+        pub fn rn50_sgd_fused(
+            params: *const *const C_tensor,
+            grads: *const *const C_tensor,
+            bufs: *const *const C_tensor,
+            n: usize,
+            lr: f64,
+            momentum: f64,
+            weight_decay: f64,
+            nesterov: c_int,
+            found_inf: *const C_tensor,
+        ) -> c_int;
         pub fn rn50_amp_unscale(
             grads: *const *const C_tensor,
             n: usize,
@@ -55,6 +66,18 @@ mod ffi {
         pub fn rn50_cuda_compiled() -> c_int;
         pub fn rn50_cuda_memory(device: c_int, peak: *mut i64, current: *mut i64) -> c_int;
         pub fn rn50_cuda_reset_peak(device: c_int) -> c_int;
+        pub fn rn50_fused_last_error() -> *const c_char;
+        pub fn rn50_bn_relu(
+            x: *const C_tensor,
+            z: *const C_tensor,
+            weight: *const C_tensor,
+            bias: *const C_tensor,
+            running_mean: *const C_tensor,
+            running_var: *const C_tensor,
+            momentum: f64,
+            eps: f64,
+            out: *mut *mut C_tensor,
+        ) -> c_int;
     }
 }
 
@@ -162,6 +185,58 @@ pub fn pin_memory(t: &Tensor) -> Result<Tensor> {
     Ok(unsafe { Tensor::from_ptr(out) })
 }
 
+/// What [`bn_relu`] did.
+pub enum Fused {
+    /// The fused op's output, recorded for autograd.
+    Done(Tensor),
+    /// The fused path does not apply to these tensors (why); run the separate ops instead.
+    NotApplicable(String),
+}
+
+/// `relu(batch_norm(x) + z)` (or `relu(batch_norm(x))`) in training mode as one cuDNN fused batch norm, forward
+/// and backward (`shim/fused_bn.cpp`); `running_mean`/`running_var` are updated as `batch_norm` does. Applies to
+/// NHWC-contiguous fp16/bf16 CUDA tensors of a build with the `cuda` feature.
+#[allow(clippy::too_many_arguments)]
+pub fn bn_relu(
+    x: &Tensor,
+    z: Option<&Tensor>,
+    weight: &Tensor,
+    bias: &Tensor,
+    running_mean: &Tensor,
+    running_var: &Tensor,
+    momentum: f64,
+    eps: f64,
+) -> Result<Fused> {
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    let z = z.map_or(std::ptr::null(), |z| z.as_ptr());
+    // SAFETY: live tensor handles (z may be null); on success the shim stores a new heap tensor in `out`,
+    // owned by the returned Tensor.
+    let rc = unsafe {
+        ffi::rn50_bn_relu(
+            x.as_ptr(),
+            z,
+            weight.as_ptr(),
+            bias.as_ptr(),
+            running_mean.as_ptr(),
+            running_var.as_ptr(),
+            momentum,
+            eps,
+            &mut out,
+        )
+    };
+    // SAFETY: as in `check`, the fused shim's own thread-local message.
+    let msg = || {
+        unsafe { CStr::from_ptr(ffi::rn50_fused_last_error()) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    match rc {
+        0 => Ok(Fused::Done(unsafe { Tensor::from_ptr(out) })),
+        2 => Ok(Fused::NotApplicable(msg())),
+        _ => bail!("fused batch norm + ReLU: {}", msg()),
+    }
+}
+
 /// One SGD update of `params` with torch.optim.SGD's multi-tensor kernels. `grads` are modified in place
 /// (weight decay is added to them); `bufs` are the momentum buffers, zero-initialised.
 pub fn sgd_foreach(
@@ -173,27 +248,91 @@ pub fn sgd_foreach(
     weight_decay: f64,
     nesterov: bool,
 ) -> Result<()> {
+    sgd(
+        params,
+        grads,
+        bufs,
+        lr,
+        momentum,
+        weight_decay,
+        nesterov,
+        None,
+    )
+}
+
+/// The same update through torch.optim.SGD's fused CUDA kernel, skipped on the device where `found_inf`
+/// (fp16's overflow flag) is 1: no host sync. CUDA tensors only.
+#[allow(clippy::too_many_arguments)]
+pub fn sgd_fused(
+    params: &[Tensor],
+    grads: &[Tensor],
+    bufs: &[Tensor],
+    lr: f64,
+    momentum: f64,
+    weight_decay: f64,
+    nesterov: bool,
+    found_inf: Option<&Tensor>,
+) -> Result<()> {
+    let inf = found_inf.map_or(std::ptr::null(), |t| t.as_ptr());
+    sgd(
+        params,
+        grads,
+        bufs,
+        lr,
+        momentum,
+        weight_decay,
+        nesterov,
+        Some(inf),
+    )
+}
+
+/// `fused`: None for the foreach kernels, else the fused one with this found_inf handle (may be null).
+#[allow(clippy::too_many_arguments)]
+fn sgd(
+    params: &[Tensor],
+    grads: &[Tensor],
+    bufs: &[Tensor],
+    lr: f64,
+    momentum: f64,
+    weight_decay: f64,
+    nesterov: bool,
+    fused: Option<*const C_tensor>,
+) -> Result<()> {
     let n = params.len();
     if grads.len() != n || (momentum != 0.0 && bufs.len() != n) {
         bail!(
-            "sgd_foreach: {n} params, {} grads, {} momentum buffers",
+            "SGD: {n} params, {} grads, {} momentum buffers",
             grads.len(),
             bufs.len()
         );
     }
     let (p, g, b) = (ptrs(params), ptrs(grads), ptrs(bufs));
-    // SAFETY: arrays of live tensor handles of the stated length.
+    let nesterov = nesterov as c_int;
+    // SAFETY: arrays of live tensor handles of the stated length; found_inf a live handle or null.
     let rc = unsafe {
-        ffi::rn50_sgd_foreach(
-            p.as_ptr(),
-            g.as_ptr(),
-            b.as_ptr(),
-            n,
-            lr,
-            momentum,
-            weight_decay,
-            nesterov as c_int,
-        )
+        match fused {
+            None => ffi::rn50_sgd_foreach(
+                p.as_ptr(),
+                g.as_ptr(),
+                b.as_ptr(),
+                n,
+                lr,
+                momentum,
+                weight_decay,
+                nesterov,
+            ),
+            Some(inf) => ffi::rn50_sgd_fused(
+                p.as_ptr(),
+                g.as_ptr(),
+                b.as_ptr(),
+                n,
+                lr,
+                momentum,
+                weight_decay,
+                nesterov,
+                inf,
+            ),
+        }
     };
     check(rc, "SGD step")
 }

@@ -63,7 +63,7 @@ impl Libtorch {
         build
     }
 
-    /// CUDA and NCCL headers: `CUDA_HOME/include` if set, then the pip wheels' nvidia packages next to torch in
+    /// CUDA, NCCL and cuDNN headers: `CUDA_HOME/include` if set, then the pip wheels' nvidia packages next to torch in
     /// site-packages (cuda_runtime.h needs crt/host_config.h and cuda_fp16.h needs CCCL's nv/target: the
     /// `nvidia-cuda-crt` and `nvidia-cuda-cccl` wheels, both installing into nvidia/cu13/include). Links are
     /// resolved first: `.venv/libtorch` points into site-packages, where nvidia/ sits next to torch/.
@@ -74,6 +74,7 @@ impl Libtorch {
             nvidia.join("cu13/include"),
             nvidia.join("cuda_runtime/include"),
             nvidia.join("nccl/include"),
+            nvidia.join("cudnn/include"),
         ];
         if let Some(home) = env::var_os("CUDA_HOME") {
             dirs.insert(0, PathBuf::from(home).join("include"));

@@ -61,6 +61,10 @@ pub struct BenchArgs {
     /// Use the contiguous NCHW memory format.
     #[arg(long, overrides_with = "channels_last")]
     pub no_channels_last: bool,
+    /// On CUDA, run BatchNorm, residual add and ReLU as PyTorch's separate kernels instead of one fused cuDNN
+    /// batch norm (same numbers; compare the two step rates with it).
+    #[arg(long)]
+    pub no_fused_bn: bool,
     /// Steps run before measuring (allocator, oneDNN/cuDNN autotuning) [default: 3 on CPU, 20 on GPU].
     #[arg(long)]
     pub warmup: Option<usize>,
@@ -132,6 +136,8 @@ pub struct BenchConfig {
     pub synthetic_images: usize,
     pub seed: u64,
     pub tf32: bool,
+    /// BatchNorm (+ add) + ReLU fused into one cuDNN op (CUDA, fp16/bf16, channels_last).
+    pub fused_bn: bool,
     pub optimizer: SgdConfig,
     pub lr: f64,
     /// Data-parallel processes and the batch of one step over all of them.
@@ -206,6 +212,7 @@ impl BenchArgs {
             (Some(m), None) => m,
             (None, None) => DataMode::Device,
         };
+        let settings = DeviceSettings::for_device(device, !self.no_fused_bn);
         Ok((
             BenchConfig {
                 arch: self.arch,
@@ -222,7 +229,8 @@ impl BenchArgs {
                 workers: self.workers.unwrap_or(per_rank).max(1),
                 synthetic_images: self.synthetic_images.max(1),
                 seed: self.seed,
-                tf32: DeviceSettings::for_device(device).tf32,
+                tf32: settings.tf32,
+                fused_bn: settings.fused_bn,
                 optimizer: SgdConfig::default(),
                 lr: 0.1 * (batch_size * world.world_size as i64) as f64 / 256.0,
                 world_size: world.world_size,
@@ -282,7 +290,7 @@ pub fn run(
     mut progress: impl FnMut(usize, usize, f64),
 ) -> Result<BenchResult> {
     tch::set_num_threads(cfg.threads as i32);
-    crate::device::setup(device)?;
+    crate::device::setup(device, cfg.fused_bn)?;
     tch::manual_seed(cfg.seed as i64);
     let model = Model::new(ResNetConfig::new(cfg.arch), device);
     let step_cfg = StepConfig {
@@ -383,7 +391,7 @@ fn gib(bytes: f64) -> String {
 pub fn render(r: &BenchResult) -> String {
     let c = &r.config;
     let mut s = format!(
-        "rn50 bench: {} batch {}{} {}px {}{} on {} ({} threads), data={}, {} steps after {} warm-up\n",
+        "rn50 bench: {} batch {}{} {}px {}{}{} on {} ({} threads), data={}, {} steps after {} warm-up\n",
         c.arch,
         c.batch_size,
         if c.world_size > 1 {
@@ -394,6 +402,7 @@ pub fn render(r: &BenchResult) -> String {
         c.image_size,
         c.precision,
         if c.channels_last { " channels_last" } else { "" },
+        if c.fused_bn { " fused-BN" } else { "" },
         c.device,
         c.threads,
         format!("{:?}", c.data).to_lowercase(),

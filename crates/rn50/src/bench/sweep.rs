@@ -47,6 +47,9 @@ fn point_args(a: &BenchArgs, batch: Option<i64>, json: &Path) -> Vec<String> {
     if a.no_channels_last {
         v.push("--no-channels-last".into());
     }
+    if a.no_fused_bn {
+        v.push("--no-fused-bn".into());
+    }
     v
 }
 

@@ -1,4 +1,5 @@
 //! The network: ResNet definitions with torchvision's names and init, safetensors weights, memory format.
+pub mod fused;
 pub mod memory_format;
 pub mod resnet;
 pub mod weights;

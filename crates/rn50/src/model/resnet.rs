@@ -8,6 +8,8 @@ use tch::nn::init::{FanInOut, NonLinearity, NormalOrUniform};
 use tch::nn::{self, Init};
 use tch::Tensor;
 
+use super::fused;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Arch {
@@ -166,18 +168,42 @@ struct ConvBn {
 
 impl ConvBn {
     fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        let y = self.conv(x);
+        self.bn(&y, train)
+    }
+
+    /// `relu(bn(conv(x)) + residual)`: on a GPU in training one fused cuDNN op for BN, add and ReLU (see
+    /// [`super::fused`]), elsewhere the separate ops.
+    fn forward_relu(&self, x: &Tensor, train: bool, residual: Option<&Tensor>) -> Tensor {
+        let y = self.conv(x);
+        if train {
+            if let Some(out) = fused::bn_relu(&y, residual, &self.bn, BN_MOMENTUM, BN_EPS) {
+                return out;
+            }
+        }
+        let mut y = self.bn(&y, train);
+        if let Some(r) = residual {
+            y = y.g_add_(r);
+        }
+        y.relu_()
+    }
+
+    fn conv(&self, x: &Tensor) -> Tensor {
         let c = &self.conv;
-        let y = x.conv2d(
+        x.conv2d(
             &c.weight,
             None::<Tensor>,
             [c.stride; 2],
             [c.padding; 2],
             [1, 1],
             1,
-        );
+        )
+    }
+
+    fn bn(&self, y: &Tensor, train: bool) -> Tensor {
         let b = &self.bn;
         Tensor::batch_norm(
-            &y,
+            y,
             b.ws.as_ref(),
             b.bs.as_ref(),
             Some(&b.running_mean),
@@ -242,20 +268,16 @@ impl Block {
     }
 
     fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        let (last, inner) = self.units.split_last().expect("a block has units");
         let mut y = x.shallow_clone();
-        let last = self.units.len() - 1;
-        for (i, u) in self.units.iter().enumerate() {
-            y = u.forward(&y, train);
-            if i < last {
-                y = y.relu_();
-            }
+        for u in inner {
+            y = u.forward_relu(&y, train, None);
         }
         let identity = match &self.downsample {
             Some(d) => d.forward(x, train),
             None => x.shallow_clone(),
         };
-        let _ = y.g_add_(&identity);
-        y.relu_()
+        last.forward_relu(&y, train, Some(&identity))
     }
 }
 
@@ -332,7 +354,7 @@ impl ResNet {
     /// Logits for a normalised NCHW float batch (any memory format). `train` selects batch statistics in BN
     /// (and updates the running ones) as `model.train()` does.
     pub fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
-        let mut y = self.stem.forward(x, train).relu_();
+        let mut y = self.stem.forward_relu(x, train, None);
         if self.config.stem == Stem::ImageNet {
             y = y.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false);
         }

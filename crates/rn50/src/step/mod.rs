@@ -13,7 +13,7 @@ pub use input::Normalizer;
 pub use optim::{Sgd, SgdConfig};
 pub use precision::Precision;
 use rn50_distributed::{GradSync, StepComm};
-pub use scaler::GradScaler;
+pub use scaler::{GradScaler, Skipped};
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct StepConfig {
@@ -27,7 +27,7 @@ pub struct StepConfig {
 pub struct StepOutcome {
     pub loss: Tensor,
     /// fp16 only: the gradients overflowed, the update was skipped and the loss scale lowered.
-    pub skipped: bool,
+    pub skipped: Skipped,
 }
 
 pub struct TrainStep {
@@ -117,20 +117,20 @@ impl TrainStep {
     }
 
     /// After the last `backward` of a step: (fp16) unscale and skip the update on overflow, else the
-    /// optimizer step. Returns whether the step was skipped.
-    pub fn apply(&mut self, lr: f64) -> Result<bool> {
+    /// optimizer step. Returns whether the step was skipped, as a flag read on demand (on CUDA the whole
+    /// step runs without the host waiting for the GPU).
+    pub fn apply(&mut self, lr: f64) -> Result<Skipped> {
         Ok(match &mut self.scaler {
             Some(scaler) => {
-                let overflow = scaler.unscale(&self.opt.grads())?;
-                if !overflow {
-                    self.opt.step(lr)?;
-                }
+                scaler.unscale(&self.opt.grads())?;
+                self.opt.step(lr, Some(scaler.found_inf()))?;
+                let skipped = Skipped::from_flag(scaler.found_inf());
                 scaler.update()?;
-                overflow
+                skipped
             }
             None => {
-                self.opt.step(lr)?;
-                false
+                self.opt.step(lr, None)?;
+                Skipped::never()
             }
         })
     }
@@ -217,7 +217,7 @@ mod tests {
             let x = acc.input.normalize(&images);
             let _ = acc.backward(&x, &labels, micro, 2).unwrap();
         }
-        assert!(!acc.apply(0.1).unwrap());
+        assert!(!acc.apply(0.1).unwrap().get().unwrap());
         for ((name, a), (_, b)) in one.model.parameters().iter().zip(acc.model.parameters()) {
             let diff = f64::try_from((a - &b).abs().max()).unwrap();
             assert!(diff < 1e-6, "{name} differs by {diff}");
@@ -244,14 +244,19 @@ mod tests {
         let x = step.input.normalize(&images).copy();
         let _ = x.get(0).get(0).get(0).get(0).fill_(f64::NAN);
         let out = step.step(&x, &labels, 0.1).unwrap();
-        assert!(out.skipped);
+        assert!(out.skipped.get().unwrap());
         for (b, (k, a)) in before.iter().zip(step.model.parameters()) {
             assert_eq!(b, &a, "{k} changed on a skipped step");
         }
         assert_eq!(step.scaler.as_ref().unwrap().current_scale(), 512.0);
         // With a sane scale the step goes through.
         step.scaler = Some(GradScaler::with_scale(Device::Cpu, 1024.0));
-        assert!(!step.step_u8(&images, &labels, 0.1).unwrap().skipped);
+        assert!(!step
+            .step_u8(&images, &labels, 0.1)
+            .unwrap()
+            .skipped
+            .get()
+            .unwrap());
         assert!(before
             .iter()
             .zip(step.model.parameters())

@@ -1,5 +1,6 @@
 //! SGD with momentum (optionally Nesterov) and weight decay, optionally none on BN parameters and biases,
-//! computed with the same multi-tensor kernels as `torch.optim.SGD(foreach=True)`; and LARS (You et al.
+//! computed with the same multi-tensor kernels as `torch.optim.SGD(foreach=True)` (on CUDA its fused kernel,
+//! `fused=True`); and LARS (You et al.
 //! 2017) for large global batches.
 use anyhow::Result;
 use tch::Tensor;
@@ -94,9 +95,21 @@ impl Sgd {
         }
     }
 
-    /// One update with learning rate `lr`. Parameters without a gradient are skipped, as in PyTorch.
-    pub fn step(&mut self, lr: f64) -> Result<()> {
+    /// One update with learning rate `lr`, none where `found_inf` (fp16's overflow flag on the device) is set.
+    /// Parameters without a gradient are skipped, as in PyTorch. On CUDA (LARS aside) the update is
+    /// torch.optim.SGD(fused=True)'s kernel, which reads the flag itself, so the host never waits for the GPU;
+    /// elsewhere the flag is read first.
+    pub fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
         let c = &self.config;
+        let fused =
+            c.lars_eta.is_none() && self.params().next().is_some_and(|p| p.device().is_cuda());
+        if !fused {
+            if let Some(inf) = found_inf {
+                if f64::try_from(inf)? != 0.0 {
+                    return Ok(());
+                }
+            }
+        }
         for g in &self.groups {
             let mut params = Vec::with_capacity(g.params.len());
             let mut grads = Vec::with_capacity(g.params.len());
@@ -117,15 +130,12 @@ impl Sgd {
                     }
                 }
             }
-            shim::sgd_foreach(
-                &params,
-                &grads,
-                &bufs,
-                lr,
-                c.momentum,
-                g.weight_decay,
-                c.nesterov,
-            )?;
+            let (m, wd) = (c.momentum, g.weight_decay);
+            if fused {
+                shim::sgd_fused(&params, &grads, &bufs, lr, m, wd, c.nesterov, found_inf)?;
+            } else {
+                shim::sgd_foreach(&params, &grads, &bufs, lr, m, wd, c.nesterov)?;
+            }
         }
         Ok(())
     }
@@ -223,14 +233,14 @@ mod tests {
             ],
             cfg,
         );
-        opt.step(1.0).unwrap();
+        opt.step(1.0, None).unwrap();
         let got = values(&w);
         for (a, want) in got.iter().zip([3.0 - 0.005 * 0.6, 4.0 - 0.005 * 0.8]) {
             assert!((a - want).abs() < 1e-6, "{got:?}");
         }
         assert!((values(&b)[0] - 0.5).abs() < 1e-6, "bias: 1 - 1.0·0.5");
         // Momentum carries lr·trust·g into the next step.
-        opt.step(1.0).unwrap();
+        opt.step(1.0, None).unwrap();
         let w_norm = (2.997f64.powi(2) + 3.996f64.powi(2)).sqrt();
         let step2 = 0.9 * 0.005 + 0.001 * w_norm;
         assert!(

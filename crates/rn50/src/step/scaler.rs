@@ -1,5 +1,6 @@
 //! Dynamic loss scaling for fp16 (torch.amp.GradScaler): scale the loss, unscale the gradients, skip the
-//! step on inf/NaN and halve the scale, double it after `growth_interval` clean steps.
+//! step on inf/NaN and halve the scale, double it after `growth_interval` clean steps. The overflow flag stays
+//! on the device; [`Skipped`] reads it only when asked.
 use anyhow::Result;
 use tch::{Device, Kind, Tensor};
 
@@ -38,8 +39,9 @@ impl GradScaler {
         loss * &self.scale
     }
 
-    /// Unscales `grads` in place and reports whether any was inf/NaN (one device sync).
-    pub fn unscale(&mut self, grads: &[Tensor]) -> Result<bool> {
+    /// Unscales `grads` in place and sets [`found_inf`](Self::found_inf) if any was inf/NaN, on the device:
+    /// no host sync.
+    pub fn unscale(&mut self, grads: &[Tensor]) -> Result<()> {
         let _ = self.found_inf.zero_();
         tch::no_grad(|| self.inv_scale.copy_(&self.scale.reciprocal()));
         let defined: Vec<Tensor> = grads
@@ -47,8 +49,12 @@ impl GradScaler {
             .filter(|g| g.defined())
             .map(Tensor::shallow_clone)
             .collect();
-        shim::amp_unscale(&defined, &self.found_inf, &self.inv_scale)?;
-        Ok(f64::try_from(&self.found_inf)? != 0.0)
+        shim::amp_unscale(&defined, &self.found_inf, &self.inv_scale)
+    }
+
+    /// 1 if the gradients of the last `unscale` overflowed, else 0 (a one-element fp32 tensor on the device).
+    pub fn found_inf(&self) -> &Tensor {
+        &self.found_inf
     }
 
     /// Adjusts the scale after a step, using the overflow flag of the last `unscale`.
@@ -68,6 +74,28 @@ impl GradScaler {
     }
 }
 
+/// Whether a step's update was skipped for overflowing fp16 gradients: a copy of the scaler's flag, still on
+/// the device. Reading it waits for the GPU, so read it only where the answer is needed (when logging).
+pub struct Skipped(Option<Tensor>);
+
+impl Skipped {
+    /// A step without loss scaling: never skipped.
+    pub fn never() -> Self {
+        Self(None)
+    }
+
+    pub fn from_flag(found_inf: &Tensor) -> Self {
+        Self(Some(found_inf.copy()))
+    }
+
+    pub fn get(&self) -> Result<bool> {
+        Ok(match &self.0 {
+            Some(flag) => f64::try_from(flag)? != 0.0,
+            None => false,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,13 +104,16 @@ mod tests {
     fn overflow_halves_and_clean_steps_grow() {
         let mut s = GradScaler::with_scale(Device::Cpu, 8.0);
         s.growth_interval = 2;
+        let overflowed = |s: &GradScaler| f64::try_from(s.found_inf()).unwrap() != 0.0;
         let bad = Tensor::from_slice(&[f32::NAN]);
-        assert!(s.unscale(&[bad]).unwrap());
+        s.unscale(&[bad]).unwrap();
+        assert!(overflowed(&s));
         s.update().unwrap();
         assert_eq!(s.current_scale(), 4.0);
         for _ in 0..2 {
             let good = Tensor::from_slice(&[4.0f32]);
-            assert!(!s.unscale(&[good.shallow_clone()]).unwrap());
+            s.unscale(&[good.shallow_clone()]).unwrap();
+            assert!(!overflowed(&s));
             assert_eq!(f64::try_from(&good).unwrap(), 1.0, "unscaled by 1/4");
             s.update().unwrap();
         }

@@ -151,9 +151,10 @@ pub fn command(args: &EvalArgs) -> Result<()> {
         device,
         precision,
         channels_last,
+        fused_bn,
         cpu,
     } = args.compute.resolve(0, cfg.narrowest_conv())?;
-    crate::device::setup(device)?;
+    crate::device::setup(device, fused_bn)?;
     let model = Model::new(cfg, device);
     weights::load(&model, &args.weights)?;
     if channels_last {

@@ -139,11 +139,12 @@ pub fn command(args: &TrainArgs) -> Result<()> {
         device,
         precision,
         channels_last,
+        fused_bn,
         cpu,
     } = args
         .compute
         .resolve(world_info.local_rank, model_cfg.narrowest_conv())?;
-    crate::device::setup(device)?;
+    crate::device::setup(device, fused_bn)?;
     let local_ranks = world_info.local_world_size.max(1);
     if local_ranks > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
         // srun does not split the cores between the tasks of a node: do it here.
@@ -408,7 +409,7 @@ pub fn command(args: &TrainArgs) -> Result<()> {
                 let mut mean = [f64::try_from(&loss)? / world as f64];
                 dist.sum_f64(&mut mean, "averaging the loss")?;
                 let loss = mean[0];
-                if !loss.is_finite() && !skipped {
+                if !loss.is_finite() && !skipped.get()? {
                     bail!("the loss became {loss} at epoch {epoch} step {s}: stopping (the last checkpoint is kept)");
                 }
                 loss_sum += loss;

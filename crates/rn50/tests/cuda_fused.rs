@@ -1,0 +1,327 @@
+//! The fused CUDA paths against the unfused ones on the same inputs. The cuDNN batch norm (+ residual add) +
+//! ReLU (`shim/fused_bn.cpp`) against PyTorch's separate ops: outputs, running statistics and every gradient,
+//! then a whole ResNet-50 training forward/backward with it on and off. The fused SGD that reads fp16's overflow
+//! flag on the device against the foreach kernels, and a skipped overflowing step. These need a GPU and a build
+//! with the `cuda` feature: they are marked ignored, with that reason in the test output, and run with
+//! `--include-ignored` on a GPU machine (asked to run without one, they fail). What runs everywhere: the fused
+//! batch norm declines what it does not apply to.
+use rn50::model::{fused, memory_format, Arch, Model, ResNetConfig, Stem};
+use rn50::shim::{self, Fused};
+use rn50::step::{GradScaler, Precision, SgdConfig, StepConfig, TrainStep};
+use tch::{Device, Kind, Reduction, Tensor};
+
+/// The GPU of a test marked `#[ignore]` (GPU only): asked to run without one, it fails rather than pass unrun.
+fn gpu() -> Device {
+    assert!(
+        shim::cuda_compiled(),
+        "this binary was built without --features cuda"
+    );
+    assert!(tch::Cuda::is_available(), "no CUDA device visible");
+    Device::Cuda(0)
+}
+
+/// ‖a − b‖ / ‖b‖ in fp32.
+fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
+    let num = f64::try_from((&a - &b).norm()).unwrap();
+    let den = f64::try_from(b.norm()).unwrap().max(1e-12);
+    num / den
+}
+
+fn leaf(t: Tensor) -> Tensor {
+    t.detach().set_requires_grad(true)
+}
+
+/// `relu(bn(x) + z)` in fp16/bf16 three ways from the same inputs (values exact in that type): the fused op,
+/// PyTorch's separate ops in that type, and PyTorch's ops in fp32 (the reference). The fused op rounds once where
+/// the separate ops round after the batch norm too, so near zero the ReLU can pass different elements: it must
+/// be as close to the fp32 reference as the separate ops are (outputs, running statistics, every gradient).
+#[test]
+#[ignore = "needs a CUDA GPU and a build with --features cuda: run with --include-ignored there"]
+fn fused_bn_relu_matches_the_separate_ops() {
+    let dev = gpu();
+    let shapes: [[i64; 4]; 3] = [[16, 64, 56, 56], [8, 256, 14, 14], [4, 2048, 7, 7]];
+    for kind in [Kind::Half, Kind::BFloat16] {
+        // About 8 units in the last place of the type, relative.
+        let tol = if kind == Kind::Half { 4e-3 } else { 3e-2 };
+        for shape in shapes {
+            for add in [false, true] {
+                tch::manual_seed(7);
+                let c = shape[1];
+                let case = format!("{kind:?} {shape:?} add={add}");
+                // fp32 leaves holding values exact in `kind`; each path casts them as autocast would.
+                let act = |t: Tensor| {
+                    leaf(memory_format::channels_last(
+                        &t.to_kind(kind).to_kind(Kind::Float),
+                    ))
+                };
+                let x = act(Tensor::randn(shape, (Kind::Float, dev)) * 3.0 + 1.0);
+                let z = add.then(|| act(Tensor::randn(shape, (Kind::Float, dev))));
+                let w = leaf(Tensor::rand([c], (Kind::Float, dev)) + 0.5);
+                let b = leaf(Tensor::randn([c], (Kind::Float, dev)) * 0.1);
+                let stats = || {
+                    (
+                        Tensor::full([c], 0.5, (Kind::Float, dev)),
+                        Tensor::full([c], 2.0, (Kind::Float, dev)),
+                    )
+                };
+                let separate = |kind: Kind, (rm, rv): &(Tensor, Tensor)| {
+                    let bn = x.to_kind(kind).batch_norm(
+                        Some(&w),
+                        Some(&b),
+                        Some(rm),
+                        Some(rv),
+                        true,
+                        0.1,
+                        1e-5,
+                        true,
+                    );
+                    match &z {
+                        Some(z) => bn + z.to_kind(kind),
+                        None => bn,
+                    }
+                    .relu()
+                };
+                let (st_fused, st_sep, st_ref) = (stats(), stats(), stats());
+                let (xk, zk) = (x.to_kind(kind), z.as_ref().map(|z| z.to_kind(kind)));
+                let fused = match shim::bn_relu(
+                    &xk,
+                    zk.as_ref(),
+                    &w,
+                    &b,
+                    &st_fused.0,
+                    &st_fused.1,
+                    0.1,
+                    1e-5,
+                )
+                .unwrap()
+                {
+                    Fused::Done(y) => y,
+                    Fused::NotApplicable(why) => panic!("{case}: fused path declined: {why}"),
+                };
+                let sep = separate(kind, &st_sep);
+                let reference = separate(Kind::Float, &st_ref);
+                assert!(
+                    memory_format::is_channels_last(&fused),
+                    "{case}: output layout"
+                );
+                assert_eq!(fused.kind(), kind, "{case}: output dtype");
+
+                // Each check: the fused op's error against fp32 is within tol, or no worse than 1.5x the
+                // separate ops' own.
+                let judge = |what: &str, f: &Tensor, s: &Tensor, r: &Tensor| {
+                    let (ef, es) = (rel_err(f, r), rel_err(s, r));
+                    assert!(
+                        ef < tol || ef <= 1.5 * es,
+                        "{case}: {what} is off the fp32 reference by {ef:.2e} (separate ops: {es:.2e})"
+                    );
+                };
+                judge("output", &fused, &sep, &reference);
+                judge("running_mean", &st_fused.0, &st_sep.0, &st_ref.0);
+                judge("running_var", &st_fused.1, &st_sep.1, &st_ref.1);
+
+                // The gradients of sum(out · dy), dy random: what an upstream layer would send back.
+                let dy = Tensor::randn(shape, (Kind::Float, dev))
+                    .to_kind(kind)
+                    .to_kind(Kind::Float);
+                let mut inputs = vec![("x", &x), ("weight", &w), ("bias", &b)];
+                if let Some(z) = &z {
+                    inputs.push(("z", z));
+                }
+                let leaves: Vec<Tensor> = inputs.iter().map(|(_, t)| t.shallow_clone()).collect();
+                let grads = |out: &Tensor| {
+                    let loss = (out.to_kind(Kind::Float) * &dy).sum(Kind::Float);
+                    Tensor::run_backward(&[loss], &leaves, false, false)
+                };
+                let (gf, gs, gr) = (grads(&fused), grads(&sep), grads(&reference));
+                for (i, (name, _)) in inputs.iter().enumerate() {
+                    judge(&format!("grad of {name}"), &gf[i], &gs[i], &gr[i]);
+                }
+                eprintln!("{case}: output, running statistics and gradients as close to fp32 as the separate ops");
+            }
+        }
+    }
+}
+
+/// A ResNet-50 training forward/backward from the same weights and batch three ways: fp16 autocast with the
+/// fused op, fp16 autocast with the separate ops, and fp32 without TF32 (the reference). The loss is scaled by
+/// GradScaler's 2^16 as in training, else fp16 gradients underflow. The fused run's loss, gradients and running
+/// statistics must be as close to fp32 as the separate ops' are.
+#[test]
+#[ignore = "needs a CUDA GPU and a build with --features cuda: run with --include-ignored there"]
+fn resnet50_trains_the_same_with_the_fused_op() {
+    let dev = gpu();
+    shim::set_tf32(false).unwrap();
+    const SCALE: f64 = 65536.0;
+    tch::manual_seed(0);
+    let model = Model::new(ResNetConfig::new(Arch::ResNet50), dev);
+    model.to_channels_last();
+    let x = memory_format::channels_last(&Tensor::randn([32, 3, 224, 224], (Kind::Float, dev)));
+    let labels = Tensor::randint(1000, [32], (Kind::Int64, dev));
+    let start: Vec<Tensor> = model.state().iter().map(|(_, t)| t.copy()).collect();
+    // (loss, all gradients flattened into one vector, all running statistics likewise)
+    let run = |precision: Option<Kind>, fused_on: bool| {
+        tch::no_grad(|| {
+            for ((_, mut t), s) in model.state().into_iter().zip(&start) {
+                t.copy_(s);
+            }
+        });
+        fused::set_enabled(fused_on);
+        let loss = {
+            let _autocast = precision.map(|k| shim::Autocast::enter(dev, k).unwrap());
+            model.forward_t(&x, true).cross_entropy_loss(
+                &labels,
+                None::<Tensor>,
+                Reduction::Mean,
+                -100,
+                0.0,
+            )
+        };
+        let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
+        let grads: Vec<Tensor> = Tensor::run_backward(&[&loss * SCALE], &params, false, false)
+            .into_iter()
+            .map(|g| g.to_kind(Kind::Float) / SCALE)
+            .collect();
+        fused::set_enabled(false);
+        let flat =
+            |v: &[Tensor]| Tensor::cat(&v.iter().map(|t| t.flatten(0, -1)).collect::<Vec<_>>(), 0);
+        (
+            f64::try_from(&loss).unwrap(),
+            flat(&grads),
+            flat(&model.buffers()),
+        )
+    };
+    let (loss_f, grads_f, stats_f) = run(Some(Kind::Half), true);
+    let (loss_s, grads_s, stats_s) = run(Some(Kind::Half), false);
+    let (loss_r, grads_r, stats_r) = run(None, false);
+    let (lf, ls) = ((loss_f - loss_r).abs(), (loss_s - loss_r).abs());
+    assert!(
+        lf < 1e-3 * loss_r.abs() || lf <= 1.5 * ls,
+        "loss {loss_f} (fused) {loss_s} (separate) {loss_r} (fp32)"
+    );
+    let (gf, gs) = (rel_err(&grads_f, &grads_r), rel_err(&grads_s, &grads_r));
+    assert!(
+        gf <= 1.5 * gs + 1e-3,
+        "gradients off fp32 by {gf:.2e} fused, {gs:.2e} separate"
+    );
+    let (sf, ss) = (rel_err(&stats_f, &stats_r), rel_err(&stats_s, &stats_r));
+    assert!(
+        sf <= 1.5 * ss + 1e-4,
+        "running statistics off fp32 by {sf:.2e} fused, {ss:.2e} separate"
+    );
+    eprintln!(
+        "off fp32, fused vs separate: loss {lf:.2e} vs {ls:.2e}, gradients {gf:.2e} vs {gs:.2e}, running statistics {sf:.2e} vs {ss:.2e}"
+    );
+}
+
+/// Everywhere: the switch does not change anything the fused op does not apply to (here, CPU tensors).
+#[test]
+fn the_fused_path_declines_cpu_tensors() {
+    let x = Tensor::randn([2, 8, 4, 4], (Kind::Float, Device::Cpu));
+    let w = Tensor::ones([8], (Kind::Float, Device::Cpu));
+    let b = Tensor::zeros([8], (Kind::Float, Device::Cpu));
+    match shim::bn_relu(&x, None, &w, &b, &b, &w, 0.1, 1e-5).unwrap() {
+        Fused::Done(_) => panic!("the fused op ran on a CPU tensor"),
+        Fused::NotApplicable(why) => assert!(
+            why.contains("not on CUDA") || why.contains("without the cuda feature"),
+            "{why}"
+        ),
+    }
+}
+
+/// torch.optim.SGD(fused=True)'s kernel against the foreach kernels on the same parameters, then with the
+/// overflow flag set: nothing moves.
+#[test]
+#[ignore = "needs a CUDA GPU and a build with --features cuda: run with --include-ignored there"]
+fn fused_sgd_matches_foreach_and_obeys_the_overflow_flag() {
+    let dev = gpu();
+    tch::manual_seed(3);
+    let shapes: [&[i64]; 3] = [&[64, 32, 3, 3], &[64], &[1000, 2048]];
+    let params: Vec<Tensor> = shapes
+        .iter()
+        .map(|s| Tensor::randn(*s, (Kind::Float, dev)))
+        .collect();
+    let grads: Vec<Tensor> = shapes
+        .iter()
+        .map(|s| Tensor::randn(*s, (Kind::Float, dev)))
+        .collect();
+    let bufs: Vec<Tensor> = shapes
+        .iter()
+        .map(|s| Tensor::randn(*s, (Kind::Float, dev)))
+        .collect();
+    let copy = |v: &[Tensor]| v.iter().map(Tensor::copy).collect::<Vec<_>>();
+    let (p_ref, b_ref) = (copy(&params), copy(&bufs));
+    let (p_f, b_f) = (copy(&params), copy(&bufs));
+    let clean = Tensor::zeros([1], (Kind::Float, dev));
+    for nesterov in [false, true] {
+        // Fresh gradients each step, as after a backward (the foreach kernels add weight decay into them).
+        shim::sgd_foreach(&p_ref, &copy(&grads), &b_ref, 0.1, 0.9, 1e-4, nesterov).unwrap();
+        shim::sgd_fused(
+            &p_f,
+            &copy(&grads),
+            &b_f,
+            0.1,
+            0.9,
+            1e-4,
+            nesterov,
+            Some(&clean),
+        )
+        .unwrap();
+    }
+    for (a, b) in p_f.iter().zip(&p_ref).chain(b_f.iter().zip(&b_ref)) {
+        let e = rel_err(a, b);
+        assert!(e < 1e-6, "fused SGD differs from foreach by {e:.2e}");
+    }
+    let before = copy(&p_f);
+    let overflow = Tensor::ones([1], (Kind::Float, dev));
+    shim::sgd_fused(&p_f, &grads, &b_f, 0.1, 0.9, 1e-4, false, Some(&overflow)).unwrap();
+    for (a, b) in p_f.iter().zip(&before) {
+        assert_eq!(a, b, "a flagged step moved a parameter");
+    }
+    eprintln!("fused SGD equals foreach; a flagged step changes nothing");
+}
+
+/// An fp16 training step on the GPU whose gradients overflow (a NaN pixel): the update is skipped on the
+/// device, every parameter stays, the scale halves, and the step says so when asked.
+#[test]
+#[ignore = "needs a CUDA GPU and a build with --features cuda: run with --include-ignored there"]
+fn an_overflowing_fp16_step_is_skipped_without_a_host_check() {
+    let dev = gpu();
+    tch::manual_seed(0);
+    let mut cfg = ResNetConfig::new(Arch::ResNet18);
+    cfg.stem = Stem::Cifar;
+    cfg.num_classes = 10;
+    let mut step = TrainStep::new(
+        Model::new(cfg, dev),
+        StepConfig {
+            precision: Precision::Fp16,
+            channels_last: true,
+            label_smoothing: 0.0,
+            sgd: SgdConfig::default(),
+        },
+    );
+    step.scaler = Some(GradScaler::with_scale(dev, 1024.0));
+    let images = Tensor::randint(256, [8, 32, 32, 3], (Kind::Uint8, dev));
+    let labels = Tensor::randint(10, [8], (Kind::Int64, dev));
+    let before: Vec<Tensor> = step
+        .model
+        .parameters()
+        .iter()
+        .map(|(_, t)| t.copy())
+        .collect();
+    let x = step.input.normalize(&images).copy();
+    let _ = x.get(0).get(0).get(0).get(0).fill_(f64::NAN);
+    let out = step.step(&x, &labels, 0.1).unwrap();
+    assert!(out.skipped.get().unwrap(), "the overflow was not reported");
+    for (b, (k, a)) in before.iter().zip(step.model.parameters()) {
+        assert_eq!(b, &a, "{k} changed on a skipped step");
+    }
+    assert_eq!(step.scaler.as_ref().unwrap().current_scale(), 512.0);
+    let out = step.step_u8(&images, &labels, 0.1).unwrap();
+    assert!(!out.skipped.get().unwrap());
+    assert!(before
+        .iter()
+        .zip(step.model.parameters())
+        .any(|(b, (_, a))| b != &a));
+    eprintln!("the overflowing fp16 step was skipped on the device; the next one updated");
+}
