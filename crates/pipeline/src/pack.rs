@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use crate::crop::resize_shorter;
 use crate::decode::{decode_rgb, encode_jpeg, DecodeError};
 use crate::loader::BadImagePolicy;
-use crate::source::shards::{ShardMeta, ShardWriter, EXTENSION};
+use crate::source::shards::{ShardMeta, ShardWriter, EXTENSION, FORMAT_VERSION};
 use crate::source::Dataset;
 
 #[derive(Clone, Debug)]
@@ -83,7 +83,7 @@ pub fn pack(dataset: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<Pac
     );
     bar.set_message("packing");
     let meta = ShardMeta {
-        format_version: 1,
+        format_version: FORMAT_VERSION,
         classes: dataset.classes().to_vec(),
         records: 0,
         max_side: opts.max_side,

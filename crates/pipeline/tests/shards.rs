@@ -11,6 +11,7 @@ use rn50_pipeline::crop::resize_shorter;
 use rn50_pipeline::decode::decode_rgb;
 use rn50_pipeline::pack::{pack, PackOptions};
 use rn50_pipeline::source::shards::ShardSet;
+use rn50_pipeline::source::Source;
 use rn50_pipeline::{BadImagePolicy, Dataset, Loader, LoaderConfig, Transform};
 
 fn options(max_side: Option<usize>) -> PackOptions {
@@ -169,4 +170,112 @@ fn damaged_shards_are_rejected_and_bad_images_left_out() {
     )
     .unwrap();
     assert!(Dataset::open(&out).is_err());
+}
+
+/// Packs `n` ImageNet photos of one class into one shard; returns (shard path, dataset source dir).
+fn one_shard(tmp: &std::path::Path, n: usize) -> std::path::PathBuf {
+    let src = tmp.join("src/a");
+    std::fs::create_dir_all(&src).unwrap();
+    for f in &jpeg_files("imagenet")[..n] {
+        std::fs::copy(f, src.join(f.file_name().unwrap())).unwrap();
+    }
+    let ds = Dataset::open(tmp.join("src")).unwrap();
+    let report = pack(&ds, &tmp.join("shards"), &options(None)).unwrap();
+    assert_eq!(report.shards.len(), 1);
+    report.shards[0].clone()
+}
+
+/// Where record `i`'s index entry starts (format 2: 20 bytes an entry), and the record's offset and length.
+fn index_entry(bytes: &[u8], i: usize) -> (usize, u64, u32) {
+    let footer = &bytes[bytes.len() - 40..];
+    let index_off = u64::from_le_bytes(footer[..8].try_into().unwrap()) as usize;
+    let at = index_off + 20 * i;
+    let offset = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    let len = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap());
+    (at, offset, len)
+}
+
+/// A flipped bit inside a record is caught by its CRC-32 when read: that image is bad (skipped and counted,
+/// named), every other record still loads.
+#[test]
+fn a_flipped_bit_in_a_record_is_a_counted_bad_image() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = one_shard(tmp.path(), 6);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let (_, offset, len) = index_entry(&bytes, 3);
+    // A bit in the middle of the entropy-coded data: a JPEG decoder would still return an image.
+    bytes[(offset + len as u64 / 2) as usize] ^= 0x10;
+    std::fs::write(&path, &bytes).unwrap();
+
+    let set = ShardSet::open(&path).unwrap();
+    let mut buf = Vec::new();
+    let err = Source::read(&set, 3, &mut buf).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("record 3") && format!("{err:#}").contains("damaged"),
+        "{err:#}"
+    );
+    for i in [0, 1, 2, 4, 5] {
+        Source::read(&set, i, &mut buf).unwrap();
+    }
+    let cfg = LoaderConfig {
+        transform: Transform::val(40, 32),
+        ..LoaderConfig::val(8, 2)
+    };
+    let loader = Loader::new(Dataset::open(&path).unwrap(), cfg).unwrap();
+    let images: usize = loader.epoch(0, 0).map(|b| b.unwrap().labels().len()).sum();
+    assert_eq!(images, 5);
+    assert_eq!(loader.stats().bad_images, 1);
+}
+
+/// An index entry whose offset is near 2^64 (offset + length would wrap) is rejected when the shard is opened.
+#[test]
+fn an_index_offset_that_would_wrap_is_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = one_shard(tmp.path(), 3);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let (at, _, _) = index_entry(&bytes, 1);
+    bytes[at..at + 8].copy_from_slice(&(u64::MAX - 2).to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let err = ShardSet::open(&path)
+        .err()
+        .expect("a wrapping offset was accepted");
+    assert!(
+        format!("{err:#}").contains("outside the data area"),
+        "{err:#}"
+    );
+}
+
+/// Shards written before checksums (format 1: 16-byte index entries) still read, unchecked.
+#[test]
+fn format_1_shards_still_read() {
+    let photos: Vec<Vec<u8>> = jpeg_files("imagenet")[..2]
+        .iter()
+        .map(|f| std::fs::read(f).unwrap())
+        .collect();
+    let mut file = b"RN50SHD1".to_vec();
+    let mut index = Vec::new();
+    for (label, p) in photos.iter().enumerate() {
+        index.extend_from_slice(&(file.len() as u64).to_le_bytes());
+        index.extend_from_slice(&(p.len() as u32).to_le_bytes());
+        index.extend_from_slice(&(label as u32).to_le_bytes());
+        file.extend_from_slice(p);
+    }
+    let index_off = file.len() as u64;
+    file.extend_from_slice(&index);
+    let meta_off = file.len() as u64;
+    let meta =
+        br#"{"format_version":1,"classes":["a","b"],"records":2,"max_side":null,"quality":null}"#;
+    file.extend_from_slice(meta);
+    for v in [index_off, 2, meta_off, meta.len() as u64] {
+        file.extend_from_slice(&v.to_le_bytes());
+    }
+    file.extend_from_slice(b"RN50SHDE");
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("old.rn50shard");
+    std::fs::write(&path, &file).unwrap();
+    let set = ShardSet::open(&path).unwrap();
+    let mut buf = Vec::new();
+    for (i, p) in photos.iter().enumerate() {
+        assert_eq!(Source::read(&set, i, &mut buf).unwrap(), &p[..]);
+    }
 }

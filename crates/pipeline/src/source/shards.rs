@@ -5,13 +5,16 @@
 //! ```text
 //! "RN50SHD1"                      8-byte magic
 //! record 0 bytes, record 1 bytes, … encoded images, back to back
-//! index: count × (offset u64, length u32, label u32)
-//! meta:  JSON (ShardMeta: classes, record count, how images were encoded)
+//! index: count × (offset u64, length u32, label u32, crc32 u32)
+//! meta:  JSON (ShardMeta: format_version, classes, record count, how images were encoded)
 //! footer: index_offset u64, count u64, meta_offset u64, meta_len u64, "RN50SHDE"
 //! ```
 //!
 //! The index and metadata sit at the end so the writer streams records without knowing their
-//! count up front; the footer makes a truncated (or still-being-written) file detectable.
+//! count up front; the footer makes a truncated (or still-being-written) file detectable. Each
+//! record's CRC-32 is checked when it is read: a flipped bit is a bad image (skipped and counted),
+//! not a silently different one. Format 1 (rn50 before checksums) has no crc32 field and is still
+//! read, unchecked.
 //! Readers use positioned reads (`pread`), not mmap, so a file shrinking under us is an I/O
 //! error rather than a SIGBUS.
 
@@ -29,7 +32,19 @@ pub const EXTENSION: &str = "rn50shard";
 const MAGIC: &[u8; 8] = b"RN50SHD1";
 const END_MAGIC: &[u8; 8] = b"RN50SHDE";
 const FOOTER_LEN: u64 = 40;
-const INDEX_ENTRY: usize = 16;
+/// The format [`ShardWriter`] writes.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// Bytes of one index entry in format `version`.
+fn index_entry_len(version: u32) -> Result<usize> {
+    match version {
+        1 => Ok(16),
+        2 => Ok(20),
+        v => bail!(
+            "shard format {v} is newer than this rn50 reads (1 to {FORMAT_VERSION}): update rn50"
+        ),
+    }
+}
 
 /// Per-shard metadata (JSON).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -48,6 +63,8 @@ struct Entry {
     offset: u64,
     len: u32,
     label: u32,
+    /// CRC-32 of the record's bytes (None in format 1).
+    crc: Option<u32>,
 }
 
 /// The list of shard files in `dir`, sorted by name; `None` if `dir` holds none.
@@ -85,7 +102,7 @@ impl ShardSet {
             files: Vec::new(),
             entries: Vec::new(),
             meta: ShardMeta {
-                format_version: 1,
+                format_version: FORMAT_VERSION,
                 classes: Vec::new(),
                 records: 0,
                 max_side: None,
@@ -159,30 +176,37 @@ fn read_shard(path: &Path) -> Result<(File, ShardMeta, Vec<Entry>)> {
         u64_at(&footer, 16),
         u64_at(&footer, 24),
     );
-    let index_len = count
-        .checked_mul(INDEX_ENTRY as u64)
-        .context("corrupt record count")?;
+    // Every bound is checked without overflow: a damaged footer must not wrap around.
     ensure!(
-        index_off.checked_add(index_len) == Some(meta_off)
-            && meta_off.checked_add(meta_len) == Some(size - FOOTER_LEN),
+        meta_off.checked_add(meta_len) == Some(size - FOOTER_LEN),
         "corrupt footer"
     );
-    let mut index = vec![0u8; index_len as usize];
-    file.read_exact_at(&mut index, index_off)?;
     let mut meta = vec![0u8; meta_len as usize];
     file.read_exact_at(&mut meta, meta_off)?;
     let meta: ShardMeta = serde_json::from_slice(&meta).context("corrupt metadata")?;
+    let entry_len = index_entry_len(meta.format_version)?;
+    let index_len = count
+        .checked_mul(entry_len as u64)
+        .context("corrupt record count")?;
+    ensure!(
+        index_off >= MAGIC.len() as u64 && index_off.checked_add(index_len) == Some(meta_off),
+        "corrupt footer"
+    );
     ensure!(meta.records == count, "metadata and index disagree");
+    let mut index = vec![0u8; index_len as usize];
+    file.read_exact_at(&mut index, index_off)?;
     let mut entries = Vec::with_capacity(count as usize);
-    for e in index.chunks_exact(INDEX_ENTRY) {
+    for e in index.chunks_exact(entry_len) {
         let entry = Entry {
             file: 0,
             offset: u64_at(e, 0),
             len: u32_at(e, 8),
             label: u32_at(e, 12),
+            crc: (entry_len == 20).then(|| u32_at(e, 16)),
         };
+        let end = entry.offset.checked_add(entry.len as u64);
         ensure!(
-            entry.offset >= MAGIC.len() as u64 && entry.offset + entry.len as u64 <= index_off,
+            entry.offset >= MAGIC.len() as u64 && end.is_some_and(|end| end <= index_off),
             "record outside the data area"
         );
         ensure!(
@@ -210,6 +234,14 @@ impl Source for ShardSet {
         buf.resize(e.len as usize, 0);
         file.read_exact_at(buf, e.offset)
             .with_context(|| format!("cannot read record {i} of {}", path.display()))?;
+        if let Some(stored) = e.crc {
+            let computed = crc32fast::hash(buf);
+            ensure!(
+                computed == stored,
+                "record {i} of {} is damaged: CRC-32 {computed:08x}, the index says {stored:08x}",
+                path.display()
+            );
+        }
         Ok(buf)
     }
 
@@ -247,7 +279,11 @@ impl ShardWriter {
             out,
             offset: MAGIC.len() as u64,
             index: Vec::new(),
-            meta: ShardMeta { records: 0, ..meta },
+            meta: ShardMeta {
+                records: 0,
+                format_version: FORMAT_VERSION,
+                ..meta
+            },
         })
     }
 
@@ -259,6 +295,8 @@ impl ShardWriter {
         self.index.extend_from_slice(&self.offset.to_le_bytes());
         self.index.extend_from_slice(&len.to_le_bytes());
         self.index.extend_from_slice(&label.to_le_bytes());
+        self.index
+            .extend_from_slice(&crc32fast::hash(bytes).to_le_bytes());
         self.offset += len as u64;
         self.meta.records += 1;
         Ok(())
