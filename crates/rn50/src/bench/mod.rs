@@ -7,7 +7,11 @@
 //! - `real`: a dataset on disk (`--data-dir`, ImageFolder or shards) through the loader.
 //!
 //! Under `rn50 launch` (or any launcher) every rank runs the same bench with DDP; rank 0 reports the total.
+//!
+//! `--profile` adds a few steps after the measured ones, recorded by libtorch's profiler, and shows where their
+//! time goes by kind of work ([`profile`]).
 pub mod host_data;
+pub mod profile;
 pub mod source;
 pub mod stats;
 pub mod sweep;
@@ -116,6 +120,16 @@ pub struct BenchArgs {
     /// Write the full result as JSON to this file ("-" for stdout).
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// After the measured steps, run --profile-steps more under libtorch's profiler and show the time per step
+    /// by kind of work: convolution, batch norm, elementwise, optimizer, casts, copies, communication, other
+    /// (with the largest "other" ops). On CPU it sums each op's self time; on CUDA the GPU time of the kernels,
+    /// each classified by its name or by the op that launched it. The profiled steps run slower and stay out of
+    /// the img/s figures. In the JSON under "profile".
+    #[arg(long)]
+    pub profile: bool,
+    /// Steps profiled with --profile.
+    #[arg(long, default_value_t = 5)]
+    pub profile_steps: usize,
 }
 
 /// The resolved configuration a bench ran with (all defaults filled in).
@@ -143,6 +157,9 @@ pub struct BenchConfig {
     /// Data-parallel processes and the batch of one step over all of them.
     pub world_size: usize,
     pub global_batch: i64,
+    /// Steps profiled after the measured ones (`--profile`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile_steps: Option<usize>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -170,6 +187,9 @@ pub struct BenchResult {
     pub device_peak_memory_bytes: Option<i64>,
     pub final_loss: f64,
     pub step_times_ms: Vec<f64>,
+    /// Time per step by kind of work, from extra profiled steps (`--profile`; this rank's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<profile::ProfileReport>,
     pub config: BenchConfig,
     pub machine: MachineInfo,
 }
@@ -205,6 +225,9 @@ impl BenchArgs {
         if steps == 0 {
             bail!("--steps must be at least 1");
         }
+        if self.profile && self.profile_steps == 0 {
+            bail!("--profile-steps must be at least 1");
+        }
         let data = match (self.data, &self.data_dir) {
             (None, Some(_)) | (Some(DataMode::Real), Some(_)) => DataMode::Real,
             (Some(DataMode::Real), None) => bail!("--data real needs --data-dir DATA"),
@@ -235,6 +258,7 @@ impl BenchArgs {
                 lr: 0.1 * (batch_size * world.world_size as i64) as f64 / 256.0,
                 world_size: world.world_size,
                 global_batch: batch_size * world.world_size as i64,
+                profile_steps: self.profile.then_some(self.profile_steps),
             },
             device,
         ))
@@ -283,6 +307,7 @@ fn source(cfg: &BenchConfig, device: Device, dist: &DistContext) -> Result<Sourc
 }
 
 /// Runs the benchmark described by `cfg` on `device`: this rank's part when `dist` spans several processes.
+/// `progress` gets (steps done, steps in all, seconds of the last step), profiled steps included.
 pub fn run(
     cfg: &BenchConfig,
     device: Device,
@@ -316,6 +341,7 @@ pub fn run(
     let mut io_start = None;
 
     let total = cfg.warmup + cfg.steps;
+    let profiled = cfg.profile_steps.unwrap_or(0);
     let mut wait_ms = Vec::with_capacity(cfg.steps);
     let mut step_ms = Vec::with_capacity(cfg.steps);
     let mut comm_ms = Vec::with_capacity(cfg.steps);
@@ -337,9 +363,33 @@ pub fn run(
             step_ms.push((t2 - t0).as_secs_f64() * 1e3);
             comm_ms.push(step.comm.allreduce_wait_ms);
         }
-        progress(i + 1, total, (t2 - t0).as_secs_f64());
+        progress(i + 1, total + profiled, (t2 - t0).as_secs_f64());
     }
     let io = io.zip(io_start).map(|(m, s0)| m.snapshot().delta(&s0));
+    // Profiled steps, after the measured ones: the profiler slows them down.
+    let profile = if profiled > 0 {
+        synchronize(device);
+        let profiler = profile::Profiler::start(device)?;
+        let t0 = Instant::now();
+        for i in 0..profiled {
+            let ts = Instant::now();
+            let batch = src.next(device)?;
+            step.step_u8(&batch.images, &batch.labels, cfg.lr)?;
+            synchronize(device);
+            src.recycle(batch);
+            progress(total + i + 1, total + profiled, ts.elapsed().as_secs_f64());
+        }
+        let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let events = profiler.stop()?;
+        Some(profile::summarize(
+            &events,
+            device.is_cuda(),
+            profiled,
+            wall_ms,
+        ))
+    } else {
+        None
+    };
     let final_loss = f64::try_from(&last_loss).context("reading the loss")?;
     if !final_loss.is_finite() {
         bail!("the loss became {final_loss}: numerics are broken for this configuration");
@@ -378,6 +428,7 @@ pub fn run(
         },
         final_loss,
         step_times_ms: step_ms,
+        profile,
         config: cfg.clone(),
         machine: machine::machine_info(),
     })
@@ -449,6 +500,9 @@ pub fn render(r: &BenchResult) -> String {
     if let Some(m) = r.device_peak_memory_bytes {
         s += &format!("  {:<22}{}\n", "peak device memory", gib(m as f64));
     }
+    if let Some(p) = &r.profile {
+        s += &profile::render(p);
+    }
     s
 }
 
@@ -462,7 +516,10 @@ pub fn command(args: &BenchArgs) -> Result<()> {
     let dist = DistContext::init_with(world, device)?;
     let main = dist.is_main();
     // Drawn on stderr, hidden when it is not a terminal (logs, CI).
-    let bar = indicatif::ProgressBar::new((cfg.warmup + cfg.steps) as u64).with_style(
+    let bar = indicatif::ProgressBar::new(
+        (cfg.warmup + cfg.steps + cfg.profile_steps.unwrap_or(0)) as u64,
+    )
+    .with_style(
         indicatif::ProgressStyle::with_template(
             "{prefix} [{bar:30}] {pos}/{len} steps {msg} (ETA {eta})",
         )
@@ -477,8 +534,10 @@ pub fn command(args: &BenchArgs) -> Result<()> {
         bar.set_position(i as u64);
         let phase = if i <= cfg.warmup {
             "warm-up"
-        } else {
+        } else if i <= cfg.warmup + cfg.steps {
             "measuring"
+        } else {
+            "profiling"
         };
         bar.set_message(format!("{phase} {:.2} img/s", cfg.batch_size as f64 / secs));
         if i == n {

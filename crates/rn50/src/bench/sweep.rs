@@ -100,6 +100,9 @@ pub fn command(args: &BenchArgs) -> Result<()> {
     if args.threads.is_some() {
         bail!("--sweep splits the CPUs between the ranks itself: leave out --threads");
     }
+    if args.profile {
+        bail!("--profile looks at one configuration: leave out --sweep");
+    }
     let exe = std::env::current_exe().context("locating the rn50 binary")?;
     let tmp = std::env::temp_dir().join(format!("rn50-sweep-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
