@@ -20,6 +20,7 @@ pub struct BenchResult {
     pub warmup: usize,
     pub images: u64,
     pub seconds: f64,
+    /// Images decoded (or found bad) by the workers per second while the timed batches were taken.
     pub images_per_sec: f64,
     pub images_per_sec_per_core: f64,
     /// Images that could not be decoded (over warmup and timed batches).
@@ -54,8 +55,8 @@ impl Source for Repeated {
     }
 }
 
-/// Run `warmup` untimed then `steps` timed batches in one epoch (the dataset repeated as
-/// needed).
+/// Run `warmup` untimed then `steps` timed batches (the dataset repeated as needed, so that
+/// most are in one epoch).
 pub fn run(
     dataset: Dataset,
     config: LoaderConfig,
@@ -84,16 +85,20 @@ pub fn run(
         "dataset has {} images, fewer than one batch of {batch_size}",
         loader.dataset().len()
     );
-    let mut done = 0;
-    let mut images = 0u64;
-    let mut start = Instant::now();
-    let mut epoch = 0;
-    'outer: loop {
-        for batch in loader.epoch(epoch, 0) {
+    // The rate is what the workers decode while the timed batches are taken, not the batches
+    // taken: those were partly decoded before the clock started, up to `prefetch` batches ahead.
+    let decoded = || {
+        let s = loader.stats();
+        s.images + s.bad_images
+    };
+    let (mut done, mut images) = (0, 0u64);
+    let (mut start, mut decoded_before) = (Instant::now(), 0);
+    'outer: for epoch in loader.epochs(0, 0) {
+        for batch in epoch {
             let batch = batch?;
             done += 1;
             if done == warmup {
-                start = Instant::now();
+                (start, decoded_before) = (Instant::now(), decoded());
             } else if done > warmup {
                 images += batch.n() as u64;
             }
@@ -101,12 +106,11 @@ pub fn run(
                 break 'outer;
             }
         }
-        epoch += 1;
     }
     let seconds = start.elapsed().as_secs_f64();
+    let ips = (decoded() - decoded_before) as f64 / seconds;
     let stats = loader.stats();
     let per = |d: std::time::Duration| d.as_secs_f64() * 1e3 / stats.images.max(1) as f64;
-    let ips = images as f64 / seconds;
     Ok(BenchResult {
         dataset: description,
         transform,

@@ -17,8 +17,9 @@
 //!     ..LoaderConfig::train(256, 8) // batch size, decode threads
 //! };
 //! let loader = Loader::new(train, config)?;
-//! for epoch in 0..90u64 {
-//!     for batch in loader.epoch(epoch, 0) {
+//! // Each epoch is queued as the one before it is handed out: no wait at epoch boundaries.
+//! for epoch in loader.epochs(0, 0).take(90) {
+//!     for batch in epoch {
 //!         let batch = batch?; // a bad image is skipped and counted, or an error (on_bad_image)
 //!         let [n, h, w, c] = batch.shape(); // NHWC, c == 3, uint8 RGB
 //!         let pixels: &[u8] = &batch; // n*h*w*3 bytes, contiguous
@@ -33,11 +34,15 @@
 //!
 //! * Determinism: sample order depends on (seed, epoch) and each sample's augmentation on
 //!   (seed, epoch, dataset index) only, so batches are identical for any worker count.
-//! * Resuming: `loader.epoch(epoch, start_batch)` skips the first `start_batch` batches.
+//! * Resuming: `loader.epoch(epoch, start_batch)` (or `epochs(epoch, start_batch)`) skips the
+//!   first `start_batch` batches.
+//! * Across epochs: the worker threads belong to the loader and work through the epochs queued
+//!   on them in order (`epoch`, `batches`, `epochs`; [`Loader::share_workers`] puts an evaluation
+//!   pass in the same line), each at most `prefetch` batches ahead of its consumer.
 //! * Distributed: rank r of W gets positions r, r+W, … of the epoch permutation; with
 //!   `drop_last` (training) all ranks get `len / W` samples and the same number of batches;
 //!   without it (evaluation, [`LoaderConfig::val`]) every sample is loaded exactly once.
-//! * Dropping an [`Epoch`] mid-way stops and joins its worker threads.
+//! * Dropping an [`Epoch`] mid-way cancels the rest of it; the threads stop with the loader.
 //! * Normalization (ImageNet mean/std) is left to the device: hosts move uint8.
 //!
 //! Shared helpers: [`decode::decode_rgb`] (any supported bytes → RGB8) and
@@ -54,6 +59,6 @@ pub mod source;
 pub mod synthetic;
 pub mod transform;
 
-pub use loader::{BadImagePolicy, Batch, Epoch, Loader, LoaderConfig, Stats};
+pub use loader::{BadImagePolicy, Batch, Epoch, Epochs, Loader, LoaderConfig, Stats};
 pub use source::Dataset;
 pub use transform::Transform;

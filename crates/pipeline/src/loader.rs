@@ -1,16 +1,21 @@
 //! The multi-threaded batch loader.
 //!
-//! Each worker thread claims whole batches (batch `k` = positions `k*B..(k+1)*B` of this rank's
-//! epoch order), decodes and augments every sample straight into a pooled batch buffer, and sends
-//! it back; the consumer re-orders batches, so output is identical for any worker count. A gate
-//! lets workers run at most `prefetch` batches ahead of the consumer (backpressure), and dropping
-//! the epoch iterator stops and joins the workers.
+//! A [`Loader`] owns worker threads that live across epochs. [`Loader::epoch`] queues one epoch
+//! (this rank's batches of it, in order) behind the epochs already queued on those threads and
+//! returns its iterator. Workers take single samples in queue order, each decoded and augmented
+//! straight into its slot of a pooled batch buffer: all of them help finish the oldest batch, and
+//! the output is identical for any worker count. Each queued epoch may run at most `prefetch`
+//! batches ahead of its consumer; when an epoch has nothing left to hand out within that window,
+//! the workers go on to the next one in the queue. So an epoch queued before the current one ends
+//! (see [`Loader::epochs`], and [`Loader::share_workers`] for an evaluation pass queued between
+//! two epochs) has its first batches decoded while the current one's last batches are consumed.
+//! Dropping an [`Epoch`] cancels what is left of it; the threads stop when the loader and its
+//! epochs are all dropped.
 
 use std::collections::BTreeMap;
-use std::ops::Deref;
+use std::ops::{Deref, Range};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -45,7 +50,7 @@ pub struct LoaderConfig {
     /// Drop the last partial batch and give every rank the same number of batches (training).
     /// With `false` (evaluation) every sample is loaded exactly once across ranks.
     pub drop_last: bool,
-    /// Batches decoded ahead of the consumer.
+    /// Batches (decoded or being decoded) ahead of the consumer, per queued epoch.
     pub prefetch: usize,
     pub on_bad_image: BadImagePolicy,
     /// Decode at 1/2, 1/4, 1/8 scale in the DCT domain when the crop is shrunk that much anyway.
@@ -112,33 +117,22 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-#[derive(Default)]
-struct Buffers {
-    data: Vec<u8>,
-    labels: Vec<i64>,
-    indices: Vec<usize>,
-}
-
-/// Recycled batch buffers: in steady state no batch allocates.
+/// Recycled pixel buffers: in steady state no batch allocates.
 struct Pool {
-    free: Mutex<Vec<Buffers>>,
+    free: Mutex<Vec<Vec<u8>>>,
     keep: usize,
 }
 
 impl Pool {
-    fn take(&self, bytes: usize, batch: usize) -> Buffers {
-        let mut b = lock(&self.free).pop().unwrap_or_default();
-        if b.data.len() != bytes {
-            b.data.resize(bytes, 0);
+    /// A buffer of `bytes`; a new one comes zeroed from the allocator (no pass over it here).
+    fn take(&self, bytes: usize) -> Vec<u8> {
+        match lock(&self.free).pop() {
+            Some(b) if b.len() == bytes => b,
+            _ => vec![0; bytes],
         }
-        b.labels.clear();
-        b.labels.reserve(batch);
-        b.indices.clear();
-        b.indices.reserve(batch);
-        b
     }
 
-    fn put(&self, b: Buffers) {
+    fn put(&self, b: Vec<u8>) {
         let mut free = lock(&self.free);
         if free.len() < self.keep {
             free.push(b);
@@ -147,10 +141,11 @@ impl Pool {
 }
 
 /// One batch: `n` images of `h x w x 3` bytes (NHWC, uint8, RGB) and their labels. Derefs to
-/// the pixel bytes; the buffers go back to the loader's pool when dropped.
+/// the pixel bytes; the buffer goes back to the loader's pool when dropped.
 pub struct Batch {
-    bufs: Option<Buffers>,
-    n: usize,
+    data: Vec<u8>,
+    labels: Vec<i64>,
+    indices: Vec<usize>,
     size: usize,
     index: usize,
     pool: Arc<Pool>,
@@ -159,7 +154,7 @@ pub struct Batch {
 impl Batch {
     /// Number of images (the batch size, less skipped bad images, or the last partial batch).
     pub fn n(&self) -> usize {
-        self.n
+        self.labels.len()
     }
     pub fn h(&self) -> usize {
         self.size
@@ -169,22 +164,22 @@ impl Batch {
     }
     /// NHWC shape `[n, h, w, 3]`.
     pub fn shape(&self) -> [usize; 4] {
-        [self.n, self.size, self.size, 3]
+        [self.n(), self.size, self.size, 3]
     }
     /// Class index of each image.
     pub fn labels(&self) -> &[i64] {
-        &self.bufs.as_ref().expect("live batch").labels
+        &self.labels
     }
     /// Dataset index of each image (for debugging and resumption checks).
     pub fn indices(&self) -> &[usize] {
-        &self.bufs.as_ref().expect("live batch").indices
+        &self.indices
     }
     /// Position of this batch in the epoch.
     pub fn index(&self) -> usize {
         self.index
     }
     pub fn pixels(&self) -> &[u8] {
-        &self.bufs.as_ref().expect("live batch").data[..self.n * self.size * self.size * 3]
+        &self.data[..self.n() * self.size * self.size * 3]
     }
 }
 
@@ -197,9 +192,7 @@ impl Deref for Batch {
 
 impl Drop for Batch {
     fn drop(&mut self) {
-        if let Some(b) = self.bufs.take() {
-            self.pool.put(b);
-        }
+        self.pool.put(std::mem::take(&mut self.data));
     }
 }
 
@@ -212,35 +205,58 @@ impl std::fmt::Debug for Batch {
     }
 }
 
-/// Loads batches from a [`Dataset`] according to a [`LoaderConfig`].
+/// Loads batches from a [`Dataset`] according to a [`LoaderConfig`]. Clones share the workers,
+/// buffers and counters.
+#[derive(Clone)]
 pub struct Loader {
     dataset: Dataset,
     config: LoaderConfig,
     counters: Arc<Counters>,
     pool: Arc<Pool>,
+    workers: Arc<Workers>,
 }
 
 impl Loader {
+    /// Starts `config.workers` threads, which wait for epochs to be queued.
     pub fn new(dataset: Dataset, config: LoaderConfig) -> Result<Loader> {
-        ensure!(config.batch_size > 0, "batch size must be positive");
         ensure!(config.workers > 0, "need at least one worker");
+        Loader::check(&config)?;
+        let workers = Arc::new(Workers::spawn(config.workers)?);
+        Ok(Loader::on(workers, dataset, config))
+    }
+
+    /// A loader for `dataset` and `config` whose epochs run on this loader's threads
+    /// (`config.workers` is not used), queued in one line with this loader's: an evaluation pass
+    /// queued behind a training epoch decodes as soon as that epoch's batches are all handed out.
+    pub fn share_workers(&self, dataset: Dataset, config: LoaderConfig) -> Result<Loader> {
+        Loader::check(&config)?;
+        Ok(Loader::on(self.workers.clone(), dataset, config))
+    }
+
+    fn check(config: &LoaderConfig) -> Result<()> {
+        ensure!(config.batch_size > 0, "batch size must be positive");
         ensure!(
             config.world_size > 0 && config.rank < config.world_size,
             "rank {} out of range for world size {}",
             config.rank,
             config.world_size
         );
-        config.transform.validate()?;
-        let pool = Arc::new(Pool {
-            free: Mutex::new(Vec::new()),
-            keep: config.prefetch.max(1) + config.workers + 2,
-        });
-        Ok(Loader {
+        config.transform.validate()
+    }
+
+    fn on(workers: Arc<Workers>, dataset: Dataset, config: LoaderConfig) -> Loader {
+        // An epoch's window, the next epoch's, and the batches the consumer holds.
+        let keep = 2 * config.prefetch.max(1) + 2;
+        Loader {
             dataset,
             config,
             counters: Arc::default(),
-            pool,
-        })
+            pool: Arc::new(Pool {
+                free: Mutex::default(),
+                keep,
+            }),
+            workers,
+        }
     }
 
     pub fn dataset(&self) -> &Dataset {
@@ -296,137 +312,346 @@ impl Loader {
     }
 
     /// Iterate over `epoch`'s batches, starting at batch `start_batch` (to resume a run).
-    /// Workers start immediately; dropping the iterator stops them.
+    /// Queued behind the epochs already queued on the workers; dropping the iterator cancels it.
     pub fn epoch(&self, epoch: u64, start_batch: usize) -> Epoch {
+        self.batches(epoch, start_batch..usize::MAX)
+    }
+
+    /// Batches `range` of `epoch` (clamped to the epoch), queued like [`Loader::epoch`]: for a
+    /// consumer that takes fewer batches than the epoch has, so that nothing past them is decoded.
+    pub fn batches(&self, epoch: u64, range: Range<usize>) -> Epoch {
+        let b = self.config.batch_size;
+        let end = range.end.min(self.batches_per_epoch());
+        let start = range.start.min(end);
         let mut indices = self.sampler().indices(epoch, self.config.drop_last);
-        let end = self.batches_per_epoch();
-        indices.truncate(if self.config.drop_last {
-            end * self.config.batch_size
-        } else {
-            indices.len()
-        });
-        let start = start_batch.min(end);
-        let (tx, rx) = channel();
-        let ctx = Arc::new(EpochCtx {
+        indices.truncate(end * b);
+        let job = Arc::new(Job {
             dataset: self.dataset.clone(),
             config: self.config.clone(),
             epoch,
             indices,
-            end,
-            gate: Mutex::new(GateState {
-                next_claim: start,
-                next_yield: start,
-                stop: false,
-            }),
-            cv: Condvar::new(),
-            stop: AtomicBool::new(false),
             counters: self.counters.clone(),
             pool: self.pool.clone(),
         });
-        let mut threads = Vec::new();
-        let mut spawn_error = None;
-        for i in 0..self.config.workers.min(end - start).max(1) {
-            let (ctx, tx) = (ctx.clone(), tx.clone());
-            match std::thread::Builder::new()
-                .name(format!("rn50-loader-{i}"))
-                .spawn(move || worker(ctx, tx))
-            {
-                Ok(t) => threads.push(t),
-                Err(e) => {
-                    spawn_error = Some(anyhow!("cannot start loader thread: {e}"));
-                    break;
-                }
-            }
-        }
-        let mut it = Epoch {
-            ctx,
-            rx,
-            pending: BTreeMap::new(),
+        let shared = &self.workers.shared;
+        let mut q = lock(&shared.queue);
+        let id = q.next_id;
+        q.next_id += 1;
+        q.epochs.push(Queued {
+            id,
+            job: job.clone(),
+            next_sample: start * b,
+            next_batch: start,
+            open: BTreeMap::new(),
+            in_flight: 0,
+            cancelled: false,
+        });
+        drop(q);
+        shared.work.notify_all();
+        Epoch {
+            workers: self.workers.clone(),
+            job,
+            id,
             next: start,
-            threads,
-            pre_error: spawn_error,
+            end,
             done: false,
-        };
-        if it.pre_error.is_some() {
-            it.shutdown();
         }
-        it
+    }
+
+    /// Epochs `first, first + 1, …` (the first from batch `start_batch`), each queued when the one
+    /// before it is handed out: the workers go on into the next epoch while the current one's last
+    /// batches are consumed.
+    pub fn epochs(&self, first: u64, start_batch: usize) -> Epochs {
+        Epochs {
+            next: self.epoch(first, start_batch),
+            loader: self.clone(),
+        }
     }
 }
 
-struct GateState {
-    next_claim: usize,
-    next_yield: usize,
+/// Endless iterator over a loader's epochs, the next one always queued (see [`Loader::epochs`]).
+pub struct Epochs {
+    loader: Loader,
+    next: Epoch,
+}
+
+impl Iterator for Epochs {
+    type Item = Epoch;
+
+    fn next(&mut self) -> Option<Epoch> {
+        let after = self.loader.epoch(self.next.epoch() + 1, 0);
+        Some(std::mem::replace(&mut self.next, after))
+    }
+}
+
+/// The threads and the queue of epochs they work through.
+struct Workers {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Workers wait here for work: an epoch queued, a consumer taking a batch, or the stop.
+    work: Condvar,
+    /// Consumers wait here for their next batch to be complete.
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// In the order they are to be consumed.
+    epochs: Vec<Queued>,
+    next_id: u64,
+    /// Worker threads still running.
+    live: usize,
     stop: bool,
 }
 
-struct EpochCtx {
+/// What the workers read of a queued epoch, without the lock.
+struct Job {
     dataset: Dataset,
     config: LoaderConfig,
     epoch: u64,
+    /// This rank's dataset indices in order, up to the end of the last batch wanted.
     indices: Vec<usize>,
-    end: usize,
-    gate: Mutex<GateState>,
-    cv: Condvar,
-    stop: AtomicBool,
     counters: Arc<Counters>,
     pool: Arc<Pool>,
 }
 
-impl EpochCtx {
-    /// Next batch for a worker, waiting while it would run more than `prefetch` ahead.
-    fn claim(&self) -> Option<usize> {
-        let mut g = lock(&self.gate);
-        loop {
-            if g.stop || g.next_claim >= self.end {
-                return None;
-            }
-            if g.next_claim < g.next_yield + self.config.prefetch.max(1) {
-                g.next_claim += 1;
-                return Some(g.next_claim - 1);
-            }
-            g = self.cv.wait(g).unwrap_or_else(PoisonError::into_inner);
+/// A queued epoch's progress (under the queue's lock).
+struct Queued {
+    id: u64,
+    job: Arc<Job>,
+    /// The next position of `job.indices` to hand out.
+    next_sample: usize,
+    /// The batch its consumer takes next.
+    next_batch: usize,
+    /// Batches with samples handed out and not yet taken by the consumer.
+    open: BTreeMap<usize, Open>,
+    /// Samples being decoded.
+    in_flight: usize,
+    cancelled: bool,
+}
+
+/// A batch being filled.
+struct Open {
+    data: Vec<u8>,
+    /// Per position: decoded into its slot (else skipped as bad, or not finished).
+    ok: Vec<bool>,
+    /// Samples not finished.
+    todo: usize,
+    /// The failure (on_bad_image = fail, or a panic) of the first sample that failed.
+    error: Option<(usize, anyhow::Error)>,
+}
+
+/// One sample to decode into its slot of an open batch.
+struct Task {
+    id: u64,
+    job: Arc<Job>,
+    batch: usize,
+    pos: usize,
+    slot: *mut u8,
+}
+
+impl Workers {
+    fn spawn(n: usize) -> Result<Workers> {
+        let queue = Queue {
+            live: n,
+            ..Queue::default()
+        };
+        let mut workers = Workers {
+            shared: Arc::new(Shared {
+                queue: Mutex::new(queue),
+                work: Condvar::new(),
+                done: Condvar::new(),
+            }),
+            threads: Vec::new(),
+        };
+        for i in 0..n {
+            let shared = workers.shared.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("rn50-loader-{i}"))
+                .spawn(move || worker(&shared))
+                .map_err(|e| anyhow!("cannot start loader thread: {e}"))?;
+            workers.threads.push(t);
+        }
+        Ok(workers)
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        lock(&self.shared.queue).stop = true;
+        self.shared.work.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
         }
     }
+}
 
-    fn bad(&self, name: String, err: &anyhow::Error) {
-        self.counters.bad_images.fetch_add(1, Ordering::Relaxed);
-        let mut ex = lock(&self.counters.bad_examples);
+impl Job {
+    fn image_bytes(&self) -> usize {
+        let s = self.config.transform.output_size();
+        s * s * 3
+    }
+
+    /// Positions of batch `k` in `indices`.
+    fn span(&self, k: usize) -> Range<usize> {
+        let b = self.config.batch_size;
+        k * b..((k + 1) * b).min(self.indices.len())
+    }
+
+    /// Counts a bad sample; an error if it must fail the epoch.
+    fn bad(&self, idx: usize, err: anyhow::Error) -> Result<bool> {
+        let name = self.dataset.name(idx);
+        let c = &self.counters;
+        c.bad_images.fetch_add(1, Ordering::Relaxed);
+        let mut ex = lock(&c.bad_examples);
         if ex.len() < MAX_BAD_EXAMPLES {
             ex.push(format!("{name}: {err:#}"));
         }
+        match self.config.on_bad_image {
+            BadImagePolicy::Skip => Ok(false),
+            BadImagePolicy::Fail => Err(err.context(format!("bad image {name}"))),
+        }
+    }
+
+    /// Batch `index` out of its finished buffer: the decoded samples moved together, in order.
+    fn assemble(&self, index: usize, open: Open) -> Batch {
+        let (per, mut data) = (self.image_bytes(), open.data);
+        let mut indices = Vec::with_capacity(open.ok.len());
+        for (pos, &idx) in self.indices[self.span(index)].iter().enumerate() {
+            if open.ok[pos] {
+                let n = indices.len();
+                if n != pos {
+                    data.copy_within(pos * per..(pos + 1) * per, n * per);
+                }
+                indices.push(idx);
+            }
+        }
+        Batch {
+            data,
+            labels: indices.iter().map(|&i| self.dataset.label(i)).collect(),
+            indices,
+            size: self.config.transform.output_size(),
+            index,
+            pool: self.pool.clone(),
+        }
     }
 }
 
-struct Filled {
-    bufs: Buffers,
-    n: usize,
+impl Queued {
+    /// The next sample, if it lies within `prefetch` batches of the consumer.
+    fn claim(&mut self) -> Option<Task> {
+        let job = &self.job;
+        let k = self.next_sample / job.config.batch_size;
+        if self.cancelled
+            || self.next_sample >= job.indices.len()
+            || k >= self.next_batch + job.config.prefetch.max(1)
+        {
+            return None;
+        }
+        let (span, per) = (job.span(k), job.image_bytes());
+        let open = self.open.entry(k).or_insert_with(|| Open {
+            data: job.pool.take(job.config.batch_size * per),
+            ok: vec![false; span.len()],
+            todo: span.len(),
+            error: None,
+        });
+        let pos = self.next_sample - span.start;
+        self.next_sample += 1;
+        self.in_flight += 1;
+        debug_assert!((pos + 1) * per <= open.data.len());
+        Some(Task {
+            id: self.id,
+            job: job.clone(),
+            batch: k,
+            pos,
+            // `as_mut_ptr`, not a slice: other slots of the buffer are being written meanwhile.
+            slot: open.data.as_mut_ptr().wrapping_add(pos * per),
+        })
+    }
+
+    /// Gives the buffers of batches never taken back to the pool.
+    fn release(self) {
+        for o in self.open.into_values() {
+            self.job.pool.put(o.data);
+        }
+    }
 }
 
-type Msg = (usize, Result<Filled>);
+impl Queue {
+    /// Records a finished sample; true if that completed its batch or a cancelled epoch's work.
+    fn finish(&mut self, task: &Task, r: Result<bool>) -> bool {
+        let Some(i) = self.epochs.iter().position(|e| e.id == task.id) else {
+            return false;
+        };
+        let e = &mut self.epochs[i];
+        e.in_flight -= 1;
+        if e.cancelled {
+            let idle = e.in_flight == 0;
+            if idle {
+                self.epochs.remove(i).release();
+            }
+            return idle;
+        }
+        let open = e
+            .open
+            .get_mut(&task.batch)
+            .expect("a claimed sample's batch is open");
+        match r {
+            Ok(ok) => open.ok[task.pos] = ok,
+            Err(err) => {
+                if open.error.as_ref().is_none_or(|(p, _)| task.pos < *p) {
+                    open.error = Some((task.pos, err));
+                }
+            }
+        }
+        open.todo -= 1;
+        open.todo == 0
+    }
 
-fn worker(ctx: Arc<EpochCtx>, tx: Sender<Msg>) {
-    let mut aug: Option<Augmenter> = None;
+    /// Stops handing out samples of epoch `id`; it leaves the queue when none is being decoded.
+    fn cancel(&mut self, id: u64) {
+        if let Some(i) = self.epochs.iter().position(|e| e.id == id) {
+            let e = &mut self.epochs[i];
+            e.cancelled = true;
+            if e.in_flight == 0 {
+                self.epochs.remove(i).release();
+            }
+        }
+    }
+}
+
+fn worker(shared: &Shared) {
+    // However this thread ends, consumers waiting for its samples must hear of it.
+    struct Exit<'a>(&'a Shared);
+    impl Drop for Exit<'_> {
+        fn drop(&mut self) {
+            lock(&self.0.queue).live -= 1;
+            self.0.done.notify_all();
+        }
+    }
+    let _exit = Exit(shared);
+    let mut aug = None;
     let mut read_buf = Vec::new();
-    while let Some(k) = ctx.claim() {
-        // Any panic while filling the batch becomes an error for that batch, so the consumer
-        // (waiting for batch k in order) can never hang on a dead worker.
-        let r = catch_unwind(AssertUnwindSafe(|| fill(&ctx, k, &mut aug, &mut read_buf)))
+    let mut q = lock(&shared.queue);
+    while !q.stop {
+        let Some(task) = q.epochs.iter_mut().find_map(Queued::claim) else {
+            q = shared.work.wait(q).unwrap_or_else(PoisonError::into_inner);
+            continue;
+        };
+        drop(q);
+        // Any panic becomes an error for the sample's batch, so its consumer never hangs.
+        let r = catch_unwind(AssertUnwindSafe(|| task.run(&mut aug, &mut read_buf)))
             .unwrap_or_else(|p| {
                 aug = None;
                 Err(anyhow!("loader worker panicked: {}", panic_message(&p)))
             });
-        match r {
-            Ok(None) => return, // stopped
-            Ok(Some(f)) => {
-                if tx.send((k, Ok(f))).is_err() {
-                    return;
-                }
-            }
-            Err(e) => {
-                let _ = tx.send((k, Err(e)));
-                return;
-            }
+        q = lock(&shared.queue);
+        if q.finish(&task, r) {
+            shared.done.notify_all();
         }
     }
 }
@@ -438,102 +663,82 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
-/// Decode batch `k`; `Ok(None)` if the epoch was stopped meanwhile.
-fn fill(
-    ctx: &EpochCtx,
-    k: usize,
-    aug: &mut Option<Augmenter>,
-    read_buf: &mut Vec<u8>,
-) -> Result<Option<Filled>> {
-    let cfg = &ctx.config;
-    let size = cfg.transform.output_size();
-    let per = size * size * 3;
-    if aug.is_none() {
-        *aug = Some(Augmenter::new(cfg.transform.clone(), cfg.dct_scaling)?);
-    }
-    let mut bufs = ctx.pool.take(cfg.batch_size * per, cfg.batch_size);
-    let lo = k * cfg.batch_size;
-    let hi = (lo + cfg.batch_size).min(ctx.indices.len());
-    let mut n = 0;
-    for &idx in &ctx.indices[lo..hi] {
-        if ctx.stop.load(Ordering::Relaxed) {
-            ctx.pool.put(bufs);
-            return Ok(None);
+impl Task {
+    /// Decodes the sample into its slot: `Ok(true)` when there, `Ok(false)` when skipped as bad,
+    /// an error when it fails the epoch. `aug` is the worker's, kept for the epoch `aug.0`.
+    fn run(&self, aug: &mut Option<(u64, Augmenter)>, read_buf: &mut Vec<u8>) -> Result<bool> {
+        let (job, cfg) = (&*self.job, &self.job.config);
+        if aug.as_ref().is_none_or(|(id, _)| *id != self.id) {
+            let a = Augmenter::new(cfg.transform.clone(), cfg.dct_scaling)?;
+            *aug = Some((self.id, a));
         }
+        let idx = job.indices[job.span(self.batch).start + self.pos];
+        // SAFETY: `slot` starts this sample's `image_bytes` in its open batch's buffer, which
+        // holds the whole batch. The slot was handed to this task alone, and the buffer is not
+        // moved, read or freed before every sample handed out for it has finished.
+        let slot = unsafe { std::slice::from_raw_parts_mut(self.slot, job.image_bytes()) };
         let t0 = Instant::now();
-        let bytes = match ctx.dataset.read(idx, read_buf) {
+        let bytes = match job.dataset.read(idx, read_buf) {
             Ok(b) => b,
-            Err(e) => {
-                bad_sample(ctx, idx, e)?;
-                continue;
-            }
+            Err(e) => return job.bad(idx, e),
         };
-        let t1 = Instant::now();
-        let mut rng = sample_rng(cfg.seed, ctx.epoch, idx);
-        let slot = &mut bufs.data[n * per..(n + 1) * per];
-        let a = aug.as_mut().expect("augmenter initialised above");
-        // Decoders see untrusted bytes: contain a panic to this one sample.
-        let res = catch_unwind(AssertUnwindSafe(|| a.apply(bytes, &mut rng, slot)));
-        let c = &ctx.counters;
+        let c = &job.counters;
         c.read_ns
-            .fetch_add((t1 - t0).as_nanos() as u64, Ordering::Relaxed);
-        match res {
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let mut rng = sample_rng(cfg.seed, job.epoch, idx);
+        let a = &mut aug.as_mut().expect("made above").1;
+        // Decoders see untrusted bytes: contain a panic to this one sample.
+        match catch_unwind(AssertUnwindSafe(|| a.apply(bytes, &mut rng, slot))) {
             Ok(Ok(applied)) => {
                 c.decode_ns
                     .fetch_add(applied.decode_time.as_nanos() as u64, Ordering::Relaxed);
                 c.augment_ns
                     .fetch_add(applied.augment_time.as_nanos() as u64, Ordering::Relaxed);
                 c.images.fetch_add(1, Ordering::Relaxed);
-                bufs.labels.push(ctx.dataset.label(idx));
-                bufs.indices.push(idx);
-                n += 1;
+                Ok(true)
             }
-            Ok(Err(e)) => bad_sample(ctx, idx, e.into())?,
+            Ok(Err(e)) => job.bad(idx, e.into()),
             Err(p) => {
-                *aug = Some(Augmenter::new(cfg.transform.clone(), cfg.dct_scaling)?);
-                bad_sample(ctx, idx, anyhow!("decoder panicked: {}", panic_message(&p)))?
+                *aug = None;
+                job.bad(idx, anyhow!("decoder panicked: {}", panic_message(&p)))
             }
         }
     }
-    Ok(Some(Filled { bufs, n }))
 }
 
-fn bad_sample(ctx: &EpochCtx, idx: usize, err: anyhow::Error) -> Result<()> {
-    let name = ctx.dataset.name(idx);
-    ctx.bad(name.clone(), &err);
-    match ctx.config.on_bad_image {
-        BadImagePolicy::Skip => Ok(()),
-        BadImagePolicy::Fail => Err(err.context(format!("bad image {name}"))),
-    }
-}
-
-/// Iterator over one epoch's batches (in order). Dropping it stops the workers.
+/// Iterator over one queued epoch's batches, in order. Dropping it cancels the rest.
 pub struct Epoch {
-    ctx: Arc<EpochCtx>,
-    rx: Receiver<Msg>,
-    pending: BTreeMap<usize, Result<Filled>>,
+    workers: Arc<Workers>,
+    job: Arc<Job>,
+    id: u64,
     next: usize,
-    threads: Vec<JoinHandle<()>>,
-    pre_error: Option<anyhow::Error>,
+    end: usize,
     done: bool,
 }
 
 impl Epoch {
+    /// The epoch number (which seeds its order and augmentation).
+    pub fn epoch(&self) -> u64 {
+        self.job.epoch
+    }
+
     /// Batches not yet yielded.
     pub fn remaining(&self) -> usize {
         if self.done {
             0
         } else {
-            self.ctx.end - self.next
+            self.end - self.next
         }
     }
 
-    fn shutdown(&mut self) {
-        self.ctx.stop.store(true, Ordering::Relaxed);
-        lock(&self.ctx.gate).stop = true;
-        self.ctx.cv.notify_all();
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+    /// Hands out no more of this epoch's samples and waits for those being decoded.
+    fn cancel(&mut self) {
+        self.done = true;
+        let shared = &self.workers.shared;
+        let mut q = lock(&shared.queue);
+        q.cancel(self.id);
+        while q.live > 0 && q.epochs.iter().any(|e| e.id == self.id) {
+            q = shared.done.wait(q).unwrap_or_else(PoisonError::into_inner);
         }
     }
 }
@@ -542,42 +747,37 @@ impl Iterator for Epoch {
     type Item = Result<Batch>;
 
     fn next(&mut self) -> Option<Result<Batch>> {
-        if let Some(e) = self.pre_error.take() {
-            self.done = true;
-            return Some(Err(e));
-        }
-        if self.done || self.next >= self.ctx.end {
+        if self.done || self.next >= self.end {
             return None;
         }
-        let msg = loop {
-            if let Some(m) = self.pending.remove(&self.next) {
-                break m;
+        let shared = &self.workers.shared;
+        let mut q = lock(&shared.queue);
+        let open = loop {
+            let e = q
+                .epochs
+                .iter_mut()
+                .find(|e| e.id == self.id)
+                .expect("an epoch stays queued while its iterator lives");
+            if e.open.get(&self.next).is_some_and(|o| o.todo == 0) {
+                e.next_batch += 1;
+                break e.open.remove(&self.next).expect("just seen");
             }
-            match self.rx.recv() {
-                Ok((k, m)) => {
-                    self.pending.insert(k, m);
-                }
-                Err(_) => {
-                    self.done = true;
-                    return Some(Err(anyhow!("loader workers exited unexpectedly")));
-                }
+            if q.live == 0 {
+                drop(q);
+                self.cancel();
+                return Some(Err(anyhow!("loader workers exited unexpectedly")));
             }
+            q = shared.done.wait(q).unwrap_or_else(PoisonError::into_inner);
         };
+        drop(q);
+        shared.work.notify_all();
         let index = self.next;
         self.next += 1;
-        lock(&self.ctx.gate).next_yield = self.next;
-        self.ctx.cv.notify_all();
-        match msg {
-            Ok(f) => Some(Ok(Batch {
-                bufs: Some(f.bufs),
-                n: f.n,
-                size: self.ctx.config.transform.output_size(),
-                index,
-                pool: self.ctx.pool.clone(),
-            })),
-            Err(e) => {
-                self.done = true;
-                self.shutdown();
+        match open.error {
+            None => Some(Ok(self.job.assemble(index, open))),
+            Some((_, e)) => {
+                self.job.pool.put(open.data);
+                self.cancel();
                 Some(Err(e))
             }
         }
@@ -590,6 +790,6 @@ impl Iterator for Epoch {
 
 impl Drop for Epoch {
     fn drop(&mut self) {
-        self.shutdown();
+        self.cancel();
     }
 }

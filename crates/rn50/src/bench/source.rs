@@ -2,7 +2,7 @@
 //! bytes made on the host and copied (transfer), or the real decode/augment loader over synthetic JPEGs of
 //! ImageNet's size distribution or over a dataset on disk (the whole input pipeline).
 use anyhow::{Context, Result};
-use rn50_pipeline::{Dataset, Epoch, Loader, LoaderConfig, Transform};
+use rn50_pipeline::{Dataset, Epoch, Epochs, Loader, LoaderConfig, Transform};
 use tch::{Device, Kind, Tensor};
 
 use super::host_data::HostBatches;
@@ -20,7 +20,8 @@ pub enum Source {
     },
     Loader {
         loader: Box<Loader>,
-        epoch: u64,
+        /// The next epoch is always queued, so the loader runs on across epoch boundaries.
+        epochs: Box<Epochs>,
         it: Box<Epoch>,
     },
 }
@@ -68,12 +69,9 @@ impl Source {
             loader.batches_per_epoch() > 0,
             "the dataset has fewer images than one batch per process"
         );
-        let it = Box::new(loader.epoch(0, 0));
-        Ok(Source::Loader {
-            loader,
-            epoch: 0,
-            it,
-        })
+        let mut epochs = Box::new(loader.epochs(0, 0));
+        let it = Box::new(epochs.next().expect("epochs never end"));
+        Ok(Source::Loader { loader, epochs, it })
     }
 
     /// The next batch, on the device (GPU: copied asynchronously from pinned memory).
@@ -105,14 +103,11 @@ impl Source {
                     _keep: keep,
                 })
             }
-            Source::Loader { loader, epoch, it } => {
+            Source::Loader { epochs, it, .. } => {
                 let batch = loop {
                     match it.next() {
                         Some(b) => break b.context("loading a batch")?,
-                        None => {
-                            *epoch += 1;
-                            **it = loader.epoch(*epoch, 0);
-                        }
+                        None => **it = epochs.next().expect("epochs never end"),
                     }
                 };
                 let b = DeviceBatch::new(batch, device)?;

@@ -1,10 +1,11 @@
 //! Where `rn50 train` gets its batches: DATA/train and DATA/val (or DATA/test) with the chosen recipe's
-//! transforms, a train loader rebuilt when progressive resizing changes the resolution, and the hand-over of
-//! a host batch to the device.
+//! transforms, a train loader rebuilt when progressive resizing changes the resolution, all on one set of
+//! loader threads, and the hand-over of a host batch to the device.
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use rn50_pipeline::{Batch, Dataset, Loader, LoaderConfig, Transform};
+use rn50_pipeline::{Batch, Dataset, Epoch, Loader, LoaderConfig, Transform};
 use tch::{Device, Kind, Tensor};
 
 use crate::train::args::{Augment, TrainArgs};
@@ -48,6 +49,8 @@ pub struct RealData {
     train_cfg: LoaderConfig,
     /// The loader for the current resolution.
     train: Option<(usize, Loader)>,
+    /// Owns the loader threads; the train loaders share them, so that epochs and evaluation passes are
+    /// decoded in the order they are queued.
     pub val: Loader,
     pub classes: usize,
 }
@@ -108,9 +111,21 @@ impl RealData {
                 transform: train_transform(args, res),
                 ..self.train_cfg.clone()
             };
-            self.train = Some((res, Loader::new(self.train_set.clone(), cfg)?));
+            let loader = self.val.share_workers(self.train_set.clone(), cfg)?;
+            self.train = Some((res, loader));
         }
         Ok(&self.train.as_ref().expect("just built").1)
+    }
+
+    /// Training epoch `epoch`'s `batches` at resolution `res`, queued behind what is already queued.
+    pub fn train_epoch(
+        &mut self,
+        args: &TrainArgs,
+        res: usize,
+        epoch: usize,
+        batches: Range<usize>,
+    ) -> Result<Epoch> {
+        Ok(self.train(args, res)?.batches(epoch as u64, batches))
     }
 
     /// Batches per epoch (the same at every resolution).

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use rn50_pipeline::{Dataset, Loader, LoaderConfig, Transform};
+use rn50_pipeline::{Dataset, Epoch, Loader, LoaderConfig, Transform};
 use serde::Serialize;
 use tch::Tensor;
 
@@ -50,10 +50,11 @@ impl EvalResult {
     }
 }
 
-/// Runs `model` over one pass of `loader`.
+/// Runs `model` over `pass`, one pass of `loader` (queued beforehand, so it may already be decoding).
 pub fn evaluate(
     model: &Model,
     loader: &Loader,
+    pass: Epoch,
     precision: Precision,
     channels_last: bool,
 ) -> Result<EvalResult> {
@@ -61,7 +62,7 @@ pub fn evaluate(
     let mut norm = Normalizer::new(device, channels_last);
     let mut acc = Accuracy::new(device);
     let start = Instant::now();
-    for batch in loader.epoch(0, 0) {
+    for batch in pass {
         let b = batch?;
         if b.n() == 0 {
             continue;
@@ -166,7 +167,13 @@ pub fn command(args: &EvalArgs) -> Result<()> {
         ..LoaderConfig::val(args.batch_size, workers)
     };
     let loader = Loader::new(dataset, loader_cfg)?;
-    let r = evaluate(&model, &loader, precision, channels_last)?;
+    let r = evaluate(
+        &model,
+        &loader,
+        loader.epoch(0, 0),
+        precision,
+        channels_last,
+    )?;
     println!(
         "eval {} on {} ({}, {precision}): Acc@1 {:.3}  Acc@5 {:.3}  ({} images, {} unreadable, {:.1} img/s)",
         args.arch,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use rn50_pipeline::Loader;
+use rn50_pipeline::{Epoch, Loader};
 use serde::Serialize;
 use tch::{Kind, Tensor};
 
@@ -242,24 +242,25 @@ pub fn command(args: &TrainArgs) -> Result<()> {
         );
     }
 
-    let eval_model = |step: &TrainStep, ema: &Option<Ema>, val: &Loader| -> Result<EvalResult> {
-        match ema {
-            Some(e) => {
-                let m = Model::new(model_cfg.clone(), device);
-                if channels_last {
-                    m.to_channels_last();
+    let eval_model =
+        |step: &TrainStep, ema: &Option<Ema>, val: &Loader, pass: Epoch| -> Result<EvalResult> {
+            match ema {
+                Some(e) => {
+                    let m = Model::new(model_cfg.clone(), device);
+                    if channels_last {
+                        m.to_channels_last();
+                    }
+                    e.copy_to(&m);
+                    evaluate(&m, val, pass, precision, channels_last)
                 }
-                e.copy_to(&m);
-                evaluate(&m, val, precision, channels_last)
+                None => evaluate(&step.model, val, pass, precision, channels_last),
             }
-            None => evaluate(&step.model, val, precision, channels_last),
-        }
-    };
+        };
     if args.evaluate {
         let Some(d) = &data else {
             bail!("-e needs a dataset, not --dummy")
         };
-        let r = eval_model(&step, &ema, &d.val)?.all_ranks(&dist)?;
+        let r = eval_model(&step, &ema, &d.val, d.val.epoch(0, 0))?.all_ranks(&dist)?;
         if rank0 {
             println!(
                 "Acc@1 {:.3} Acc@5 {:.3} ({} images)",
@@ -349,22 +350,37 @@ pub fn command(args: &TrainArgs) -> Result<()> {
             position.world_size, position.batch_size, position.epoch
         );
     }
-    for epoch in position.epoch as usize..args.epochs {
-        let start = if epoch as u64 == resume_epoch {
+    // The loader threads take work in the order it is queued, which is the order it is consumed: an epoch's
+    // batches, its evaluation, the next epoch's batches. Both are queued as an epoch starts, so they decode as soon
+    // as the epoch's last batches are handed out (or whenever the steps leave the threads idle): nothing waits
+    // for a loader to start at an epoch boundary.
+    let first_start = |epoch: usize| {
+        if epoch as u64 == resume_epoch {
             resume_batch / args.accum_steps
         } else {
             0
-        };
+        }
+    };
+    let micro = per_epoch * args.accum_steps;
+    let queue_train = |d: &mut RealData, epoch: usize| {
+        let start = first_start(epoch) * args.accum_steps;
+        d.train_epoch(args, resolution.at(epoch), epoch, start..micro)
+    };
+    let first_epoch = position.epoch as usize;
+    let mut next_train = match &mut data {
+        Some(d) if first_epoch < args.epochs => Some(queue_train(d, first_epoch)?),
+        _ => None,
+    };
+    for epoch in first_epoch..args.epochs {
+        let start = first_start(epoch);
         let res = resolution.at(epoch);
         let mut prog = EpochProgress::new(epoch, start, per_epoch, world, rank0);
         let io_start = io.as_ref().map(|m| m.snapshot());
-        let mut batches = match &mut data {
-            Some(d) => Some(
-                d.train(args, res)?
-                    .epoch(epoch as u64, start * args.accum_steps),
-            ),
-            None => None,
-        };
+        let mut batches = next_train.take();
+        let val_pass = data.as_ref().map(|d| d.val.epoch(0, 0));
+        if let Some(d) = data.as_mut().filter(|_| epoch + 1 < args.epochs) {
+            next_train = Some(queue_train(d, epoch + 1)?);
+        }
         let (mut loss_sum, mut loss_n, mut lr) = (0.0, 0usize, 0.0);
         let mut s = start;
         // Every rank must stop at the same step (a signal may reach only some): agree on it each step.
@@ -445,9 +461,9 @@ pub fn command(args: &TrainArgs) -> Result<()> {
             std::process::exit(EXIT_PREEMPTED);
         }
         let (train_secs, images_per_sec) = (prog.elapsed(), prog.images_per_sec());
-        let r = match &data {
-            Some(d) => eval_model(&step, &ema, &d.val)?.all_ranks(&dist)?,
-            None => EvalResult {
+        let r = match (&data, val_pass) {
+            (Some(d), Some(pass)) => eval_model(&step, &ema, &d.val, pass)?.all_ranks(&dist)?,
+            _ => EvalResult {
                 acc1: f64::NAN,
                 acc5: f64::NAN,
                 ..EvalResult::default()
