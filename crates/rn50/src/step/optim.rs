@@ -1,7 +1,6 @@
 //! SGD with momentum (optionally Nesterov) and weight decay, optionally none on BN parameters and biases,
 //! computed with the same multi-tensor kernels as `torch.optim.SGD(foreach=True)` (on CUDA its fused kernel,
-//! `fused=True`); and LARS (You et al.
-//! 2017) for large global batches.
+//! `fused=True`); and LARS (You et al. 2017) for large global batches.
 use anyhow::Result;
 use tch::Tensor;
 
