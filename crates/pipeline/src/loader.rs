@@ -146,6 +146,7 @@ pub struct Batch {
     data: Vec<u8>,
     labels: Vec<i64>,
     indices: Vec<usize>,
+    skipped: usize,
     size: usize,
     index: usize,
     pool: Arc<Pool>,
@@ -173,6 +174,10 @@ impl Batch {
     /// Dataset index of each image (for debugging and resumption checks).
     pub fn indices(&self) -> &[usize] {
         &self.indices
+    }
+    /// Samples of this batch skipped as bad images (unreadable or undecodable).
+    pub fn skipped(&self) -> usize {
+        self.skipped
     }
     /// Position of this batch in the epoch.
     pub fn index(&self) -> usize {
@@ -533,6 +538,7 @@ impl Job {
         Batch {
             data,
             labels: indices.iter().map(|&i| self.dataset.label(i)).collect(),
+            skipped: open.ok.len() - indices.len(),
             indices,
             size: self.config.transform.output_size(),
             index,

@@ -134,6 +134,8 @@ pub struct EpochMetrics {
     pub acc5: Option<f64>,
     /// That epoch's wall time (training and evaluation).
     pub seconds: Option<f64>,
+    /// Training images skipped as unreadable that epoch (all ranks).
+    pub bad_images: Option<u64>,
     /// The epoch's I/O, from `IoMonitor` snapshots at its start and end (`IoDelta`'s fields of the same names).
     pub disk_read_gbs: Option<f64>,
     pub disk_read_iops: Option<f64>,

@@ -254,6 +254,23 @@ fn resuming_mid_epoch_reproduces_the_uninterrupted_losses_exactly() {
     }
 }
 
+/// Every file of a run directory with its bytes, but the lock file (which records the pid of the last run).
+fn snapshot(d: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<_> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name() != ".rn50-train.lock")
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
 fn fails_with(args: &[&str], want: &str) {
     let r = rn50(args);
     let err = String::from_utf8_lossy(&r.stderr);
@@ -317,20 +334,6 @@ fn bad_data_and_checkpoints_are_clear_errors_that_overwrite_nothing() {
         .concat(),
     );
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    let snapshot = |d: &Path| -> Vec<(String, Vec<u8>)> {
-        let mut v: Vec<_> = std::fs::read_dir(d)
-            .unwrap()
-            .map(|e| {
-                let e = e.unwrap();
-                (
-                    e.file_name().to_string_lossy().into_owned(),
-                    std::fs::read(e.path()).unwrap(),
-                )
-            })
-            .collect();
-        v.sort();
-        v
-    };
     let before = snapshot(&run);
     let garbage = dir.path().join("garbage.safetensors");
     std::fs::write(&garbage, b"this is not a checkpoint").unwrap();
@@ -637,7 +640,13 @@ fn a_truncated_checkpoint_names_the_older_one_kept() {
     let latest = std::fs::canonicalize(out.join("checkpoint.safetensors")).unwrap();
     let bytes = std::fs::read(&latest).unwrap();
     std::fs::write(&latest, &bytes[..bytes.len() / 2]).unwrap();
-    let r = run(args(&["--epochs", "3", "--resume", "auto"]));
+    // Named explicitly, the damaged file is an error that names the older checkpoint.
+    let r = run(args(&[
+        "--epochs",
+        "3",
+        "--resume",
+        latest.to_str().unwrap(),
+    ]));
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(!r.status.success(), "{err}");
     let older = err
@@ -649,7 +658,159 @@ fn a_truncated_checkpoint_names_the_older_one_kept() {
         older.contains("checkpoint-") && older != latest.to_str().unwrap(),
         "{older}"
     );
-    let r = run(args(&["--epochs", "3", "--resume", &older]));
+    // `--resume auto` (a requeued job: nobody to read an error) resumes from that older one, saying so.
+    let r = run(args(&["--epochs", "3", "--resume", "auto"]));
     let log = String::from_utf8_lossy(&r.stderr);
-    assert!(r.status.success() && log.contains("resumed from"), "{log}");
+    assert!(r.status.success(), "{log}");
+    assert!(
+        log.contains(&format!(
+            "warning: resuming from {older}, the newest checkpoint that loads"
+        )) && log.contains(&format!("resumed from {older} at epoch 1")),
+        "{log}"
+    );
+    assert_eq!(json_lines(&out.join("metrics.jsonl")).len(), 3);
+}
+
+/// The flags of a small, fast run on synthetic data into `out`, then `extra`.
+fn tiny_run(out: &Path, extra: &[&str]) -> Vec<String> {
+    let flags = "train --dummy -a resnet18 --width 16 -b 2 --image-size 32 --augment cifar \
+                 --steps-per-epoch 1 --device cpu --precision fp32 --out";
+    flags
+        .split_whitespace()
+        .chain([out.to_str().unwrap()])
+        .chain(extra.iter().copied())
+        .map(String::from)
+        .collect()
+}
+
+fn run_strs(a: &[String]) -> std::process::Output {
+    rn50(&a.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// A second `train` into a used --out without --resume (issue 12, item 4) is refused and changes nothing; a
+/// dangling latest link resumes from the newest checkpoint that loads; --overwrite replaces the run's files
+/// and leaves the user's.
+#[test]
+fn a_used_run_directory_needs_resume_or_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let r = run_strs(&tiny_run(&out, &["--epochs", "3"]));
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    std::fs::write(out.join("notes.txt"), b"the user's").unwrap();
+    let before = snapshot(&out);
+
+    let r = run_strs(&tiny_run(&out, &["--epochs", "1"]));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success(), "{err}");
+    assert!(
+        err.contains("already holds a run")
+            && err.contains("--resume auto")
+            && err.contains("--overwrite"),
+        "{err}"
+    );
+    assert!(before == snapshot(&out), "a refused start changed the run");
+
+    // The link dangles (its file lost): the newest kept checkpoint that loads is resumed, and it survives.
+    let latest = out.join("checkpoint.safetensors");
+    std::fs::remove_file(std::fs::canonicalize(&latest).unwrap()).unwrap();
+    let r = run_strs(&tiny_run(&out, &["--epochs", "4", "--resume", "auto"]));
+    let log = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{log}");
+    assert!(
+        log.contains("newest checkpoint that loads") && log.contains("at epoch 2"),
+        "{log}"
+    );
+    let (pos, _) = rn50::train::checkpoint::read_meta(&latest).unwrap();
+    assert_eq!(pos.epoch, 4);
+    assert_eq!(json_lines(&out.join("metrics.jsonl")).len(), 4);
+
+    let r = run_strs(&tiny_run(&out, &["--epochs", "1", "--overwrite"]));
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(json_lines(&out.join("metrics.jsonl")).len(), 1);
+    let (pos, _) = rn50::train::checkpoint::read_meta(&latest).unwrap();
+    assert_eq!(pos.epoch, 1);
+    let ckpts = std::fs::read_dir(&out)
+        .unwrap()
+        .filter(|e| {
+            let n = e.as_ref().unwrap().file_name();
+            n.to_string_lossy().starts_with("checkpoint-")
+        })
+        .count();
+    assert_eq!(ckpts, 1, "the earlier run's checkpoints are gone");
+    assert_eq!(std::fs::read(out.join("notes.txt")).unwrap(), b"the user's");
+}
+
+/// Two `train` on one --out at once: the second is refused, naming the first's process, and does not touch
+/// the first run's files.
+#[test]
+fn a_second_train_into_a_run_in_progress_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let mut first = Command::new(env!("CARGO_BIN_EXE_rn50"))
+        .args(tiny_run(&out, &["--epochs", "1000000"]))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(first.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("rn50 train:") {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "ended early");
+    }
+    let r = run_strs(&tiny_run(&out, &["--epochs", "1", "--resume", "auto"]));
+    let log = String::from_utf8_lossy(&r.stderr);
+    unsafe { libc::kill(first.id() as i32, libc::SIGKILL) };
+    first.wait().unwrap();
+    assert!(!r.status.success(), "{log}");
+    assert!(
+        log.contains("in use by another rn50 train")
+            && log.contains(&format!("process {}", first.id())),
+        "{log}"
+    );
+}
+
+/// Unreadable training images are skipped and counted per epoch, in the log and in metrics.jsonl (4 good
+/// and 2 bad in batches of 2: every epoch sees all of them).
+#[test]
+fn unreadable_training_images_are_counted_per_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    tree(&data, 2, 2);
+    let class = std::fs::read_dir(data.join("train"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::copy(
+        common::shared().join("jpeg/crashtest/invalid-dimensions.jpg"),
+        class.join("bad_1.JPEG"),
+    )
+    .unwrap();
+    std::fs::write(class.join("bad_2.JPEG"), b"").unwrap();
+    let out = dir.path().join("run");
+    let flags = "-a resnet18 --width 8 -b 2 -j 2 --image-size 32 --val-resize 32 --val-crop 32 \
+                 --epochs 2 --device cpu --precision fp32";
+    let mut a = vec![
+        "train",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    a.extend(flags.split_whitespace());
+    let r = rn50(&a);
+    let log = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{log}");
+    for e in 0..2 {
+        assert!(
+            log.contains(&format!("epoch {e}: skipped 2 unreadable training images")),
+            "{log}"
+        );
+    }
+    let m = json_lines(&out.join("metrics.jsonl"));
+    let bad: Vec<u64> = m
+        .iter()
+        .map(|r| r["bad_images"].as_u64().unwrap())
+        .collect();
+    assert_eq!(bad, [2, 2]);
 }

@@ -124,12 +124,16 @@ pub struct TrainArgs {
     /// means its latest checkpoint; `auto` resumes from --out if it has one (requeued jobs).
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Replace the run already in --out: its checkpoints, metrics, weights and plots are removed first
+    /// (other files are left alone). Without it, a used --out needs --resume.
+    #[arg(long, conflicts_with = "resume")]
+    pub overwrite: bool,
     /// Only evaluate (the --resume checkpoint or fresh weights) on DATA/val.
     #[arg(short = 'e', long = "evaluate")]
     pub evaluate: bool,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Run directory: checkpoints, metrics, weights, summary and plots.
+    /// Run directory: checkpoints, metrics, weights, summary and plots; one train at a time writes to it.
     #[arg(long, default_value = "runs/train")]
     pub out: PathBuf,
     /// Also checkpoint every this many minutes (besides every epoch); 0 = only per epoch.

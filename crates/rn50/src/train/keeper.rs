@@ -1,7 +1,9 @@
 //! Which checkpoints a run keeps: `checkpoint-<step>.safetensors` written each epoch and every N minutes,
 //! the newest K kept, and `checkpoint.safetensors` a link to the newest (what `--resume RUN_DIR` reads).
 //! Each file is written atomically and the link replaced atomically, so a kill at any moment leaves a
-//! loadable latest checkpoint.
+//! loadable latest checkpoint; should the link or its file be damaged anyway (a disk fault, a half-copied
+//! directory), resuming the directory falls back to the newest checkpoint that loads, and pruning never
+//! removes the checkpoint just written.
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -76,7 +78,8 @@ impl Keeper {
         std::os::unix::fs::symlink(&name, &tmp)
             .and_then(|()| std::fs::rename(&tmp, self.dir.join(LATEST)))
             .with_context(|| format!("linking {LATEST} to {}", path.display()))?;
-        for old in self.list()?.into_iter().rev().skip(self.keep) {
+        let others = self.list()?.into_iter().filter(|p| *p != path);
+        for old in others.rev().skip(self.keep - 1) {
             std::fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
         }
         self.last = Instant::now();
@@ -89,18 +92,24 @@ impl Keeper {
     }
 }
 
-/// The numbered checkpoints in `dir`, oldest first.
+/// Whether `name` is a numbered checkpoint's file name.
+pub fn is_checkpoint(name: &str) -> bool {
+    name.starts_with("checkpoint-") && name.ends_with(".safetensors")
+}
+
+/// The numbered checkpoints in `dir`, oldest first. Oldest by modification time, not by step: a run resumed
+/// from an earlier checkpoint writes lower step numbers than the abandoned ones beside it, and those are
+/// what must go first.
 fn kept(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("checkpoint-") && n.ends_with(".safetensors"))
-        })
-        .collect();
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_name().to_str().is_some_and(is_checkpoint) {
+            v.push((e.metadata()?.modified()?, e.path()));
+        }
+    }
     v.sort();
-    Ok(v)
+    Ok(v.into_iter().map(|(_, p)| p).collect())
 }
 
 /// For an error resuming from `ckpt`: the newest other checkpoint kept next to it, to name in the message.
@@ -114,21 +123,66 @@ pub fn other_kept(ckpt: &Path) -> Option<PathBuf> {
         .find(|p| std::fs::canonicalize(p).ok() != this)
 }
 
-/// What `--resume X` means: a checkpoint file, a run directory (its latest checkpoint), or `auto` (the
-/// latest checkpoint in `out` if there is one, else a fresh start).
-pub fn resolve_resume(arg: &Path, out: &Path) -> Result<Option<PathBuf>> {
-    if arg == Path::new("auto") {
-        let latest = out.join(LATEST);
-        return Ok(latest.exists().then_some(latest));
+/// The checkpoint `--resume X` names, and a warning when it is not the latest one.
+pub struct Resume {
+    pub path: PathBuf,
+    pub warning: Option<String>,
+}
+
+/// What `--resume X` means: a checkpoint file, a run directory (its newest checkpoint that loads), or `auto`
+/// (the same in `out`, or a fresh start when `out` holds no checkpoint at all).
+pub fn resolve_resume(arg: &Path, out: &Path) -> Result<Option<Resume>> {
+    let auto = arg == Path::new("auto");
+    if !auto && !arg.is_dir() {
+        return Ok(Some(Resume {
+            path: arg.to_path_buf(),
+            warning: None,
+        }));
     }
-    if arg.is_dir() {
-        let latest = arg.join(LATEST);
-        if !latest.exists() {
-            bail!("{} holds no {LATEST} to resume from", arg.display());
+    let dir = if auto { out } else { arg };
+    let latest = dir.join(LATEST);
+    // The link first, then the other numbered files, newest first.
+    let linked = std::fs::canonicalize(&latest).ok();
+    let mut candidates: Vec<PathBuf> = match kept(dir) {
+        Ok(v) => v
+            .into_iter()
+            .rev()
+            .filter(|p| std::fs::canonicalize(p).ok() != linked)
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && auto => Vec::new(),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+    };
+    if latest.symlink_metadata().is_ok() {
+        candidates.insert(0, latest.clone());
+    }
+    if candidates.is_empty() {
+        if auto {
+            return Ok(None);
         }
-        return Ok(Some(latest));
+        bail!("{} holds no checkpoint to resume from", dir.display());
     }
-    Ok(Some(arg.to_path_buf()))
+    let mut failed = Vec::new();
+    for c in candidates {
+        match checkpoint::read_meta(&c) {
+            Ok(_) => {
+                let warning = (!failed.is_empty()).then(|| {
+                    format!(
+                        "resuming from {}, the newest checkpoint that loads: {}",
+                        c.display(),
+                        failed.join("; ")
+                    )
+                });
+                return Ok(Some(Resume { path: c, warning }));
+            }
+            Err(e) => failed.push(format!("{e:#}")),
+        }
+    }
+    bail!(
+        "no checkpoint in {} loads ({}); nothing was changed: start over with --overwrite, or resume another \
+         checkpoint with --resume FILE",
+        dir.display(),
+        failed.join("; ")
+    )
 }
 
 /// Whether `name` is a temporary file of rn50's (`.NAME.tmpPID`, `.NAME.linkPID`) whose process is gone.
@@ -157,14 +211,12 @@ mod tests {
     use crate::step::{Precision, SgdConfig, StepConfig};
     use tch::Device;
 
-    #[test]
-    fn keeps_the_newest_and_links_the_latest() {
-        let dir = tempfile::tempdir().unwrap();
+    fn tiny_step() -> TrainStep {
         let mut cfg = ResNetConfig::new(Arch::ResNet18);
         cfg.stem = Stem::Cifar;
         cfg.width = 8;
         cfg.num_classes = 10;
-        let step = TrainStep::new(
+        TrainStep::new(
             Model::new(cfg, Device::Cpu),
             StepConfig {
                 precision: Precision::Fp32,
@@ -172,23 +224,37 @@ mod tests {
                 label_smoothing: 0.0,
                 sgd: SgdConfig::default(),
             },
-        );
-        let mut k = Keeper::new(dir.path(), 2, 0.0).unwrap();
-        assert!(!k.due(), "timed checkpoints are off");
-        for s in [10u64, 20, 30] {
-            let pos = Position {
-                global_step: s,
-                ..Position::default()
-            };
-            k.save(&step, None, &pos, &serde_json::json!({})).unwrap();
-        }
-        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        )
+    }
+
+    fn save_at(k: &mut Keeper, step: &TrainStep, global_step: u64) {
+        let pos = Position {
+            global_step,
+            ..Position::default()
+        };
+        k.save(step, None, &pos, &serde_json::json!({})).unwrap();
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        names.sort();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn keeps_the_newest_and_links_the_latest() {
+        let dir = tempfile::tempdir().unwrap();
+        let step = tiny_step();
+        let mut k = Keeper::new(dir.path(), 2, 0.0).unwrap();
+        assert!(!k.due(), "timed checkpoints are off");
+        for s in [10u64, 20, 30] {
+            save_at(&mut k, &step, s);
+        }
         assert_eq!(
-            names,
+            names(dir.path()),
             [
                 "checkpoint-000000020.safetensors",
                 "checkpoint-000000030.safetensors",
@@ -196,19 +262,67 @@ mod tests {
             ]
         );
         let latest = resolve_resume(dir.path(), dir.path()).unwrap().unwrap();
-        assert_eq!(checkpoint::read_meta(&latest).unwrap().0.global_step, 30);
-        let auto = resolve_resume(Path::new("auto"), dir.path()).unwrap();
-        assert_eq!(auto, Some(latest));
-        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(latest.path, dir.path().join(LATEST));
+        assert!(latest.warning.is_none());
         assert_eq!(
-            resolve_resume(Path::new("auto"), empty.path()).unwrap(),
-            None
+            checkpoint::read_meta(&latest.path).unwrap().0.global_step,
+            30
         );
+        let auto = resolve_resume(Path::new("auto"), dir.path()).unwrap();
+        assert_eq!(auto.map(|r| r.path), Some(latest.path));
+        let empty = tempfile::tempdir().unwrap();
+        assert!(resolve_resume(Path::new("auto"), empty.path())
+            .unwrap()
+            .is_none());
         assert!(resolve_resume(empty.path(), empty.path()).is_err());
         assert!(Keeper::new(dir.path(), 0, 1.0).is_err());
         let timed = Keeper::new(dir.path(), 1, 1e-6).unwrap(); // every 60 µs
         std::thread::sleep(Duration::from_millis(1));
         assert!(timed.due());
+    }
+
+    /// A dangling link or a damaged file: resuming the directory takes the newest checkpoint that loads and
+    /// says so; when none loads it is an error, not a fresh start. A run resumed from an older checkpoint
+    /// prunes the abandoned newer ones, never the checkpoint it just wrote.
+    #[test]
+    fn resume_falls_back_to_the_newest_loadable_and_pruning_keeps_the_new() {
+        let dir = tempfile::tempdir().unwrap();
+        let step = tiny_step();
+        let mut k = Keeper::new(dir.path(), 2, 0.0).unwrap();
+        for s in [20u64, 30] {
+            save_at(&mut k, &step, s);
+        }
+        std::fs::remove_file(dir.path().join("checkpoint-000000030.safetensors")).unwrap();
+        for arg in [Path::new("auto"), dir.path()] {
+            let r = resolve_resume(arg, dir.path()).unwrap().unwrap();
+            assert_eq!(r.path, dir.path().join("checkpoint-000000020.safetensors"));
+            let warning = r.warning.expect("a fallback is reported");
+            assert!(warning.contains(LATEST), "{warning}");
+        }
+        let older = dir.path().join("checkpoint-000000020.safetensors");
+        let bytes = std::fs::read(&older).unwrap();
+        std::fs::write(&older, &bytes[..bytes.len() / 2]).unwrap();
+        let err = resolve_resume(Path::new("auto"), dir.path())
+            .err()
+            .expect("nothing loads")
+            .to_string();
+        assert!(
+            err.contains("no checkpoint") && err.contains("--overwrite"),
+            "{err}"
+        );
+
+        // Resumed from step 5 of an earlier copy, with 20 and 30 beside it: 5 stays, the oldest file goes.
+        std::fs::write(&older, &bytes).unwrap();
+        save_at(&mut k, &step, 30);
+        save_at(&mut k, &step, 5);
+        assert_eq!(
+            names(dir.path()),
+            [
+                "checkpoint-000000005.safetensors",
+                "checkpoint-000000030.safetensors",
+                LATEST
+            ]
+        );
     }
 
     /// kill -9 leaves `write_atomic`'s temporary files behind: a new start removes those of dead processes,

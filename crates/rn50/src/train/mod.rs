@@ -1,5 +1,5 @@
 //! The training loop's parts (`rn50 train` is built from them): learning-rate recipe, checkpoints, EMA,
-//! accuracy, and evaluation (`rn50 eval`).
+//! accuracy, the run directory's claim, and evaluation (`rn50 eval`).
 pub mod args;
 pub mod checkpoint;
 pub mod data;
@@ -9,4 +9,5 @@ pub mod keeper;
 pub mod metrics;
 pub mod progress;
 pub mod run;
+mod rundir;
 pub mod schedule;

@@ -22,6 +22,7 @@ use crate::train::ema::Ema;
 use crate::train::eval::{evaluate, EvalResult};
 use crate::train::keeper::{resolve_resume, Keeper};
 use crate::train::progress::EpochProgress;
+use crate::train::rundir::{self, RunDir};
 use crate::train::schedule::{scaled_lr, Decay, LrSchedule, Resolution};
 use rn50_distributed::{DistContext, WorldInfo};
 
@@ -44,6 +45,8 @@ struct EpochRecord {
     seconds: f64,
     resolution: usize,
     data_wait_share: f64,
+    /// Training images skipped because they could not be read or decoded (all ranks).
+    bad_images: u64,
     /// The dataset's block device during the epoch (when it has one), and what this process read.
     disk_read_gbs: Option<f64>,
     disk_read_iops: Option<f64>,
@@ -129,6 +132,10 @@ pub fn command(args: &TrainArgs) -> Result<()> {
     }
     // torchrun / SLURM / Open MPI / PBS / `rn50 launch` tell each process its rank; one device per process.
     let world_info = WorldInfo::from_env()?;
+    // Rank 0 writes the run directory: claim it (or refuse to reuse it) before anything is allocated.
+    let _run_dir = (world_info.rank == 0 && !args.evaluate)
+        .then(|| RunDir::claim(&args.out, args.resume.is_some(), args.overwrite))
+        .transpose()?;
     let mut model_cfg = ResNetConfig::new(args.arch);
     model_cfg.zero_init_residual = args.zero_init_residual;
     model_cfg.width = args.width;
@@ -183,10 +190,14 @@ pub fn command(args: &TrainArgs) -> Result<()> {
     let mut ema = args.ema.map(|d| Ema::new(&step.model, d));
     let config = serde_json::to_value(args)?;
     let mut position = Position::default();
-    if let Some(ckpt) = match &args.resume {
+    if let Some(resume) = match &args.resume {
         Some(r) => resolve_resume(r, &args.out)?,
         None => None,
     } {
+        if let (Some(w), true) = (&resume.warning, rank0) {
+            eprintln!("warning: {w}");
+        }
+        let ckpt = resume.path;
         let (p, _) = checkpoint::load(&ckpt, &mut step, ema.as_mut()).with_context(|| {
             match crate::train::keeper::other_kept(&ckpt) {
                 Some(older) => format!(
@@ -274,6 +285,18 @@ pub fn command(args: &TrainArgs) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGUSR1] {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
+    }
+    if rank0 && args.resume.is_some() {
+        // What was logged after the resumed position is logged again from here on.
+        let (epoch, step) = (
+            position.epoch,
+            (position.start_batch(args.batch_size, world) / args.accum_steps) as u64,
+        );
+        let at = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap_or(0);
+        rundir::trim_log(&args.out.join("metrics.jsonl"), |r| at(r, "epoch") < epoch)?;
+        rundir::trim_log(&args.out.join("steps.jsonl"), |r| {
+            (at(r, "epoch"), at(r, "step")) < (epoch, step)
+        })?;
     }
     // Per-epoch records, and every logged step with its loss at full precision.
     let (mut metrics, mut steps_log) = if rank0 {
@@ -382,6 +405,7 @@ pub fn command(args: &TrainArgs) -> Result<()> {
             next_train = Some(queue_train(d, epoch + 1)?);
         }
         let (mut loss_sum, mut loss_n, mut lr) = (0.0, 0usize, 0.0);
+        let mut bad_images = 0;
         let mut s = start;
         // Every rank must stop at the same step (a signal may reach only some): agree on it each step.
         let stop_now = |dist: &DistContext| -> Result<bool> {
@@ -403,6 +427,7 @@ pub fn command(args: &TrainArgs) -> Result<()> {
                         .next()
                         .context("the loader ended before the epoch's last step")??;
                     prog.data_wait += t.elapsed();
+                    bad_images += b.skipped();
                     let db = DeviceBatch::new(b, device)?;
                     (images, labels) = (db.images.shallow_clone(), db.labels.shallow_clone());
                     _batch = Some(db);
@@ -469,6 +494,8 @@ pub fn command(args: &TrainArgs) -> Result<()> {
                 ..EvalResult::default()
             },
         };
+        let mut bad = [bad_images as f64];
+        dist.sum_f64(&mut bad, "counting unreadable images")?;
         let improved = !r.acc1.is_nan() && r.acc1 >= position.best_acc1;
         position = here(
             epoch + 1,
@@ -506,6 +533,7 @@ pub fn command(args: &TrainArgs) -> Result<()> {
             seconds: prog.elapsed(),
             resolution: res,
             data_wait_share: prog.data_wait.as_secs_f64() / train_secs.max(1e-9),
+            bad_images: bad[0] as u64,
             disk_read_gbs: io_epoch.as_ref().and_then(|d| d.disk_read_gbs),
             disk_read_iops: io_epoch.as_ref().and_then(|d| d.disk_read_iops),
             process_read_gbs: io_epoch.as_ref().and_then(|d| d.process_read_gbs),
@@ -522,6 +550,12 @@ pub fn command(args: &TrainArgs) -> Result<()> {
             100.0 * rec.data_wait_share,
             rec.seconds
         );
+        if rec.bad_images > 0 {
+            eprintln!(
+                "epoch {epoch}: skipped {} unreadable training images (they could not be read or decoded)",
+                rec.bad_images
+            );
+        }
         write_report(args, &run_info)?;
     }
     // Rank 0 serves the rendezvous store: it leaves last.

@@ -1,0 +1,216 @@
+//! The run directory (`--out`) belongs to one run. One `rn50 train` writes to it at a time (an `flock` on
+//! `.rn50-train.lock`, held until the process ends: two runs would interleave their metrics and rotate each
+//! other's checkpoints away), and a directory that already holds a run is continued only with `--resume`, or
+//! replaced only with `--overwrite`. A forgotten `--resume` used to start a new run that pruned the earlier
+//! run's checkpoints at its first save and overwrote its best weights.
+use std::fs::{File, TryLockError};
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use crate::model::weights::write_atomic;
+use crate::train::keeper::{is_checkpoint, LATEST};
+
+const LOCK: &str = ".rn50-train.lock";
+
+/// What `rn50 train` writes into a run directory besides the numbered checkpoints: the files that say a run
+/// was here, and that `--overwrite` removes (nothing else of the directory's is touched).
+const RUN_FILES: &[&str] = &[
+    LATEST,
+    "metrics.jsonl",
+    "steps.jsonl",
+    "io.jsonl",
+    "metrics.csv",
+    "summary.json",
+    "summary.md",
+    "loss.png",
+    "accuracy.png",
+    "lr.png",
+    "best.safetensors",
+    "final.safetensors",
+];
+
+/// The claim on a run directory: the lock is released when this is dropped (or the process ends, however).
+pub struct RunDir {
+    _lock: File,
+}
+
+impl RunDir {
+    /// Creates `out` if needed and locks it for this process. If it holds an earlier run: `continuing`
+    /// (`--resume` given) goes on with it, `overwrite` removes that run's files first, and otherwise it is an
+    /// error that says which of the two to use.
+    pub fn claim(out: &Path, continuing: bool, overwrite: bool) -> Result<RunDir> {
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        let path = out.join(LOCK);
+        let mut lock = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = lock.read_to_string(&mut holder);
+                bail!(
+                    "{} is in use by another rn50 train ({}): two runs in one directory would mix their \
+                     metrics and prune each other's checkpoints; choose another --out",
+                    out.display(),
+                    match holder.trim() {
+                        "" => "its process id is not recorded yet".to_string(),
+                        pid => format!("process {pid}"),
+                    }
+                );
+            }
+            Err(TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("locking {}", path.display()))
+            }
+        }
+        // Who holds it, for the message a second run prints.
+        lock.set_len(0)
+            .and_then(|()| lock.rewind())
+            .and_then(|()| write!(lock, "{}", std::process::id()))
+            .with_context(|| format!("writing {}", path.display()))?;
+
+        let earlier = run_files(out)?;
+        if !earlier.is_empty() && !continuing {
+            if !overwrite {
+                bail!(
+                    "{} already holds a run ({}): continue it with --resume auto, replace it with --overwrite, \
+                     or choose another --out",
+                    out.display(),
+                    describe(&earlier)
+                );
+            }
+            eprintln!(
+                "--overwrite: removing the earlier run in {} ({})",
+                out.display(),
+                describe(&earlier)
+            );
+            for f in &earlier {
+                std::fs::remove_file(f).with_context(|| format!("removing {}", f.display()))?;
+            }
+        }
+        Ok(RunDir { _lock: lock })
+    }
+}
+
+/// Keeps the records of the JSON-lines log `path` (metrics.jsonl, steps.jsonl) that `keep` accepts. A run
+/// resumed from a checkpoint older than its last record (the newest one was damaged, or an older one was
+/// named) would otherwise log those epochs and steps twice; a line cut short by a kill is dropped too.
+pub fn trim_log(path: &Path, keep: impl Fn(&serde_json::Value) -> bool) -> Result<()> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let kept: String = text
+        .lines()
+        .filter(|l| serde_json::from_str::<serde_json::Value>(l).is_ok_and(|r| keep(&r)))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    if kept != text {
+        write_atomic(path, |tmp| Ok(std::fs::write(tmp, &kept)?))?;
+    }
+    Ok(())
+}
+
+/// The files of an earlier run in `out`: checkpoints (a dangling latest link included) and [`RUN_FILES`].
+fn run_files(out: &Path) -> Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(out).with_context(|| format!("listing {}", out.display()))? {
+        let e = e.with_context(|| format!("listing {}", out.display()))?;
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if is_checkpoint(&name) || RUN_FILES.contains(&name.as_ref()) {
+            found.push(e.path());
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// "checkpoint-000000004.safetensors, metrics.jsonl and 3 more".
+fn describe(files: &[PathBuf]) -> String {
+    let names: Vec<String> = files
+        .iter()
+        .filter_map(|f| f.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .collect();
+    match names.len() {
+        0..=3 => names.join(", "),
+        n => format!("{} and {} more", names[..2].join(", "), n - 2),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_used_directory_needs_resume_or_overwrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("run");
+        // Empty or new: claimed; the claim ends with the value.
+        drop(RunDir::claim(&out, false, false).unwrap());
+        std::fs::write(out.join("notes.txt"), b"mine").unwrap();
+        drop(RunDir::claim(&out, false, false).unwrap());
+        for f in ["checkpoint-000000004.safetensors", "metrics.jsonl"] {
+            std::fs::write(out.join(f), b"x").unwrap();
+        }
+        std::os::unix::fs::symlink("checkpoint-000000009.safetensors", out.join(LATEST)).unwrap();
+        let err = RunDir::claim(&out, false, false).err().unwrap().to_string();
+        assert!(
+            err.contains("already holds a run") && err.contains("--resume auto"),
+            "{err}"
+        );
+        assert!(out.join("metrics.jsonl").exists());
+        drop(RunDir::claim(&out, true, false).unwrap());
+        assert!(out.join("metrics.jsonl").exists(), "--resume keeps the run");
+        drop(RunDir::claim(&out, false, true).unwrap());
+        let mut left: Vec<_> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [LOCK, "notes.txt"],
+            "--overwrite removes the run's files only"
+        );
+    }
+
+    #[test]
+    fn trimming_a_log_keeps_the_records_before_the_resumed_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("metrics.jsonl");
+        std::fs::write(&log, "{\"epoch\":0}\n{\"epoch\":1}\n{\"epoch\":2}\n{\"epo").unwrap();
+        trim_log(&log, |r| r["epoch"].as_u64().is_some_and(|e| e < 2)).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "{\"epoch\":0}\n{\"epoch\":1}\n"
+        );
+        trim_log(&dir.path().join("none.jsonl"), |_| true).unwrap();
+        assert!(!dir.path().join("none.jsonl").exists());
+    }
+
+    #[test]
+    fn one_claim_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = RunDir::claim(dir.path(), false, false).unwrap();
+        let err = RunDir::claim(dir.path(), true, false)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("in use by another rn50 train")
+                && err.contains(&format!("process {}", std::process::id())),
+            "{err}"
+        );
+        drop(first);
+        RunDir::claim(dir.path(), true, false).unwrap();
+    }
+}
