@@ -598,7 +598,8 @@ fn two_ranks_via_launch_then_resume_on_one() {
     assert_eq!(json_lines(&out.join("metrics.jsonl")).len(), 2);
 }
 
-/// A truncated latest checkpoint: the error names the older checkpoint that is kept, and that one resumes.
+/// A truncated latest checkpoint: named with --resume FILE it is an error that names the older checkpoint kept;
+/// `--resume auto` resumes that older one, with a warning, and logs the epochs after it once.
 #[test]
 fn a_truncated_checkpoint_names_the_older_one_kept() {
     let dir = tempfile::tempdir().unwrap();
@@ -740,8 +741,7 @@ fn a_used_run_directory_needs_resume_or_overwrite() {
     assert_eq!(std::fs::read(out.join("notes.txt")).unwrap(), b"the user's");
 }
 
-/// Two `train` on one --out at once: the second is refused, naming the first's process, and does not touch
-/// the first run's files.
+/// Two `train` on one --out at once: the second is refused, naming the first's process.
 #[test]
 fn a_second_train_into_a_run_in_progress_is_refused() {
     let dir = tempfile::tempdir().unwrap();
