@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::{ArgGroup, Args, Subcommand, ValueEnum};
 
-use crate::check::{check, Expect};
+use crate::check::{check_tree, Expect};
 use crate::extract::{default_buffer_bytes, ExtractOptions};
 use crate::labels::ValLabels;
 use crate::output::write_json_atomic;
@@ -19,8 +19,10 @@ use crate::verify::{verify_files, ArchiveTable};
 /// sorted by the built-in ground truth (no valprep.sh needed). Either tar alone also works.
 ///
 /// Resumable: an interrupted run continues where it stopped (completed classes are kept,
-/// partial ones redone); a re-run on a finished tree does nothing. Members with absolute
-/// paths, '..', links or device files are refused; nothing is written outside DIR.
+/// partial ones redone); a re-run on a finished tree does nothing, except redo the classes
+/// whose files no longer match the archive. Members with absolute paths, '..', links or
+/// device files are refused; nothing is written outside DIR. One run at a time per DIR; files
+/// in DIR/train or DIR/val that prepare did not write stop it (see --force).
 #[derive(Args, Debug, Clone)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct PrepareCmd {
@@ -35,7 +37,7 @@ pub struct PrepareCmd {
 pub enum PrepareAction {
     /// Check archives' size and MD5 against the built-in table of the official archives.
     Verify(VerifyArgs),
-    /// Count the images of a prepared tree and report what is missing.
+    /// Compare a prepared tree with what the archives held; exit 1 on any difference.
     Check(CheckArgs),
 }
 
@@ -86,6 +88,12 @@ pub struct ExtractArgs {
     /// bytes_read, seconds, ...).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+
+    /// Delete files in DIR/train and DIR/val that prepare did not write (a class folder of your
+    /// own, a note in a class folder) instead of refusing to start; files directly in DIR are
+    /// never touched.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -116,6 +124,11 @@ pub struct CheckArgs {
     /// What to hold the tree to.
     #[arg(long, value_enum, default_value_t = ExpectArg::Auto)]
     pub expect: ExpectArg,
+
+    /// Also read every file and compare its contents (CRC-32) with the archive's, which finds
+    /// a damaged image of the right size; without it, names and sizes are compared.
+    #[arg(long)]
+    pub deep: bool,
 
     /// Also write the report as JSON.
     #[arg(long, value_name = "FILE")]
@@ -171,7 +184,7 @@ pub fn run(cmd: &PrepareCmd) -> Result<()> {
                 ExpectArg::Imagenet => Expect::ImageNet,
                 ExpectArg::Recorded => Expect::Recorded,
             };
-            let r = check(&a.dir, expect)?;
+            let r = check_tree(&a.dir, expect, a.deep)?;
             if let Some(json) = &a.json {
                 write_json_atomic(json, &r)?;
             }
@@ -224,6 +237,7 @@ pub fn run(cmd: &PrepareCmd) -> Result<()> {
                         .map_or(default_buffer_bytes(threads), |m| m as usize * (1 << 20)),
                     ..ExtractOptions::default()
                 },
+                force: e.force,
             };
             let summary = prepare(&opts)?;
             println!("{}", summary.line());
@@ -266,7 +280,10 @@ mod tests {
         .unwrap();
         assert!(c.action.is_none());
         assert_eq!(c.extract.jobs, Some(2));
-        assert!(c.extract.verify && !c.extract.fix_odd_files);
+        assert!(c.extract.verify && !c.extract.fix_odd_files && !c.extract.force);
+        assert!(
+            parse(&["--val-tar", "v.tar", "--out", "o", "--force"]).is_ok_and(|c| c.extract.force)
+        );
         assert!(parse(&["--val-tar", "v.tar", "--out", "o"]).is_ok());
         // An archive and --out are required for extraction, not for the sub-actions.
         assert!(parse(&["--out", "o"]).is_err());
@@ -280,5 +297,7 @@ mod tests {
             matches!(k.action, Some(PrepareAction::Check(ref a)) if a.expect == ExpectArg::Imagenet)
         );
         assert!(parse(&["--out", "o", "check", "d"]).is_err());
+        let k = parse(&["check", "d", "--deep"]).unwrap();
+        assert!(matches!(k.action, Some(PrepareAction::Check(ref a)) if a.deep));
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use anyhow::{bail, Context, Result};
 
 use crate::odd;
-use crate::output::{write_file, OddRecord};
+use crate::output::{write_file, FileRecord, OddRecord};
 use crate::verify::ArchiveTable;
 
 /// Largest member accepted as an image; anything bigger is not a photo and is refused rather
@@ -119,19 +119,19 @@ pub fn read_member(entry: &mut impl Read, size: u64, buf: &mut Vec<u8>) -> Resul
 }
 
 /// Writes one image into `dir`, re-encoding it first if it is odd and `fix_odd` is set.
-/// `rel` is the path shown in the summary (`train/<wnid>/<file>`). Returns the bytes written
-/// and the odd-file record, if any.
+/// `rel` is the path shown in the summary (`train/<wnid>/<file>`). Returns the manifest record
+/// of what was written (size, CRC-32) and the odd-file record, if any.
 pub fn store_image(
     dir: &Path,
     name: &str,
     rel: &str,
     data: &[u8],
     fix_odd: bool,
-) -> Result<(u64, Option<OddRecord>)> {
+) -> Result<(FileRecord, Option<OddRecord>)> {
     let path = dir.join(name);
     let Some(kind) = odd::detect(data) else {
         write_file(&path, data)?;
-        return Ok((data.len() as u64, None));
+        return Ok((FileRecord::of(data), None));
     };
     let mut record = OddRecord {
         file: rel.to_string(),
@@ -143,8 +143,8 @@ pub fn store_image(
             odd::fix(data).with_context(|| format!("re-encoding {rel} ({})", record.kind))?;
         write_file(&path, &fixed)?;
         record.fixed = true;
-        return Ok((fixed.len() as u64, Some(record)));
+        return Ok((FileRecord::of(&fixed), Some(record)));
     }
     write_file(&path, data)?;
-    Ok((data.len() as u64, Some(record)))
+    Ok((FileRecord::of(data), Some(record)))
 }

@@ -9,12 +9,14 @@ pub mod chunks;
 pub mod cli;
 pub mod extract;
 pub mod labels;
+pub mod lock;
 pub mod odd;
 pub mod output;
 pub mod prepare;
 pub mod progress;
 pub mod summary;
 pub mod train;
+pub mod tree;
 pub mod val;
 pub mod verify;
 

@@ -2,8 +2,10 @@
 //!
 //! Markers live in `DIR/.rn50-prepare/`, outside `train/` and `val/`, so ImageFolder never
 //! mistakes them for classes. A marker is written (temp file + rename) only after everything
-//! it vouches for has been written, so an interrupted run never leaves a marker for a partial
-//! folder.
+//! it vouches for has been written and the folder re-read to match, so an interrupted run never
+//! leaves a marker for a partial folder. The markers are also the archive's index: each lists
+//! every file written, with its size and CRC-32, which is what `check` (and a re-run) compare
+//! the disk with, and how `prepare` tells its own files from a user's.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -46,7 +48,39 @@ impl Layout {
     pub fn val_done(&self) -> PathBuf {
         self.state().join("val.done.json")
     }
+    /// Held (flock) by the running `prepare`; holds its PID.
+    pub fn lock(&self) -> PathBuf {
+        self.state().join("lock")
+    }
+    /// Exists while a class is being extracted: its folder, without a marker, is `prepare`'s
+    /// partial work (redone), not a user's (refused without `--force`).
+    pub fn class_started(&self, wnid: &str) -> PathBuf {
+        self.class_markers().join(format!("{wnid}.started"))
+    }
+    /// The same for the val tree.
+    pub fn val_started(&self) -> PathBuf {
+        self.state().join("val.started")
+    }
 }
+
+/// One file as written: its size and CRC-32.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileRecord {
+    pub bytes: u64,
+    pub crc32: u32,
+}
+
+impl FileRecord {
+    pub fn of(data: &[u8]) -> FileRecord {
+        FileRecord {
+            bytes: data.len() as u64,
+            crc32: crc32fast::hash(data),
+        }
+    }
+}
+
+/// File name → record, for one folder.
+pub type Manifest = BTreeMap<String, FileRecord>;
 
 /// A file that is not a plain RGB/grayscale JPEG, found while extracting.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -64,6 +98,9 @@ pub struct ClassMarker {
     pub images: u64,
     pub bytes: u64,
     pub odd: Vec<OddRecord>,
+    /// Every file written. Empty in markers of rn50 before the manifest (counts only).
+    #[serde(default)]
+    pub files: Manifest,
 }
 
 /// Written when a whole archive has been extracted.
@@ -78,6 +115,10 @@ pub struct ArchiveMarker {
     /// Images per class.
     pub classes: BTreeMap<String, u64>,
     pub odd: Vec<OddRecord>,
+    /// Val: every file written, by class (train keeps them in its class markers). Empty in
+    /// markers of rn50 before the manifest.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, Manifest>,
 }
 
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
@@ -105,6 +146,14 @@ pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 pub fn write_file(path: &Path, data: &[u8]) -> Result<()> {
     let mut f = File::create(path).map_err(|e| io_error(e, "creating", path))?;
     f.write_all(data).map_err(|e| io_error(e, "writing", path))
+}
+
+/// Removes a file; one that is not there is fine.
+pub fn remove_file_if_any(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_error(e, "removing", path)),
+        _ => Ok(()),
+    }
 }
 
 pub fn create_dir_all(path: &Path) -> Result<()> {
@@ -169,6 +218,7 @@ mod tests {
             images: 3,
             bytes: 10,
             odd: vec![],
+            files: Manifest::from([("a.JPEG".to_string(), FileRecord::of(b"0123456789"))]),
         };
         write_json_atomic(&path, &m).unwrap();
         assert_eq!(read_json::<ClassMarker>(&path).unwrap(), Some(m));
@@ -177,6 +227,10 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec!["m.json"]);
+        // A marker from an rn50 before per-file records still reads (counts only).
+        std::fs::write(&path, br#"{"images": 3, "bytes": 10, "odd": []}"#).unwrap();
+        let old = read_json::<ClassMarker>(&path).unwrap().unwrap();
+        assert_eq!((old.images, old.files.len()), (3, 0));
         std::fs::write(&path, b"{trunc").unwrap();
         let err = format!("{:#}", read_json::<ClassMarker>(&path).unwrap_err());
         assert!(err.contains("m.json"), "{err}");

@@ -7,13 +7,16 @@ use anyhow::{bail, Context, Result};
 
 use crate::extract::ExtractOptions;
 use crate::labels::ValLabels;
+use crate::lock::lock_output;
 use crate::odd;
 use crate::output::{
-    create_dir_all, read_json, write_file, write_json_atomic, ArchiveMarker, ClassMarker, Layout,
+    create_dir_all, read_json, remove_dir_all, remove_file_if_any, write_file, write_json_atomic,
+    ArchiveMarker, ClassMarker, FileRecord, Layout,
 };
 use crate::progress::Progress;
 use crate::summary::{Summary, VerifiedArchive};
 use crate::train::{extract_train, ArchiveStats};
+use crate::tree::{audit_train, audit_val, list_some, Audit};
 use crate::val::extract_val;
 
 #[derive(Debug, Clone)]
@@ -23,6 +26,8 @@ pub struct PrepareOptions {
     pub out: PathBuf,
     pub val_labels: ValLabels,
     pub extract: ExtractOptions,
+    /// Delete files in `train/` and `val/` that prepare did not write, instead of refusing.
+    pub force: bool,
 }
 
 /// Extracts whichever archives are given into `out` and returns the summary.
@@ -38,6 +43,18 @@ pub fn prepare(opts: &PrepareOptions) -> Result<Summary> {
     let start = Instant::now();
     create_dir_all(&opts.out)?;
     let layout = Layout::new(&opts.out);
+    // Held until this function returns: everything below may delete and rewrite.
+    let _lock = lock_output(&layout)?;
+    let mut audit = Audit::default();
+    if opts.train_tar.is_some() {
+        audit = audit_train(&layout, opts.extract.threads)?;
+    }
+    if opts.val_tar.is_some() {
+        let val = audit_val(&layout)?;
+        audit.foreign.extend(val.foreign);
+        audit.damaged_val = val.damaged_val;
+    }
+    settle(&layout, &audit, opts.force)?;
     let progress = Progress::new();
     let mut summary = Summary {
         threads: opts.extract.threads,
@@ -88,10 +105,51 @@ pub fn prepare(opts: &PrepareOptions) -> Result<Summary> {
     Ok(summary)
 }
 
+/// Acts on what the audit found before anything is extracted: files `prepare` did not write
+/// stop the run (or, with `force`, are deleted), and the markers of classes (or val) that the
+/// disk no longer matches are dropped so that they are extracted again.
+fn settle(layout: &Layout, audit: &Audit, force: bool) -> Result<()> {
+    if !audit.foreign.is_empty() {
+        let files: u64 = audit.foreign.iter().map(|f| f.files).sum();
+        let shown: Vec<String> = audit.foreign.iter().map(|f| f.to_string()).collect();
+        if !force {
+            bail!(
+                "{}: {files} file(s) in train/ or val/ were not written by rn50 prepare: {}. \
+                 prepare deletes and rewrites what it finds there, so it stops rather than lose \
+                 them: move them elsewhere or use another --out, or pass --force to delete them",
+                layout.out.display(),
+                list_some(&shown)
+            );
+        }
+        for f in &audit.foreign {
+            remove_dir_all(&layout.out.join(&f.path))?;
+        }
+        eprintln!(
+            "--force: deleted {files} file(s) that rn50 prepare did not write: {}",
+            list_some(&shown)
+        );
+    }
+    for (wnid, what) in &audit.damaged_classes {
+        eprintln!("train/{wnid}: {what} since it was extracted: extracting it again");
+        // Started before the marker goes, so the folder stays known as prepare's.
+        write_file(&layout.class_started(wnid), b"")?;
+        remove_file_if_any(&layout.class_marker(wnid))?;
+        remove_file_if_any(&layout.train_done())?;
+    }
+    if let Some(what) = &audit.damaged_val {
+        eprintln!("val: {what} since it was extracted: extracting val again");
+        write_file(&layout.val_started(), b"")?;
+        remove_file_if_any(&layout.val_done())?;
+    }
+    Ok(())
+}
+
 /// With `--fix-odd-files` on a tree extracted without it, re-encodes the odd files recorded in
-/// the markers in place (temp file + rename) instead of extracting anything again.
+/// the markers in place (temp file + rename) instead of extracting anything again; the
+/// manifests are updated to the new files.
 fn fix_left_over(layout: &Layout, stats: &mut ArchiveStats, done_marker: &Path) -> Result<()> {
     let mut changed = false;
+    let mut done = read_json::<ArchiveMarker>(done_marker)?;
     for rec in stats.odd.iter_mut().filter(|r| !r.fixed) {
         let path = layout.out.join(&rec.file);
         let data = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -99,25 +157,46 @@ fn fix_left_over(layout: &Layout, stats: &mut ArchiveStats, done_marker: &Path) 
             continue;
         }
         let fixed = odd::fix(&data).with_context(|| format!("re-encoding {}", rec.file))?;
-        let tmp = path.with_extension("rn50-tmp");
+        // The temp file goes in the bookkeeping folder (same file system), so one left by a
+        // kill is never taken for a user's file in the class folder.
+        let tmp = layout.state().join("fix.rn50-tmp");
         write_file(&tmp, &fixed)?;
         std::fs::rename(&tmp, &path).with_context(|| format!("replacing {}", path.display()))?;
         rec.fixed = true;
         changed = true;
-        // Keep the per-class marker in step (train only; val has just the archive marker).
+        let written = FileRecord::of(&fixed);
+        // Keep the per-class marker in step (train; val's manifest is in its archive marker).
         let mut parts = rec.file.split('/');
-        if let (Some("train"), Some(wnid)) = (parts.next(), parts.next()) {
-            let mpath = layout.class_marker(wnid);
-            if let Some(mut m) = read_json::<ClassMarker>(&mpath)? {
-                for r in m.odd.iter_mut().filter(|r| r.file == rec.file) {
-                    r.fixed = true;
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some("train"), Some(wnid), Some(name)) => {
+                let mpath = layout.class_marker(wnid);
+                if let Some(mut m) = read_json::<ClassMarker>(&mpath)? {
+                    for r in m.odd.iter_mut().filter(|r| r.file == rec.file) {
+                        r.fixed = true;
+                    }
+                    if let Some(f) = m.files.get_mut(name) {
+                        *f = written;
+                    }
+                    if !m.files.is_empty() {
+                        m.bytes = m.files.values().map(|f| f.bytes).sum();
+                    }
+                    write_json_atomic(&mpath, &m)?;
                 }
-                write_json_atomic(&mpath, &m)?;
             }
+            (Some("val"), Some(wnid), Some(name)) => {
+                if let Some(f) = done
+                    .as_mut()
+                    .and_then(|m| m.files.get_mut(wnid))
+                    .and_then(|c| c.get_mut(name))
+                {
+                    *f = written;
+                }
+            }
+            _ => {}
         }
     }
     if changed {
-        if let Some(mut m) = read_json::<ArchiveMarker>(done_marker)? {
+        if let Some(mut m) = done {
             m.odd = stats.odd.clone();
             write_json_atomic(done_marker, &m)?;
         }

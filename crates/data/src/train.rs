@@ -4,7 +4,8 @@
 //! workers each take a class, unpack its inner tar from those buffers and write the files. A
 //! class folder is marked complete only after all its files are written; on the next run,
 //! marked classes are skipped (seeked over, or read only for the hash) and unmarked folders are
-//! redone from scratch.
+//! redone from scratch. `prepare` checks the marked ones against their manifest first and
+//! drops the markers of those the disk no longer matches, so they are redone too.
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Read;
@@ -20,8 +21,8 @@ use crate::archive::{classify, is_plain_component, Input, Member};
 use crate::chunks::{ChunkReader, Msg, Pool};
 use crate::extract::{read_member, spawn_named, store_image, ExtractOptions, Shared};
 use crate::output::{
-    create_dir_all, read_json, remove_dir_all, write_json_atomic, ArchiveMarker, ClassMarker,
-    Layout, OddRecord,
+    create_dir_all, read_json, remove_dir_all, remove_file_if_any, write_file, write_json_atomic,
+    ArchiveMarker, ClassMarker, Layout, Manifest, OddRecord,
 };
 use crate::progress::{rate_message, Progress};
 use crate::verify::check_md5;
@@ -123,14 +124,7 @@ pub fn extract_train(
     } else {
         None
     };
-    let drop_marker = |wnid: &str| match std::fs::remove_file(layout.class_marker(wnid)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(crate::output::io_error(
-            e,
-            "removing",
-            &layout.class_marker(wnid),
-        )),
-        _ => Ok(()),
-    };
+    let drop_marker = |wnid: &str| remove_file_if_any(&layout.class_marker(wnid));
     let done = finished_marker(
         archive,
         &layout.train_done(),
@@ -240,6 +234,7 @@ pub fn extract_train(
         images: stats.images(),
         classes: stats.classes.clone(),
         odd: stats.odd.clone(),
+        files: Default::default(), // in the class markers
     };
     write_json_atomic(&layout.train_done(), &marker)?;
     Ok(stats)
@@ -400,15 +395,12 @@ fn read_outer_inner(
 fn extract_class(job: Job, layout: &Layout, opts: &ExtractOptions, shared: &Shared) -> Result<()> {
     let wnid = &job.wnid;
     let dir = layout.train().join(wnid);
+    // Recorded first, so that the folder an interruption leaves is known as prepare's partial
+    // work (redone next time), not taken for a user's (refused).
+    write_file(&layout.class_started(wnid), b"")?;
     // A stale marker (its folder was deleted) must not vouch for the partial folder an
     // interruption now would leave.
-    let marker_path = layout.class_marker(wnid);
-    match std::fs::remove_file(&marker_path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(crate::output::io_error(e, "removing", &marker_path))
-        }
-        _ => {}
-    }
+    remove_file_if_any(&layout.class_marker(wnid))?;
     remove_dir_all(&dir)?; // left by an interrupted run
     create_dir_all(&dir)?;
     let mut archive = tar::Archive::new(ChunkReader::new(job.data));
@@ -416,6 +408,7 @@ fn extract_class(job: Job, layout: &Layout, opts: &ExtractOptions, shared: &Shar
         images: 0,
         bytes: 0,
         odd: Vec::new(),
+        files: Manifest::new(),
     };
     let mut names = HashSet::new();
     let mut buf = Vec::new();
@@ -439,10 +432,13 @@ fn extract_class(job: Job, layout: &Layout, opts: &ExtractOptions, shared: &Shar
         let rel = format!("train/{wnid}/{name}");
         let (written, odd) = store_image(&dir, &name, &rel, &buf, opts.fix_odd)?;
         marker.images += 1;
-        marker.bytes += written;
+        marker.bytes += written.bytes;
         marker.odd.extend(odd);
+        marker.files.insert(name, written);
         shared.images.fetch_add(1, Ordering::Relaxed);
-        shared.bytes_written.fetch_add(written, Ordering::Relaxed);
+        shared
+            .bytes_written
+            .fetch_add(written.bytes, Ordering::Relaxed);
         last = Some(shown);
     }
     let mut reader = archive.into_inner();
@@ -453,7 +449,9 @@ fn extract_class(job: Job, layout: &Layout, opts: &ExtractOptions, shared: &Shar
     if ended_early {
         bail!("{wnid}.tar: truncated class tar: it ends without the end-of-archive marker");
     }
+    crate::tree::verify_written(&dir, &marker.files)?;
     write_json_atomic(&layout.class_marker(wnid), &marker)?;
+    remove_file_if_any(&layout.class_started(wnid))?;
     shared.classes.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }

@@ -17,7 +17,8 @@ use crate::archive::{classify, Input, Member};
 use crate::extract::{read_member, spawn_named, store_image, ExtractOptions, Shared};
 use crate::labels::ValLabels;
 use crate::output::{
-    create_dir_all, remove_dir_all, write_json_atomic, ArchiveMarker, Layout, OddRecord,
+    create_dir_all, remove_dir_all, remove_file_if_any, write_file, write_json_atomic,
+    ArchiveMarker, FileRecord, Layout, Manifest, OddRecord,
 };
 use crate::progress::{rate_message, Progress};
 use crate::train::{file_name, finished_marker, ArchiveStats};
@@ -52,9 +53,12 @@ pub fn extract_val(
     if let Some(m) = done {
         return Ok(ArchiveStats::from_marker(m));
     }
+    create_dir_all(&layout.state())?;
+    // Recorded before val/ is touched, so that what an interruption leaves there is known as
+    // prepare's partial work, not taken for a user's.
+    write_file(&layout.val_started(), b"")?;
     remove_dir_all(&layout.val())?; // whatever an interrupted run left
     create_dir_all(&layout.val())?;
-    create_dir_all(&layout.state())?;
 
     let input = Input::open(archive, opts.verify)?;
     let bar = progress.bytes_bar("val", input.len());
@@ -62,7 +66,7 @@ pub fn extract_val(
     let shared = Shared::default();
     let start = Instant::now();
     let threads = opts.threads.max(1);
-    let per_class: Mutex<BTreeMap<String, u64>> = Mutex::default();
+    let per_class: Mutex<BTreeMap<String, Manifest>> = Mutex::default();
     let odd: Mutex<Vec<OddRecord>> = Mutex::default();
 
     // Images in flight are bounded by count; each is at most MAX_IMAGE_BYTES.
@@ -79,10 +83,15 @@ pub fn extract_val(
                     }
                     match store_val(&item, layout, opts, &mut made) {
                         Ok((written, o)) => {
-                            *lock(per_class).entry(item.wnid).or_default() += 1;
+                            lock(per_class)
+                                .entry(item.wnid)
+                                .or_default()
+                                .insert(item.name, written);
                             lock(odd).extend(o);
                             shared.images.fetch_add(1, Ordering::Relaxed);
-                            shared.bytes_written.fetch_add(written, Ordering::Relaxed);
+                            shared
+                                .bytes_written
+                                .fetch_add(written.bytes, Ordering::Relaxed);
                         }
                         Err(e) => shared.fail(e),
                     }
@@ -114,7 +123,29 @@ pub fn extract_val(
     }
     let mut odd = odd.into_inner().unwrap_or_else(|p| p.into_inner());
     odd.sort_by(|a, b| a.file.cmp(&b.file));
-    let classes = per_class.into_inner().unwrap_or_else(|p| p.into_inner());
+    let files = per_class.into_inner().unwrap_or_else(|p| p.into_inner());
+    // Only what was written, nothing else, before the marker vouches for it.
+    let extra: Vec<String> = std::fs::read_dir(layout.val())
+        .map_err(|e| crate::output::io_error(e, "listing", &layout.val()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !files.contains_key(n))
+        .collect();
+    if !extra.is_empty() {
+        bail!(
+            "{}: just extracted, but it also holds {} not written by this run; is another \
+             program writing into it?",
+            layout.val().display(),
+            crate::tree::list_some(&extra)
+        );
+    }
+    for (wnid, manifest) in &files {
+        crate::tree::verify_written(&layout.val().join(wnid), manifest)?;
+    }
+    let classes: BTreeMap<String, u64> = files
+        .iter()
+        .map(|(w, m)| (w.clone(), m.len() as u64))
+        .collect();
     let images: u64 = classes.values().sum();
     let marker = ArchiveMarker {
         archive: file_name(archive),
@@ -123,8 +154,10 @@ pub fn extract_val(
         images,
         classes: classes.clone(),
         odd: odd.clone(),
+        files,
     };
     write_json_atomic(&layout.val_done(), &marker)?;
+    remove_file_if_any(&layout.val_started())?;
     Ok(ArchiveStats {
         extracted_classes: classes.len() as u64,
         extracted_images: images,
@@ -146,7 +179,7 @@ fn store_val(
     layout: &Layout,
     opts: &ExtractOptions,
     made: &mut HashSet<String>,
-) -> Result<(u64, Option<OddRecord>)> {
+) -> Result<(FileRecord, Option<OddRecord>)> {
     let dir = layout.val().join(&item.wnid);
     if !made.contains(&item.wnid) {
         create_dir_all(&dir)?;

@@ -176,9 +176,16 @@ fn resumes_after_an_interruption() {
     let r = check(&out, Expect::Auto).unwrap();
     assert_eq!(r.train_classes, 3);
 
-    // A run killed while writing the fifth class: its folder holds a partial file and junk.
+    // A run killed while writing the fifth class: its folder holds a partial file and junk,
+    // and the bookkeeping says the class was started (so it is prepare's, not a user's).
     let partial = out.join("train").join(&fx.classes[4]);
     std::fs::create_dir_all(&partial).unwrap();
+    std::fs::write(
+        out.join(".rn50-prepare/train")
+            .join(format!("{}.started", fx.classes[4])),
+        b"",
+    )
+    .unwrap();
     std::fs::write(partial.join("junk.JPEG"), b"half a file").unwrap();
     let r = check(&out, Expect::Auto).unwrap();
     assert!(

@@ -135,6 +135,7 @@ pub fn options(train: Option<&Path>, val: Option<&Path>, out: &Path) -> PrepareO
             chunk_bytes: 64 * 1024,
             ..ExtractOptions::default()
         },
+        force: false,
     }
 }
 
