@@ -9,48 +9,62 @@
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Write};
+use std::path::Path;
 
 use anyhow::{bail, Result};
 
 use crate::output::{create_dir_all, io_error, Layout};
 
-/// Held for as long as it lives.
+/// An exclusive `flock` on a file, held for as long as this lives (or the process does).
 #[derive(Debug)]
-pub struct OutputLock {
+pub struct PidLock {
     _file: File,
 }
 
-/// Takes the lock on `layout.out`, or says who holds it.
-pub fn lock_output(layout: &Layout) -> Result<OutputLock> {
-    create_dir_all(&layout.state())?;
-    let path = layout.lock();
+/// What [`try_lock_pid`] found.
+pub enum Locked {
+    Ours(PidLock),
+    /// Another process holds it: "PID n", or "PID unknown" when it has not written its PID yet.
+    HeldBy(String),
+}
+
+/// Takes an exclusive lock on `path` (created if missing) and writes this process's PID into it, for the
+/// message another process that finds it held prints. Used for every folder one rn50 process at a time may
+/// write: `prepare`'s `--out`, `train`'s run directory.
+pub fn try_lock_pid(path: &Path) -> std::io::Result<Locked> {
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false) // the holder's PID is in it until the lock is ours
-        .open(&path)
-        .map_err(|e| io_error(e, "opening", &path))?;
+        .open(path)?;
     match file.try_lock() {
         Ok(()) => {}
-        Err(TryLockError::WouldBlock) => bail!(
-            "{}: another rn50 prepare ({}) is writing this folder; wait for it to finish (or \
-             stop it), then run this again. Two runs on one --out would delete each other's work",
-            layout.out.display(),
-            holder_pid(&mut file)
-        ),
-        Err(TryLockError::Error(e)) => {
-            return Err(io_error(e, "locking", &path).context(
-                "prepare locks its output folder so that two runs cannot overlap; this file \
-                 system does not support flock: use a local --out",
-            ))
-        }
+        Err(TryLockError::WouldBlock) => return Ok(Locked::HeldBy(holder_pid(&mut file))),
+        Err(TryLockError::Error(e)) => return Err(e),
     }
     let pid = format!("{}\n", std::process::id());
     file.set_len(0)
-        .and_then(|()| file.write_all(pid.as_bytes()))
-        .map_err(|e| io_error(e, "writing", &path))?;
-    Ok(OutputLock { _file: file })
+        .and_then(|()| file.write_all(pid.as_bytes()))?;
+    Ok(Locked::Ours(PidLock { _file: file }))
+}
+
+/// Takes the lock on `layout.out`, or says who holds it.
+pub fn lock_output(layout: &Layout) -> Result<PidLock> {
+    create_dir_all(&layout.state())?;
+    let path = layout.lock();
+    match try_lock_pid(&path) {
+        Ok(Locked::Ours(lock)) => Ok(lock),
+        Ok(Locked::HeldBy(holder)) => bail!(
+            "{}: another rn50 prepare ({holder}) is writing this folder; wait for it to finish (or \
+             stop it), then run this again. Two runs on one --out would delete each other's work",
+            layout.out.display(),
+        ),
+        Err(e) => Err(io_error(e, "locking", &path).context(
+            "prepare locks its output folder so that two runs cannot overlap; this file \
+             system does not support flock: use a local --out",
+        )),
+    }
 }
 
 fn holder_pid(file: &mut File) -> String {

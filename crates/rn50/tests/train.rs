@@ -764,7 +764,7 @@ fn a_second_train_into_a_run_in_progress_is_refused() {
     assert!(!r.status.success(), "{log}");
     assert!(
         log.contains("in use by another rn50 train")
-            && log.contains(&format!("process {}", first.id())),
+            && log.contains(&format!("PID {}", first.id())),
         "{log}"
     );
 }

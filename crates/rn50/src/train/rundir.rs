@@ -3,11 +3,10 @@
 //! other's checkpoints away), and a directory that already holds a run is continued only with `--resume`, or
 //! replaced only with `--overwrite`. A forgotten `--resume` used to start a new run that pruned the earlier
 //! run's checkpoints at its first save and overwrote its best weights.
-use std::fs::{File, TryLockError};
-use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use rn50_data::lock::{try_lock_pid, Locked, PidLock};
 
 use crate::model::weights::write_atomic;
 use crate::train::keeper::{is_checkpoint, LATEST};
@@ -33,7 +32,7 @@ const RUN_FILES: &[&str] = &[
 
 /// The claim on a run directory: the lock is released when this is dropped (or the process ends, however).
 pub struct RunDir {
-    _lock: File,
+    _lock: PidLock,
 }
 
 impl RunDir {
@@ -43,38 +42,14 @@ impl RunDir {
     pub fn claim(out: &Path, continuing: bool, overwrite: bool) -> Result<RunDir> {
         std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
         let path = out.join(LOCK);
-        let mut lock = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                let mut holder = String::new();
-                let _ = lock.read_to_string(&mut holder);
-                bail!(
-                    "{} is in use by another rn50 train ({}): two runs in one directory would mix their \
-                     metrics and prune each other's checkpoints; choose another --out",
-                    out.display(),
-                    match holder.trim() {
-                        "" => "its process id is not recorded yet".to_string(),
-                        pid => format!("process {pid}"),
-                    }
-                );
-            }
-            Err(TryLockError::Error(e)) => {
-                return Err(e).with_context(|| format!("locking {}", path.display()))
-            }
-        }
-        // Who holds it, for the message a second run prints.
-        lock.set_len(0)
-            .and_then(|()| lock.rewind())
-            .and_then(|()| write!(lock, "{}", std::process::id()))
-            .with_context(|| format!("writing {}", path.display()))?;
-
+        let lock = match try_lock_pid(&path).with_context(|| format!("locking {}", path.display()))? {
+            Locked::Ours(lock) => lock,
+            Locked::HeldBy(holder) => bail!(
+                "{} is in use by another rn50 train ({holder}): two runs in one directory would mix their \
+                 metrics and prune each other's checkpoints; choose another --out",
+                out.display(),
+            ),
+        };
         let earlier = run_files(out)?;
         if !earlier.is_empty() && !continuing {
             if !overwrite {
@@ -207,7 +182,7 @@ mod tests {
             .to_string();
         assert!(
             err.contains("in use by another rn50 train")
-                && err.contains(&format!("process {}", std::process::id())),
+                && err.contains(&format!("PID {}", std::process::id())),
             "{err}"
         );
         drop(first);
