@@ -254,6 +254,13 @@ impl ProcessGroup {
         .map_err(|e| {
             let what = if is_server {
                 format!("cannot listen on {master} as the store server")
+            } else if crate::store::accepts_connections(&world.master_addr, port, Duration::from_secs(2))
+            {
+                // Connected, yet no valid c10d reply: silence or garbage from whatever holds the port.
+                format!(
+                    "{master} answers but is not an rn50/c10d store (no valid store reply within {secs:.0} s: \
+                     another program holds the port, or rank 0's process is frozen)"
+                )
             } else {
                 format!("cannot reach the store server (rank 0) at {master} within {secs:.0} s")
             };
