@@ -1,6 +1,6 @@
 //! Failures end the job quickly with messages that name the culprit: a rank killed mid-training, the store server
-//! (rank 0) killed or frozen, a wrong MASTER_PORT or one held by another program, a rank that never starts, a
-//! worker failing or frozen under `launch`.
+//! (rank 0) killed or frozen, a wrong MASTER_PORT or one held by another program, a rank that never starts, ranks
+//! out of step, a worker failing or frozen under `launch`.
 mod common;
 use common::*;
 use std::process::{Command, Stdio};
@@ -488,4 +488,26 @@ fn a_master_port_that_accepts_and_stays_silent_is_not_a_store() {
 #[test]
 fn a_master_port_that_answers_garbage_is_not_a_store() {
     not_a_store(b"SSH-2.0-OpenSSH_9.6\r\n");
+}
+
+/// Rank 0 checks for a stop request while rank 1 is in another collective: an error, never a stop (rn50 train took
+/// it for SIGTERM and exited 3, "checkpointed, requeue me").
+#[test]
+fn a_rank_out_of_step_is_an_error_not_a_stop_request() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut ranks: Vec<Rank> = (0..2)
+        .map(|r| spawn_rank(dir.path(), 2, r, port, 5.0, &["out-of-step"]))
+        .collect();
+    let s0 = wait_guarded(&mut ranks[0].child, GUARD, "rank 0");
+    let _ = wait_guarded(&mut ranks[1].child, GUARD, "rank 1");
+    let l0 = log(&ranks[0]);
+    assert_eq!(s0.code(), Some(1), "{l0}");
+    assert!(
+        l0.contains(
+            "rank 0/2: all-reduce of checking for a stop signal failed: the ranks are out of step"
+        ),
+        "{l0}"
+    );
 }
