@@ -77,6 +77,19 @@ impl DistContext {
         })
     }
 
+    /// Fails unless every rank runs with the same `config`, apart from the `skip` paths (see
+    /// [`ProcessGroup::check_same_config`]); nothing to compare in a single process.
+    pub fn check_same_config(
+        &self,
+        config: &serde_json::Value,
+        skip: &[&str],
+    ) -> Result<(), CommError> {
+        match &self.group {
+            Some(g) => g.check_same_config(config, skip),
+            None => Ok(()),
+        }
+    }
+
     /// Element-wise sum over ranks (metrics, eval counts); unchanged in a single process.
     pub fn sum_f64(&self, values: &mut [f64], what: &str) -> Result<(), CommError> {
         match &self.group {

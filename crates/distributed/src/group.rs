@@ -254,6 +254,13 @@ impl ProcessGroup {
         .map_err(|e| {
             let what = if is_server {
                 format!("cannot listen on {master} as the store server")
+            } else if crate::store::accepts_connections(&world.master_addr, port, Duration::from_secs(2))
+            {
+                // Connected, yet no valid c10d reply: silence or garbage from whatever holds the port.
+                format!(
+                    "{master} answers but is not an rn50/c10d store (no valid store reply within {secs:.0} s: \
+                     another program holds the port, or rank 0's process is frozen)"
+                )
             } else {
                 format!("cannot reach the store server (rank 0) at {master} within {secs:.0} s")
             };
@@ -379,9 +386,23 @@ impl ProcessGroup {
 
     /// Whether `flag` is set on any rank (an all-reduce MAX). For decisions every rank must take at the same step,
     /// e.g. stopping after SIGTERM/SIGUSR1 reached only some ranks, or a non-finite loss on one of them.
+    ///
+    /// A rank out of step (in another collective at this point, e.g. because its epoch ended earlier) must not pass
+    /// for a rank that set the flag: Gloo does not check that the ranks' collectives match, and the other rank's
+    /// numbers would be read as flags. So every rank also sends a tag t derived from `what`, as t and -t: after the
+    /// MAX both come back unchanged only if every rank sent exactly t; anything else is an error.
     pub fn any_rank(&self, flag: bool, what: &str) -> Result<bool, CommError> {
-        let mut v = [if flag { 1.0 } else { 0.0 }];
+        let t = tag(what);
+        let mut v = [if flag { 1.0 } else { 0.0 }, t, -t];
         self.allreduce_f64(&mut v, ReduceOp::Max, what)?;
+        if v[1] != t || v[2] != -t {
+            return Err(self.inner.fail(
+                &format!("all-reduce of {what}"),
+                "the ranks are out of step: another rank was in a different collective (were they started with \
+                 different settings or data?)"
+                    .into(),
+            ));
+        }
         Ok(v[0] > 0.0)
     }
 
@@ -480,6 +501,46 @@ impl ProcessGroup {
             })
     }
 
+    /// Fails unless every rank runs with the same `config` (a resolved configuration as JSON) apart from the leaves
+    /// under the `skip` paths: what may differ between processes (a device index, loader threads, a node-local
+    /// data path) and values derived from compared ones (named in the message otherwise). Compared through
+    /// the store, bounded by the group's timeout: every rank fails alike, naming each differing flag and the ranks'
+    /// values (see [`crate::settings`]).
+    pub fn check_same_config(
+        &self,
+        config: &serde_json::Value,
+        skip: &[&str],
+    ) -> Result<(), CommError> {
+        let mine = crate::settings::flatten(config, skip);
+        let json = serde_json::to_vec(&mine)
+            .map_err(|e| self.inner.err("configuration check", e.to_string()))?;
+        let round = Round {
+            key: "config",
+            what: "configuration check",
+            absent: "did not reach the configuration check",
+        };
+        let (rank, world) = (self.inner.rank, self.inner.world);
+        agree(
+            &self.inner.store,
+            rank,
+            world,
+            self.inner.timeout,
+            &round,
+            &json,
+            |all| {
+                let parsed: Result<Vec<_>, _> =
+                    all.iter().map(|v| serde_json::from_slice(v)).collect();
+                match parsed {
+                    Ok(configs) => crate::settings::differences(&configs),
+                    Err(e) => Some(format!(
+                        "a rank sent an unreadable configuration ({e}): different rn50 versions?"
+                    )),
+                }
+            },
+        )
+        .map_err(|e| self.inner.err("configuration check", e))
+    }
+
     /// Clean end of the job: waits for every rank (so that rank 0, which serves the store, does not leave while
     /// others still use it) and stops the heartbeats.
     pub fn finish(self) -> Result<(), CommError> {
@@ -493,62 +554,116 @@ impl ProcessGroup {
     }
 }
 
-/// Every rank registers; rank 0 waits for all, checks that they agree on the world size and publishes a verdict
-/// ("ok" or what is wrong, e.g. which ranks never joined), which the others read in the same round trip as they
-/// wait for it (they wait a little longer than rank 0, so that they hear its verdict rather than time out too).
+/// Every rank registers; rank 0 checks that they agree on the world size.
 fn rendezvous(store: &Store, rank: usize, world: usize, timeout: Duration) -> Result<(), String> {
-    let joined = |r: usize| format!("rn50/joined/{r}");
+    let me = format!("{world} {} {}", hostname(), std::process::id());
+    let round = Round {
+        key: "joined",
+        what: "rendezvous",
+        absent: "did not join",
+    };
+    agree(store, rank, world, timeout, &round, me.as_bytes(), |all| {
+        all.iter().enumerate().skip(1).find_map(|(r, v)| {
+            let theirs = String::from_utf8_lossy(v).into_owned();
+            let w = theirs.split(' ').next().unwrap_or("").to_string();
+            (w != world.to_string()).then(|| {
+                format!("rank {r} (host, pid: {theirs}) was started with WORLD_SIZE={w}, rank 0 with {world}")
+            })
+        })
+    })
+}
+
+/// A round of [`agree`].
+pub(crate) struct Round<'a> {
+    /// Its keys: rn50/{key}/…
+    pub key: &'a str,
+    /// What it is, for messages: "rendezvous".
+    pub what: &'a str,
+    /// What a rank that did not publish in time did: "did not join".
+    pub absent: &'a str,
+}
+
+/// One round of agreement through the store: every rank publishes `mine` (rn50/{key}/{rank}); rank 0 waits for
+/// all, `judge`s them (None: agreed; Some: what is wrong, as a sentence) and publishes the verdict ("ok" or that
+/// sentence), which the others read in the same round trip as they wait for it (they wait a little longer than
+/// rank 0, so that they hear its verdict rather than time out too). Ranks that have not published within `timeout`
+/// make the verdict "rank(s) … of N {absent} within T s". Every rank returns the verdict, so that all fail alike.
+pub(crate) fn agree(
+    store: &Store,
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+    round: &Round,
+    mine: &[u8],
+    judge: impl FnOnce(&[Vec<u8>]) -> Option<String>,
+) -> Result<(), String> {
+    let key = |r: usize| format!("rn50/{}/{r}", round.key);
+    let (verdict_key, read_key) = (
+        format!("rn50/{}/verdict", round.key),
+        format!("rn50/{}/read", round.key),
+    );
     let secs = timeout.as_secs_f64();
-    store.set(
-        &joined(rank),
-        format!("{world} {} {}", hostname(), std::process::id()).as_bytes(),
-    )?;
+    store.set(&key(rank), mine)?;
     if rank == 0 {
-        let keys: Vec<String> = (0..world).map(joined).collect();
+        let keys: Vec<String> = (0..world).map(key).collect();
         let mut present = world;
         let verdict = match store.wait(&keys, timeout) {
             Err(_) => {
-                let missing: Vec<usize> = (0..world).filter(|&r| !store.check(&joined(r)).unwrap_or(false)).collect();
+                let missing: Vec<usize> = (0..world)
+                    .filter(|&r| !store.check(&key(r)).unwrap_or(false))
+                    .collect();
                 present = world - missing.len();
-                format!("{} of {world} did not join within {secs:.0} s", ranks(&missing))
+                format!(
+                    "{} of {world} {} within {secs:.0} s",
+                    ranks(&missing),
+                    round.absent
+                )
             }
-            Ok(()) => (1..world)
-                .find_map(|r| {
-                    let v = store.get(&joined(r)).unwrap_or_default();
-                    let theirs = String::from_utf8_lossy(&v).into_owned();
-                    let w = theirs.split(' ').next().unwrap_or("").to_string();
-                    (w != world.to_string()).then(|| {
-                        format!("rank {r} (host, pid: {theirs}) was started with WORLD_SIZE={w}, rank 0 with {world}")
-                    })
-                })
-                .unwrap_or_else(|| "ok".into()),
+            Ok(()) => {
+                let all = (0..world)
+                    .map(|r| store.get(&key(r)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                judge(&all).unwrap_or_else(|| "ok".into())
+            }
         };
-        store.set("rn50/ready", verdict.as_bytes())?;
+        store.set(&verdict_key, verdict.as_bytes())?;
         if verdict == "ok" {
             return Ok(());
         }
         // This process serves the store: stay until the others have read the verdict (or a few seconds).
         let until = std::time::Instant::now() + Duration::from_secs(3);
-        while store.add("rn50/verdict_read", 0).unwrap_or(0) < present as i64 - 1
+        while store.add(&read_key, 0).unwrap_or(0) < present as i64 - 1
             && std::time::Instant::now() < until
         {
             std::thread::sleep(Duration::from_millis(20));
         }
         return Err(verdict);
     }
-    store.set_timeout(timeout + Duration::from_secs(3))?;
-    let got = store.get("rn50/ready");
+    let got = store
+        .wait(
+            std::slice::from_ref(&verdict_key),
+            timeout + Duration::from_secs(3),
+        )
+        .and_then(|()| store.get(&verdict_key));
     if got.is_ok() {
-        let _ = store.add("rn50/verdict_read", 1);
+        let _ = store.add(&read_key, 1);
     }
-    store.set_timeout(timeout)?;
     match got {
         Ok(v) if v == b"ok" => Ok(()),
         Ok(v) => Err(format!("rank 0 reports: {}", String::from_utf8_lossy(&v))),
         Err(e) => Err(format!(
-            "rank 0 did not complete the rendezvous within {secs:.0} s: {e}"
+            "rank 0 did not complete the {} within {secs:.0} s: {e}",
+            round.what
         )),
     }
+}
+
+/// A number in 1..=2^20 (exact in an f64) that tells collectives apart by their description (FNV-1a).
+fn tag(what: &str) -> f64 {
+    let h = what.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    ((h >> 44) + 1) as f64
 }
 
 fn hostname() -> String {

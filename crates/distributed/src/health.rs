@@ -1,7 +1,8 @@
 //! Liveness of the other ranks, for error messages: every rank bumps a counter in the store at a fixed interval
 //! from a background thread. When a collective fails, the failing rank compares the counters over a few intervals:
-//! a rank whose counter stopped is the one that died (or hangs); if the store itself cannot be reached, rank 0,
-//! which serves it, is gone. Counters rather than timestamps, so no clock agreement between nodes is needed.
+//! a rank whose counter stopped is the one that died (or hangs); if the store itself cannot be reached (or does not
+//! answer), rank 0, which serves it, is gone (or frozen). Counters rather than timestamps, so no clock agreement
+//! between nodes is needed.
 use crate::store::{Store, StoreError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -61,7 +62,8 @@ impl Heartbeat {
     pub fn diagnose(&self, store: &Store, rank: usize, world: usize, master: &str) -> String {
         let unreachable =
             |e: StoreError| format!("rank 0 (the store server at {master}) is unreachable: {e}");
-        // The job is failing anyway: a short timeout for the store from now on (a new connection inherits it).
+        // The job is failing anyway: a short timeout for the store from now on (a new connection inherits it). Each
+        // operation ends within it plus store::MARGIN, also when rank 0 is frozen rather than gone.
         let short = self.interval.saturating_mul(4).max(Duration::from_secs(1));
         let _ = store.set_timeout(short);
         let conn = match store.try_clone() {

@@ -1,6 +1,7 @@
 //! `rn50 launch`: torchrun's job for rn50. Starts one worker per local rank with the rendezvous environment,
 //! prefixes their output with the rank, forwards SIGINT/SIGTERM/SIGUSR1 to them, and when one fails stops the
-//! others (SIGTERM, then SIGKILL after a grace period) and exits non-zero naming the failed rank.
+//! others (SIGTERM) and exits non-zero naming the failed rank. Workers asked to stop either way are SIGKILLed
+//! after a grace period.
 //!
 //! Exit status 3 is rn50 train's "checkpointed after SIGTERM/SIGUSR1, requeue me": an orderly stop, so the other
 //! workers are left to finish their own checkpoint-and-exit, and the launcher exits 3 too.
@@ -34,7 +35,9 @@ pub struct LaunchArgs {
     /// Rendezvous and collective timeout in seconds, passed to the workers (RN50_DIST_TIMEOUT).
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<u64>,
-    /// Seconds the other workers get between SIGTERM and SIGKILL after one failed.
+    /// Seconds the workers get to exit once asked to stop (SIGTERM after one of them failed, or a forwarded
+    /// SIGINT/SIGTERM/SIGUSR1; rn50 train saves a checkpoint in that time), before SIGKILL. 30 s, as torchrun and
+    /// SLURM's default KillWait.
     #[arg(long, value_name = "SECS", default_value_t = 30)]
     pub grace: u64,
     /// Pass worker output through unchanged instead of prefixing lines with "[rank]".
@@ -266,7 +269,11 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
 
     let mut failure: Option<(usize, ExitStatus)> = None;
     let mut requeue = false;
-    let mut term_sent: Option<Instant> = None;
+    // When the workers were first asked to stop, and by which signal: SIGKILL follows `grace` later, since a
+    // worker that cannot act on the signal (stopped, hung in a collective or in the kernel) would otherwise keep
+    // the launcher, and the job, for ever.
+    let mut asked: Option<(Instant, i32)> = None;
+    let (mut term_sent, mut killed) = (false, false);
     let grace = Duration::from_secs(args.grace);
     let mut running: Vec<(usize, Child)> = children;
     while !running.is_empty() {
@@ -301,26 +308,31 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
             }
         }
         running = still;
-        if failure.is_some() && !running.is_empty() {
-            match term_sent {
-                None => {
-                    running
-                        .iter()
-                        .for_each(|(_, c)| kill(c.id(), libc::SIGTERM));
-                    term_sent = Some(Instant::now());
-                }
-                Some(t) if t.elapsed() > grace => {
-                    for (rank, c) in &running {
-                        eprintln!(
-                            "rn50 launch: rank {rank} ignored SIGTERM for {} s: SIGKILL",
-                            grace.as_secs()
-                        );
-                        kill(c.id(), libc::SIGKILL);
-                    }
-                    term_sent = Some(Instant::now() + Duration::from_secs(3600));
-                }
-                Some(_) => {}
+        if asked.is_none() {
+            if let Some(sig) = forwarded.lock().ok().and_then(|f| *f) {
+                asked = Some((Instant::now(), sig));
             }
+        }
+        if failure.is_some() && !running.is_empty() && !term_sent {
+            running
+                .iter()
+                .for_each(|(_, c)| kill(c.id(), libc::SIGTERM));
+            term_sent = true;
+            asked.get_or_insert((Instant::now(), libc::SIGTERM));
+        }
+        match asked {
+            Some((t, sig)) if !killed && !running.is_empty() && t.elapsed() > grace => {
+                for (rank, c) in &running {
+                    eprintln!(
+                        "rn50 launch: rank {rank} still running {} s after {}: SIGKILL",
+                        grace.as_secs(),
+                        signal_name(sig)
+                    );
+                    kill(c.id(), libc::SIGKILL);
+                }
+                killed = true;
+            }
+            _ => {}
         }
         if !running.is_empty() {
             std::thread::sleep(Duration::from_millis(50));

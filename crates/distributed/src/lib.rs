@@ -7,6 +7,7 @@
 //! - [`ddp`]: DistributedDataParallel on c10d's Reducer: start-of-training broadcast, bucketed gradient averaging
 //!   overlapped with backward;
 //! - [`context`]: [`DistContext`] and [`GradSync`], the same calls for a single process and a distributed job;
+//! - [`settings`]: the ranks' configurations compared at start-up;
 //! - [`launch`]: `rn50 launch`, the torchrun equivalent.
 //!
 //! See docs/distributed.md for usage.
@@ -19,6 +20,7 @@ pub mod group;
 mod health;
 pub mod launch;
 pub mod nodelist;
+pub mod settings;
 pub mod store;
 
 pub use context::{DistContext, GradSync};

@@ -1,5 +1,6 @@
 //! Failures end the job quickly with messages that name the culprit: a rank killed mid-training, the store server
-//! (rank 0) killed, a wrong MASTER_PORT, a rank that never starts, a worker failing under `launch`.
+//! (rank 0) killed or frozen, a wrong MASTER_PORT or one held by another program, a rank that never starts, ranks
+//! out of step, a worker failing or frozen under `launch`.
 mod common;
 use common::*;
 use std::process::{Command, Stdio};
@@ -7,27 +8,24 @@ use std::time::{Duration, Instant};
 
 const GUARD: Duration = Duration::from_secs(120);
 
-/// Starts a 3-rank job that trains until killed; kills `victim` with SIGKILL once it has done a few steps; returns
-/// the survivors' (rank, status, log).
-fn kill_mid_training(victim: usize) -> Vec<(usize, std::process::ExitStatus, String)> {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let out = dir.path().to_str().unwrap().to_string();
-    let args = [
+/// Arguments of a worker that trains until it is stopped, writing its step count to OUT/step-rank{r}.
+fn endless_training(out: &str) -> Vec<&str> {
+    vec![
         "train",
         "--out",
-        &out,
+        out,
         "--steps",
         "1000000",
         "--sleep-ms",
         "20",
         "--bucket-bytes",
         "400",
-    ];
-    let mut ranks: Vec<Rank> = (0..3)
-        .map(|r| spawn_rank(dir.path(), 3, r, port, 10.0, &args))
-        .collect();
-    let steps = dir.path().join(format!("step-rank{victim}"));
+    ]
+}
+
+/// Waits until rank `rank` of a job training in `dir` has done a few steps (fails the test if a rank ends first).
+fn wait_for_steps(dir: &std::path::Path, ranks: &mut [Rank], rank: usize) {
+    let steps = dir.join(format!("step-rank{rank}"));
     let start = Instant::now();
     while std::fs::read_to_string(&steps)
         .ok()
@@ -48,6 +46,19 @@ fn kill_mid_training(victim: usize) -> Vec<(usize, std::process::ExitStatus, Str
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Starts a 3-rank job that trains until killed; kills `victim` with SIGKILL once it has done a few steps; returns
+/// the survivors' (rank, status, log).
+fn kill_mid_training(victim: usize) -> Vec<(usize, std::process::ExitStatus, String)> {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let out = dir.path().to_str().unwrap().to_string();
+    let args = endless_training(&out);
+    let mut ranks: Vec<Rank> = (0..3)
+        .map(|r| spawn_rank(dir.path(), 3, r, port, 10.0, &args))
+        .collect();
+    wait_for_steps(dir.path(), &mut ranks, victim);
     ranks[victim].child.kill().unwrap(); // SIGKILL
     let _ = ranks[victim].child.wait();
     ranks
@@ -283,5 +294,220 @@ fn launch_runs_a_training_job() {
     assert_eq!(
         read_f32(&dir.path().join("params-rank0.bin")),
         read_f32(&dir.path().join("params-rank1.bin"))
+    );
+}
+
+/// SIGKILLs a process when dropped: a test that stops a process (SIGSTOP) must not leave it behind if it fails.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // Only while it is still stopped: a launcher may have killed and reaped it already, and its pid reused.
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.0)).unwrap_or_default();
+        let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+        if state == Some(Some('T')) {
+            // SAFETY: kill(2) on the stopped process this test stopped.
+            unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+fn sigstop(pid: u32) -> KillOnDrop {
+    // SAFETY: kill(2) on our own (grand)child's pid.
+    unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+    KillOnDrop(pid)
+}
+
+#[test]
+fn a_frozen_store_server_is_named_not_waited_for() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let out = dir.path().to_str().unwrap().to_string();
+    let args = endless_training(&out);
+    let mut ranks: Vec<Rank> = (0..2)
+        .map(|r| spawn_rank(dir.path(), 2, r, port, 5.0, &args))
+        .collect();
+    wait_for_steps(dir.path(), &mut ranks, 0);
+    // Frozen, not dead: its sockets stay open and the kernel still accepts connections to the store's port.
+    let _frozen = sigstop(ranks[0].child.id());
+    let s1 = wait_guarded(&mut ranks[1].child, GUARD, "rank 1 (rank 0 frozen)");
+    let l1 = log(&ranks[1]);
+    assert!(!s1.success(), "rank 1 exited 0 with rank 0 frozen:\n{l1}");
+    assert!(
+        l1.contains("rank 1/2: ") && l1.contains("rank 0 (the store server at 127.0.0.1:"),
+        "rank 1's error does not name itself and the frozen rank 0:\n{l1}"
+    );
+}
+
+/// The pid of worker `rank` among the children of `launcher` (from /proc: their RANK variable).
+fn worker_pid(launcher: u32, rank: usize) -> Option<u32> {
+    let children =
+        std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children")).ok()?;
+    children
+        .split_whitespace()
+        .filter_map(|p| p.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .map(|env| {
+                    env.split(|&b| b == 0)
+                        .any(|kv| kv == format!("RANK={rank}").as_bytes())
+                })
+                .unwrap_or(false)
+        })
+}
+
+#[test]
+fn launch_ends_a_job_whose_rank_0_is_frozen() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let master = format!("127.0.0.1:{}", free_port());
+    let out = dir.path().to_str().unwrap().to_string();
+    let mut args = vec![
+        "--nproc-per-node",
+        "2",
+        "--master",
+        &master,
+        "--timeout",
+        "5",
+        "--grace",
+        "5",
+        "--",
+    ];
+    args.extend(endless_training(&out));
+    let child = launcher(&args, dir.path());
+    let start = Instant::now();
+    while std::fs::read_to_string(dir.path().join("step-rank0"))
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(0)
+        < 3
+    {
+        assert!(start.elapsed() < GUARD, "the job did not start training");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rank0 = worker_pid(child.id(), 0).expect("rank 0's pid");
+    let _frozen = sigstop(rank0);
+    let (status, stdout, stderr) = finish(child);
+    assert!(!status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("[rank 1] ") && stderr.contains("rank 0 (the store server at 127.0.0.1:"),
+        "rank 1 does not name the frozen rank 0:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("rn50 launch: rank 0 still running 5 s after SIGTERM: SIGKILL"),
+        "the frozen rank 0 was not SIGKILLed after the grace period:\n{stderr}"
+    );
+}
+
+#[test]
+fn launch_escalates_its_sigterm_to_sigkill() {
+    let _serial = serial();
+    let up = tempfile::tempdir().unwrap();
+    let master = format!("127.0.0.1:{}", free_port());
+    let child = launcher(
+        &[
+            "--nproc-per-node",
+            "2",
+            "--master",
+            &master,
+            "--grace",
+            "3",
+            "--",
+            "sleep",
+        ],
+        up.path(),
+    );
+    let start = Instant::now();
+    while !(up.path().join("up-0").exists() && up.path().join("up-1").exists()) {
+        assert!(start.elapsed() < GUARD, "workers did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Rank 1 cannot act on SIGTERM: the launcher must not wait for it forever.
+    let _frozen = sigstop(worker_pid(child.id(), 1).expect("rank 1's pid"));
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let (status, stdout, stderr) = finish(child);
+    assert!(
+        stdout.contains("[rank 0] rank 0: stop requested"),
+        "SIGTERM not forwarded:\n{stdout}"
+    );
+    assert!(
+        stderr.contains("rn50 launch: rank 1 still running 3 s after SIGTERM: SIGKILL"),
+        "{stdout}\n{stderr}"
+    );
+    assert_eq!(
+        status.code(),
+        Some(128 + libc::SIGKILL),
+        "the launcher exits as its killed worker did\n{stdout}\n{stderr}"
+    );
+}
+
+/// A listener on 127.0.0.1 that accepts every connection and, for each, writes `reply` (if any) and then holds it
+/// open without reading: a port held by some other program. Returns its port.
+fn foreign_listener(reply: &'static [u8]) -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for mut c in l.incoming().flatten() {
+            use std::io::Write;
+            let _ = c.write_all(reply);
+            held.push(c);
+        }
+    });
+    port
+}
+
+fn not_a_store(reply: &'static [u8]) {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap().to_string();
+    let port = foreign_listener(reply);
+    let mut r1 = spawn_rank(dir.path(), 2, 1, port, 3.0, &["train", "--out", &out]);
+    let s1 = wait_guarded(
+        &mut r1.child,
+        GUARD,
+        "rank 1 (MASTER_PORT held by a foreign listener)",
+    );
+    let l1 = log(&r1);
+    assert!(!s1.success(), "{l1}");
+    assert!(
+        l1.contains(&format!(
+            "rank 1/2: rendezvous failed: 127.0.0.1:{port} answers but is not an rn50/c10d store"
+        )),
+        "{l1}"
+    );
+}
+
+#[test]
+fn a_master_port_that_accepts_and_stays_silent_is_not_a_store() {
+    not_a_store(b"");
+}
+
+#[test]
+fn a_master_port_that_answers_garbage_is_not_a_store() {
+    not_a_store(b"SSH-2.0-OpenSSH_9.6\r\n");
+}
+
+/// Rank 0 checks for a stop request while rank 1 is in another collective: an error, never a stop (rn50 train took
+/// it for SIGTERM and exited 3, "checkpointed, requeue me").
+#[test]
+fn a_rank_out_of_step_is_an_error_not_a_stop_request() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut ranks: Vec<Rank> = (0..2)
+        .map(|r| spawn_rank(dir.path(), 2, r, port, 5.0, &["out-of-step"]))
+        .collect();
+    let s0 = wait_guarded(&mut ranks[0].child, GUARD, "rank 0");
+    let _ = wait_guarded(&mut ranks[1].child, GUARD, "rank 1");
+    let l0 = log(&ranks[0]);
+    assert_eq!(s0.code(), Some(1), "{l0}");
+    assert!(
+        l0.contains(
+            "rank 0/2: all-reduce of checking for a stop signal failed: the ranks are out of step"
+        ),
+        "{l0}"
     );
 }

@@ -69,6 +69,9 @@ enum Cmd {
         #[arg(long, default_value_t = 224)]
         image_size: i64,
     },
+    /// Rank 0 asks whether any rank wants to stop while the others sum evaluation counts: the ranks out of step,
+    /// as rn50 train's were when one rank's epoch ended earlier. Exits 3 if rank 0 took that for a stop request.
+    OutOfStep,
     Launch(launch::LaunchArgs),
 }
 
@@ -275,6 +278,18 @@ fn sleep(fail_rank: Option<usize>) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+fn out_of_step() -> anyhow::Result<i32> {
+    let dist = DistContext::init(Device::Cpu)?;
+    if dist.is_main() {
+        let stop = dist.any_rank(false, "checking for a stop signal")?;
+        println!("rank 0: stop requested on some rank: {stop}");
+        return Ok(if stop { 3 } else { 0 });
+    }
+    let mut counts = [3.0, 5.0, 6.0, 0.0];
+    dist.sum_f64(&mut counts, "summing evaluation counts")?;
+    Ok(0)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
@@ -406,6 +421,7 @@ fn main() {
             bucket_mb,
             iters,
         } => allreduce_bench(floats, bucket_mb, iters).map(|()| 0),
+        Cmd::OutOfStep => out_of_step(),
         Cmd::Launch(args) => std::env::current_exe()
             .context("current_exe")
             .and_then(|exe| launch::run(&args, &exe)),

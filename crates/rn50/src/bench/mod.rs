@@ -514,6 +514,19 @@ pub fn command(args: &BenchArgs) -> Result<()> {
     let world = WorldInfo::from_env()?;
     let (cfg, device) = args.resolve(&world)?;
     let dist = DistContext::init_with(world, device)?;
+    // One measurement, one configuration: only what is resolved per process (device, threads, loader threads) and a
+    // node-local data path may differ between the ranks (lr and global batch follow from the batch size).
+    dist.check_same_config(
+        &serde_json::to_value(&cfg)?,
+        &[
+            "device",
+            "threads",
+            "workers",
+            "data_dir",
+            "lr",
+            "global_batch",
+        ],
+    )?;
     let main = dist.is_main();
     // Drawn on stderr, hidden when it is not a terminal (logs, CI).
     let bar = indicatif::ProgressBar::new(

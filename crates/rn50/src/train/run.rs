@@ -158,6 +158,12 @@ pub fn command(args: &TrainArgs) -> Result<()> {
         tch::set_num_threads(world_info.threads_per_rank() as i32);
     }
     let dist = DistContext::init_with(world_info, device)?;
+    // Ranks started with different flags would drift out of step: an error now. Data path, loader threads and
+    // device may differ (node-local copies, cores, cuda:N).
+    dist.check_same_config(
+        &serde_json::to_value(args)?,
+        &["data", "workers", "compute.device"],
+    )?;
     let (rank, world) = (dist.rank(), dist.world_size());
     let rank0 = dist.is_main();
     let workers = args
