@@ -132,10 +132,6 @@ pub fn command(args: &TrainArgs) -> Result<()> {
     }
     // torchrun / SLURM / Open MPI / PBS / `rn50 launch` tell each process its rank; one device per process.
     let world_info = WorldInfo::from_env()?;
-    // Rank 0 writes the run directory: claim it (or refuse to reuse it) before anything is allocated.
-    let _run_dir = (world_info.rank == 0 && !args.evaluate)
-        .then(|| RunDir::claim(&args.out, args.resume.is_some(), args.overwrite))
-        .transpose()?;
     let mut model_cfg = ResNetConfig::new(args.arch);
     model_cfg.zero_init_residual = args.zero_init_residual;
     model_cfg.width = args.width;
@@ -166,6 +162,10 @@ pub fn command(args: &TrainArgs) -> Result<()> {
     )?;
     let (rank, world) = (dist.rank(), dist.world_size());
     let rank0 = dist.is_main();
+    // Rank 0 writes the run directory: claim it (or refuse to reuse it) before the model and data are set up.
+    let _run_dir = (rank0 && !args.evaluate)
+        .then(|| RunDir::claim(&args.out, args.resume.is_some(), args.overwrite))
+        .transpose()?;
     let workers = args
         .workers
         .unwrap_or(cpu.logical_cores / local_ranks)
