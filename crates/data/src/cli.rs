@@ -57,8 +57,8 @@ pub struct ExtractArgs {
     #[arg(long, value_name = "DIR", required = true)]
     pub out: Option<PathBuf>,
 
-    /// Extraction threads [default: number of CPUs].
-    #[arg(short = 'j', long = "jobs", value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    /// Extraction threads, 1 to 1024 [default: number of CPUs].
+    #[arg(short = 'j', long = "jobs", value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub jobs: Option<u16>,
 
     /// Check each archive's size (before starting) and MD5 (computed while extracting, no
@@ -80,8 +80,8 @@ pub struct ExtractArgs {
     #[arg(long, value_name = "FILE")]
     pub checksums: Option<PathBuf>,
 
-    /// Read-ahead memory for the train archive, in MiB [default: 256 per thread].
-    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u32).range(4..))]
+    /// Read-ahead memory for the train archive, in MiB, 4 to 65536 [default: 256 per thread].
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u32).range(4..=65536))]
     pub buffer_mib: Option<u32>,
 
     /// Also write the summary as JSON (train_images, val_images, classes, odd_files,
@@ -102,8 +102,8 @@ pub struct VerifyArgs {
     #[arg(required = true, value_name = "FILES")]
     pub files: Vec<PathBuf>,
 
-    /// Files hashed at once [default: number of CPUs].
-    #[arg(short = 'j', long = "jobs", value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    /// Files hashed at once, 1 to 1024 [default: number of CPUs].
+    #[arg(short = 'j', long = "jobs", value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub jobs: Option<u16>,
 
     /// Checksum table (TSV: file, bytes, md5) [default: built-in ILSVRC2012].

@@ -7,6 +7,7 @@
 //! workers are left to finish their own checkpoint-and-exit, and the launcher exits 3 too.
 use anyhow::{bail, Context};
 use clap::Args;
+use rn50_args::{usize_in, UsageError};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
@@ -19,26 +20,27 @@ pub const EXIT_REQUEUE: i32 = 3;
 
 #[derive(Debug, Clone, Args)]
 pub struct LaunchArgs {
-    /// Worker processes on this node (one per GPU; on CPU the cores are split between them).
-    #[arg(long, value_name = "N")]
+    /// Worker processes on this node, 1 to 1024 (one per GPU; on CPU the cores are split between them).
+    #[arg(long, value_name = "N", value_parser = usize_in(1..=rn50_args::MAX_THREADS))]
     pub nproc_per_node: usize,
-    /// Nodes in the job (run `rn50 launch` once per node).
-    #[arg(long, value_name = "M", default_value_t = 1)]
+    /// Nodes in the job, 1 to 65536 (run `rn50 launch` once per node).
+    #[arg(long, value_name = "M", default_value_t = 1, value_parser = usize_in(1..=65536))]
     pub nnodes: usize,
     /// This node's index, 0..nnodes (node 0 hosts rank 0 and the rendezvous store).
-    #[arg(long, value_name = "R", default_value_t = 0)]
+    #[arg(long, value_name = "R", default_value_t = 0, value_parser = usize_in(0..65536))]
     pub node_rank: usize,
     /// Rendezvous address: node 0's address and a free port. Default: 127.0.0.1 with a port that is free now for a
     /// single node (two jobs on one machine cannot collide), 127.0.0.1:29500 otherwise.
     #[arg(long, value_name = "ADDR:PORT")]
     pub master: Option<String>,
-    /// Rendezvous and collective timeout in seconds, passed to the workers (RN50_DIST_TIMEOUT).
-    #[arg(long, value_name = "SECS")]
+    /// Rendezvous and collective timeout in seconds, 1 to 604800 (a week), passed to the workers
+    /// (RN50_DIST_TIMEOUT).
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub timeout: Option<u64>,
     /// Seconds the workers get to exit once asked to stop (SIGTERM after one of them failed, or a forwarded
-    /// SIGINT/SIGTERM/SIGUSR1; rn50 train saves a checkpoint in that time), before SIGKILL. 30 s, as torchrun and
-    /// SLURM's default KillWait.
-    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    /// SIGINT/SIGTERM/SIGUSR1; rn50 train saves a checkpoint in that time), before SIGKILL: 0 to 86400 (a day),
+    /// default 30 s, as torchrun and SLURM's default KillWait.
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub grace: u64,
     /// Pass worker output through unchanged instead of prefixing lines with "[rank]".
     #[arg(long)]
@@ -187,11 +189,10 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
         bail!("--nproc-per-node and --nnodes must be at least 1");
     }
     if args.node_rank >= args.nnodes {
-        bail!(
-            "--node-rank {} is outside 0..{}",
-            args.node_rank,
-            args.nnodes
-        );
+        bail!(UsageError::new(format!(
+            "--node-rank {} is outside 0..{} (--nnodes)",
+            args.node_rank, args.nnodes
+        )));
     }
     if args.command.is_empty() {
         bail!("no command for the workers (e.g. `rn50 launch --nproc-per-node 2 -- train ...`)");

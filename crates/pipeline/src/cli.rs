@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use rn50_args::{check_batch_bytes, usize_in, UsageError, MAX_BATCH, MAX_IMAGE_SIZE, MAX_THREADS};
 
 use crate::loader::{BadImagePolicy, LoaderConfig};
 use crate::pack::{pack, PackOptions};
@@ -26,18 +27,19 @@ pub struct PackCmd {
     pub data: PathBuf,
     /// Output directory for the shard files (created; must not already hold shards).
     pub out: PathBuf,
-    /// Shrink images whose shorter side exceeds this many pixels and re-encode them as JPEG
-    /// (e.g. 256-512, like FFCV's max_resolution). Default: store original bytes.
-    #[arg(long, value_name = "PIXELS")]
+    /// Shrink images whose shorter side exceeds this many pixels (1 to 65535, JPEG's largest side)
+    /// and re-encode them as JPEG (e.g. 256-512, like FFCV's max_resolution). Default: store
+    /// original bytes.
+    #[arg(long, value_name = "PIXELS", value_parser = usize_in(1..=65535))]
     pub max_side: Option<usize>,
     /// JPEG quality for re-encoded images.
     #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100))]
     pub quality: u8,
-    /// Target size of one shard file in MiB.
-    #[arg(long, default_value_t = 1024, value_name = "MIB")]
+    /// Target size of one shard file in MiB, 1 to 1048576 (1 TiB).
+    #[arg(long, default_value_t = 1024, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     pub shard_size: u64,
-    /// Number of worker threads.
-    #[arg(short = 'j', long = "workers", default_value_t = default_workers())]
+    /// Number of worker threads, 1 to 1024.
+    #[arg(short = 'j', long = "workers", default_value_t = default_workers(), value_parser = usize_in(1..=MAX_THREADS))]
     pub workers: usize,
     /// What to do with images that cannot be decoded.
     #[arg(long, value_enum, default_value_t = BadImagePolicy::Skip)]
@@ -60,21 +62,22 @@ pub struct BenchLoaderCmd {
     /// ImageFolder directory, shard directory or shard file.
     #[arg(required_unless_present = "synthetic")]
     pub data: Option<PathBuf>,
-    /// Benchmark N synthetic JPEGs with ImageNet's size distribution (generated in memory).
-    #[arg(long, value_name = "N", conflicts_with = "data")]
+    /// Benchmark N synthetic JPEGs with ImageNet's size distribution (generated in memory), 1 to
+    /// 100000.
+    #[arg(long, value_name = "N", conflicts_with = "data", value_parser = usize_in(1..=rn50_args::MAX_SYNTHETIC_IMAGES))]
     pub synthetic: Option<usize>,
     /// With --synthetic: also write the images as an ImageFolder to DIR (for other loaders)
     /// and benchmark reading them from there.
     #[arg(long, value_name = "DIR", requires = "synthetic")]
     pub save_synthetic: Option<PathBuf>,
-    /// Number of decode threads.
-    #[arg(short = 'j', long = "workers", default_value_t = default_workers())]
+    /// Number of decode threads, 1 to 1024.
+    #[arg(short = 'j', long = "workers", default_value_t = default_workers(), value_parser = usize_in(1..=MAX_THREADS))]
     pub workers: usize,
-    /// Images per batch.
-    #[arg(short = 'b', long = "batch-size", default_value_t = 256)]
+    /// Images per batch, 1 to 65536; batch x size² x 3 bytes at most 16 GiB.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 256, value_parser = usize_in(1..=MAX_BATCH))]
     pub batch_size: usize,
-    /// Timed batches (epochs repeat as needed).
-    #[arg(long, default_value_t = 20)]
+    /// Timed batches (epochs repeat as needed), at least 1.
+    #[arg(long, default_value_t = 20, value_parser = usize_in(1..))]
     pub steps: usize,
     /// Untimed batches first (thread start-up, page cache).
     #[arg(long, default_value_t = 2)]
@@ -82,17 +85,17 @@ pub struct BenchLoaderCmd {
     /// Use the evaluation transform (Resize + CenterCrop) instead of RandomResizedCrop + flip.
     #[arg(long)]
     pub val: bool,
-    /// Output side length (train crop, or val center crop).
-    #[arg(long, default_value_t = 224)]
+    /// Output side length (train crop, or val center crop), 1 to 4096 pixels.
+    #[arg(long, default_value_t = 224, value_parser = usize_in(1..=MAX_IMAGE_SIZE))]
     pub size: usize,
-    /// Shorter side before the center crop (with --val).
-    #[arg(long, default_value_t = 256)]
+    /// Shorter side before the center crop (with --val), --size to 4096 pixels.
+    #[arg(long, default_value_t = 256, value_parser = usize_in(1..=MAX_IMAGE_SIZE))]
     pub val_resize: usize,
     /// Always decode at full resolution (no 1/2..1/8 DCT-domain downscaling).
     #[arg(long)]
     pub no_dct_scaling: bool,
-    /// Batches decoded ahead of the consumer (default: 2 per worker).
-    #[arg(long)]
+    /// Batches decoded ahead of the consumer, 1 to 2048 (default: 2 per worker).
+    #[arg(long, value_parser = usize_in(1..=2 * MAX_THREADS))]
     pub prefetch: Option<usize>,
     /// Seed for shuffling and augmentation.
     #[arg(long, default_value_t = 0)]
@@ -145,9 +148,19 @@ pub fn run_pack(cmd: &PackCmd) -> Result<()> {
 }
 
 pub fn run_bench_loader(cmd: &BenchLoaderCmd) -> Result<()> {
-    if cmd.workers == 0 || cmd.batch_size == 0 {
-        bail!("--workers and --batch-size must be positive");
+    // Each flag's own range is clap's; these go between flags, checked before anything is made.
+    if cmd.val && cmd.size > cmd.val_resize {
+        bail!(UsageError::new(format!(
+            "--size {} is larger than --val-resize {}: the center crop is taken from the resized image",
+            cmd.size, cmd.val_resize
+        )));
     }
+    check_batch_bytes(
+        "--batch-size",
+        cmd.batch_size as u64,
+        "--size",
+        cmd.size as u64,
+    )?;
     let dataset = match (&cmd.data, cmd.synthetic) {
         (Some(path), _) => Dataset::open(path)?,
         (None, Some(n)) => {

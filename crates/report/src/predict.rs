@@ -22,6 +22,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
+use rn50_args::finite_in;
 use serde::Serialize;
 
 use crate::schema::{read_json, BenchResult};
@@ -96,66 +97,69 @@ impl Link {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct PredictArgs {
-    /// Worker counts to predict; efficiency is against the first (smallest).
+    /// Worker counts to predict, 1 to 1000000 each; efficiency is against the first (smallest).
     #[arg(
         long,
         value_delimiter = ',',
         default_value = "1,2,4,8,16,32,64",
-        value_name = "N,…"
+        value_name = "N,…",
+        value_parser = clap::value_parser!(u64).range(1..=1_000_000)
     )]
     pub gpus: Vec<u64>,
-    /// Measured single-worker step time in ms (forward, backward, optimizer; no communication).
-    #[arg(long, value_name = "MS")]
+    /// Measured single-worker step time in ms (forward, backward, optimizer; no communication), above 0.
+    #[arg(long, value_name = "MS", value_parser = rn50_args::positive())]
     pub step_ms: Option<f64>,
-    /// Measured single-worker img/s instead of --step-ms (step = batch / img/s).
-    #[arg(long, value_name = "IMG_S", conflicts_with = "step_ms")]
+    /// Measured single-worker img/s instead of --step-ms (step = batch / img/s), above 0.
+    #[arg(long, value_name = "IMG_S", conflicts_with = "step_ms", value_parser = rn50_args::positive())]
     pub images_per_sec: Option<f64>,
     /// A `rn50 bench --json` result of one worker: its median step time, batch and arch.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["step_ms", "images_per_sec"])]
     pub bench: Option<PathBuf>,
-    /// Batch per worker of the measurement (and of every N, unless --global-batch).
-    #[arg(short = 'b', long, default_value_t = 256)]
+    /// Batch per worker of the measurement (and of every N, unless --global-batch), at least 1.
+    #[arg(short = 'b', long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
     pub batch: u64,
-    /// Strong scaling: keep this global batch at every N (per-worker batch global/N, compute time scaled in
-    /// proportion). Without it the per-worker batch stays fixed (weak scaling, as the sites run).
-    #[arg(long, value_name = "IMAGES")]
+    /// Strong scaling: keep this global batch (at least 1) at every N (per-worker batch global/N, compute time
+    /// scaled in proportion). Without it the per-worker batch stays fixed (weak scaling, as the sites run).
+    #[arg(long, value_name = "IMAGES", value_parser = clap::value_parser!(u64).range(1..))]
     pub global_batch: Option<u64>,
     /// Gradient size from the arch's parameter count: resnet18, resnet34, resnet50, resnet101, resnet152.
     #[arg(short = 'a', long, default_value = "resnet50")]
     pub arch: String,
-    /// Gradient bytes, instead of the arch's.
-    #[arg(long, value_name = "BYTES")]
+    /// Gradient bytes, instead of the arch's (at least 1).
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
     pub grad_bytes: Option<u64>,
-    /// Bytes per gradient element on the wire: 4 (fp32, DDP's default), 2 (fp16 compression hook).
-    #[arg(long, default_value_t = 4)]
+    /// Bytes per gradient element on the wire, 1 to 8: 4 (fp32, DDP's default), 2 (fp16 compression hook).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=8))]
     pub bytes_per_param: u64,
-    /// DDP bucket size in MiB (bucket_cap_mb).
-    #[arg(long, default_value_t = 25.0)]
+    /// DDP bucket size in MiB (bucket_cap_mb), above 0.
+    #[arg(long, default_value_t = 25.0, value_parser = rn50_args::positive())]
     pub bucket_mb: f64,
-    /// Fraction of backward during which buckets' all-reduce runs hidden (0: none, 1: all of it).
-    #[arg(long, default_value_t = 1.0)]
+    /// Fraction of backward during which buckets' all-reduce runs hidden, 0 to 1 (0: none, 1: all of it).
+    #[arg(long, default_value_t = 1.0, value_parser = finite_in(0.0..=1.0))]
     pub overlap: f64,
-    /// Share of the step that is backward (about 2/3 for ResNets: backward ≈ 2 × forward).
-    #[arg(long, default_value = "0.667")]
+    /// Share of the step that is backward, 0 to 1 (about 2/3 for ResNets: backward ≈ 2 × forward).
+    #[arg(long, default_value = "0.667", value_parser = finite_in(0.0..=1.0))]
     pub backward_fraction: f64,
-    /// Workers per node; beyond this the ring crosses the inter-node link.
-    #[arg(long, default_value_t = 8)]
+    /// Workers per node, at least 1; beyond this the ring crosses the inter-node link.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
     pub gpus_per_node: u64,
     /// Inter-node link.
     #[arg(long, value_enum, default_value = "ib-hdr200")]
     pub interconnect: Link,
-    /// Inter-node all-reduce bus bandwidth, GB/s, instead of the preset's.
-    #[arg(long, value_name = "GB_S")]
+    /// Inter-node all-reduce bus bandwidth, GB/s (above 0), instead of the preset's.
+    #[arg(long, value_name = "GB_S", value_parser = rn50_args::positive())]
     pub bandwidth_gbs: Option<f64>,
-    /// Inter-node latency per ring step, µs, instead of the preset's.
-    #[arg(long, value_name = "US")]
+    /// Inter-node latency per ring step, µs (0 or more), instead of the preset's.
+    #[arg(long, value_name = "US", value_parser = finite_in(0.0..))]
     pub latency_us: Option<f64>,
     /// Intra-node link.
     #[arg(long, value_enum, default_value = "nvlink")]
     pub intra: Link,
-    #[arg(long, value_name = "GB_S")]
+    /// Intra-node all-reduce bus bandwidth, GB/s (above 0), instead of the preset's.
+    #[arg(long, value_name = "GB_S", value_parser = rn50_args::positive())]
     pub intra_bandwidth_gbs: Option<f64>,
-    #[arg(long, value_name = "US")]
+    /// Intra-node latency per ring step, µs (0 or more), instead of the preset's.
+    #[arg(long, value_name = "US", value_parser = finite_in(0.0..))]
     pub intra_latency_us: Option<f64>,
     /// Write the inputs and predictions as JSON.
     #[arg(long, value_name = "FILE")]

@@ -76,10 +76,12 @@ fn predict_args_parse_presets_and_lists() {
         .unwrap_err()
         .to_string()
         .contains("--grad-bytes"));
+    // Numbers out of their range are clap's errors (exit 2), the flag named.
     let neg = Predict::try_parse_from(["predict", "--step-ms=-5"])
-        .unwrap()
-        .args;
-    assert!(model_from_args(&neg).is_err());
+        .err()
+        .unwrap();
+    assert!(neg.to_string().contains("--step-ms"), "{neg}");
+    assert!(Predict::try_parse_from(["predict", "--step-ms", "1", "--overlap", "1.5"]).is_err());
 }
 
 #[test]

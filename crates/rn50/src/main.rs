@@ -1,9 +1,9 @@
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Subcommand};
 
 /// rn50: prepare ImageNet, train ResNet-50 (and 18…152) on one to many accelerators, and measure it.
-#[derive(Parser)]
+#[derive(clap::Parser)]
 #[command(name = "rn50", version, about, long_about = None, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
@@ -34,8 +34,19 @@ enum Command {
     Doctor(rn50::doctor::DoctorArgs),
 }
 
+/// Lets every flag that takes a value take a negative number, so that `--ema -1` or `-b -5` is refused by that
+/// flag's range, with its name and the range, instead of as an unknown flag `-1`.
+fn negative_numbers_are_values(cmd: clap::Command) -> clap::Command {
+    cmd.mut_args(|a| {
+        let takes_values = a.get_action().takes_values();
+        a.allow_negative_numbers(takes_values)
+    })
+    .mut_subcommands(negative_numbers_are_values)
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = negative_numbers_are_values(Cli::command()).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     rn50::alloc::keep_freed_memory();
     let result = match &cli.command {
         Command::Prepare(a) => rn50_data::cli::run(a),
@@ -60,7 +71,12 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            // Flags that do not go together are a usage error, exit 2 like clap's for a value out of its range.
+            if e.chain().any(|c| c.is::<rn50_args::UsageError>()) {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

@@ -27,7 +27,7 @@ fn assert_clean_error(args: &[&str], needle: &str) {
 #[test]
 fn bad_input_is_a_clear_error() {
     assert_clean_error(&["bench", "-a", "resnet51"], "unknown architecture");
-    assert_clean_error(&["bench", "-b", "0"], "--batch-size must be at least 1");
+    assert_clean_error(&["bench", "-b", "0"], "0 is not in 1..=65536");
     assert_clean_error(&["bench", "--device", "tpu"], "unknown device");
     assert_clean_error(
         &["bench", "--device", "cpu", "--precision", "fp16"],

@@ -24,6 +24,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
+use rn50_args::{check_batch_bytes, usize_in, UsageError, MAX_BATCH, MAX_IMAGE_SIZE, MAX_THREADS};
 use rn50_distributed::{DistContext, WorldInfo};
 use rn50_pipeline::synthetic::{self, SyntheticConfig};
 use rn50_pipeline::{Dataset, LoaderConfig};
@@ -53,8 +54,9 @@ pub struct BenchArgs {
     /// Model architecture: resnet18, resnet34, resnet50, resnet101, resnet152.
     #[arg(short = 'a', long = "arch", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
     pub arch: Arch,
-    /// Batch size per device [default: 32 on CPU, 256 on GPU].
-    #[arg(short = 'b', long = "batch-size")]
+    /// Batch size per device, 1 to 65536; batch x image size² x 3 bytes at most 16 GiB [default: 32 on CPU,
+    /// 256 on GPU].
+    #[arg(short = 'b', long = "batch-size", value_parser = clap::value_parser!(i64).range(1..=MAX_BATCH as i64))]
     pub batch_size: Option<i64>,
     /// Numeric precision [default: bf16 on CPUs with AMX/AVX512-BF16, else fp32; fp16 (AMP) on GPU].
     #[arg(long, value_enum)]
@@ -72,11 +74,11 @@ pub struct BenchArgs {
     /// Steps run before measuring (allocator, oneDNN/cuDNN autotuning) [default: 3 on CPU, 20 on GPU].
     #[arg(long)]
     pub warmup: Option<usize>,
-    /// Measured steps [default: 20 on CPU, 100 on GPU].
-    #[arg(long)]
+    /// Measured steps, at least 1 [default: 20 on CPU, 100 on GPU].
+    #[arg(long, value_parser = usize_in(1..))]
     pub steps: Option<usize>,
-    /// CPU threads for libtorch's intra-op pool [default: the CPUs this process may use].
-    #[arg(long)]
+    /// CPU threads for libtorch's intra-op pool, 1 to 1024 [default: the CPUs this process may use].
+    #[arg(long, value_parser = usize_in(1..=MAX_THREADS))]
     pub threads: Option<usize>,
     /// Device: auto (CUDA if present, else CPU), cpu, cuda, cuda:N.
     #[arg(long, default_value = "auto")]
@@ -88,31 +90,31 @@ pub struct BenchArgs {
     /// Dataset for `--data real`: an ImageFolder tree or shards (DATA/train is used if it exists).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
-    /// Loader threads for the pipeline and real modes [default: the CPUs of this process].
-    #[arg(short = 'j', long = "workers")]
+    /// Loader threads for the pipeline and real modes, 1 to 1024 [default: the CPUs of this process].
+    #[arg(short = 'j', long = "workers", value_parser = usize_in(1..=MAX_THREADS))]
     pub workers: Option<usize>,
-    /// Synthetic JPEGs generated for `--data pipeline`.
-    #[arg(long, default_value_t = 512)]
+    /// Synthetic JPEGs generated (in memory) for `--data pipeline`, 1 to 100000.
+    #[arg(long, default_value_t = 512, value_parser = usize_in(1..=rn50_args::MAX_SYNTHETIC_IMAGES))]
     pub synthetic_images: usize,
     /// Measure a grid instead of one point: every world size (ranks started with `rn50 launch`) times every
     /// batch size, each repeated; reports median and spread, and scaling efficiency against 1 rank.
     #[arg(long)]
     pub sweep: bool,
-    /// World sizes of the sweep (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    /// World sizes of the sweep (comma-separated), 1 to 65536 each.
+    #[arg(long, value_delimiter = ',', default_value = "1,2", value_parser = usize_in(1..=65536))]
     pub world_sizes: Vec<usize>,
-    /// Batch sizes per rank of the sweep [default: the --batch-size].
-    #[arg(long, value_delimiter = ',')]
+    /// Batch sizes per rank of the sweep (comma-separated), as --batch-size [default: the --batch-size].
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(i64).range(1..=MAX_BATCH as i64))]
     pub batch_sizes: Vec<i64>,
-    /// Repeats of each sweep point.
-    #[arg(long, default_value_t = 3)]
+    /// Repeats of each sweep point, at least 1.
+    #[arg(long, default_value_t = 3, value_parser = usize_in(1..))]
     pub repeats: usize,
     /// How the sweep starts each point's ranks: `rn50 launch` on this node, or `srun`/`mpirun` inside a
     /// SLURM or PBS/UGE allocation (world sizes up to the tasks it has).
     #[arg(long, value_enum, default_value_t = sweep::SweepLauncher::Launch)]
     pub launcher: sweep::SweepLauncher,
-    /// Image size (square).
-    #[arg(long, default_value_t = 224)]
+    /// Image size (square), 32 to 4096 pixels.
+    #[arg(long, default_value_t = 224, value_parser = clap::value_parser!(i64).range(32..=MAX_IMAGE_SIZE as i64))]
     pub image_size: i64,
     /// Random seed for weights and data.
     #[arg(long, default_value_t = 0)]
@@ -127,8 +129,8 @@ pub struct BenchArgs {
     /// the img/s figures. In the JSON under "profile".
     #[arg(long)]
     pub profile: bool,
-    /// Steps profiled with --profile.
-    #[arg(long, default_value_t = 5)]
+    /// Steps profiled with --profile, 1 to 1000.
+    #[arg(long, default_value_t = 5, value_parser = usize_in(1..=1000))]
     pub profile_steps: usize,
 }
 
@@ -195,6 +197,19 @@ pub struct BenchResult {
 }
 
 impl BenchArgs {
+    /// The rules between flags (each flag's own range is clap's), checked before anything else: a batch of
+    /// uint8 pixels must fit [`rn50_args::MAX_BATCH_BYTES`]. The default batches (32, 256) always do.
+    pub fn check(&self) -> Result<(), UsageError> {
+        let side = self.image_size as u64;
+        if let Some(b) = self.batch_size {
+            check_batch_bytes("--batch-size", b as u64, "--image-size", side)?;
+        }
+        for &b in &self.batch_sizes {
+            check_batch_bytes("--batch-sizes", b as u64, "--image-size", side)?;
+        }
+        Ok(())
+    }
+
     /// Fills in the defaults that depend on the device, the CPU and this process's place in a data-parallel
     /// job (one GPU per process; the CPUs split between the processes of a node), and rejects what cannot run.
     pub fn resolve(&self, world: &WorldInfo) -> Result<(BenchConfig, Device)> {
@@ -202,12 +217,6 @@ impl BenchArgs {
         let cpu = machine::cpu_info();
         let gpu = device.is_cuda();
         let batch_size = self.batch_size.unwrap_or(if gpu { 256 } else { 32 });
-        if batch_size < 1 {
-            bail!("--batch-size must be at least 1 (got {batch_size})");
-        }
-        if self.image_size < 32 {
-            bail!("--image-size must be at least 32 (got {})", self.image_size);
-        }
         let precision = Precision::resolve(
             self.precision,
             device,
@@ -218,16 +227,7 @@ impl BenchArgs {
         let channels_last = self.channels_last || !self.no_channels_last;
         let per_rank = (cpu.logical_cores / world.local_world_size.max(1)).max(1);
         let threads = self.threads.unwrap_or(per_rank);
-        if threads == 0 {
-            bail!("--threads must be at least 1");
-        }
         let steps = self.steps.unwrap_or(if gpu { 100 } else { 20 });
-        if steps == 0 {
-            bail!("--steps must be at least 1");
-        }
-        if self.profile && self.profile_steps == 0 {
-            bail!("--profile-steps must be at least 1");
-        }
         let data = match (self.data, &self.data_dir) {
             (None, Some(_)) | (Some(DataMode::Real), Some(_)) => DataMode::Real,
             (Some(DataMode::Real), None) => bail!("--data real needs --data-dir DATA"),
@@ -508,6 +508,7 @@ pub fn render(r: &BenchResult) -> String {
 
 /// `rn50 bench` as a command: resolve, run with a progress line, print, write JSON.
 pub fn command(args: &BenchArgs) -> Result<()> {
+    args.check()?;
     if args.sweep {
         return sweep::command(args);
     }

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
+use rn50_args::{check_batch_bytes, finite_in, positive, usize_in, UsageError};
+
 use crate::device::ComputeArgs;
 use crate::model::Arch;
 
@@ -48,37 +50,40 @@ pub struct TrainArgs {
     /// Model architecture.
     #[arg(short = 'a', long = "arch", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
     pub arch: Arch,
-    /// Channels of the first stage (torchvision: 64); narrower networks for small data and machines.
-    #[arg(long, default_value_t = 64)]
+    /// Channels of the first stage (torchvision: 64); narrower networks for small data and machines. 1 to 512.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(i64).range(1..=512))]
     pub width: i64,
-    /// Batch size per process (per GPU).
-    #[arg(short = 'b', long = "batch-size", default_value_t = 256)]
+    /// Batch size per process (per GPU), 1 to 65536; batch x image size² x 3 bytes at most 16 GiB.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 256, value_parser = usize_in(1..=rn50_args::MAX_BATCH))]
     pub batch_size: usize,
-    /// Micro-batches accumulated per optimizer step: the global batch is batch·accum·processes.
-    #[arg(long, default_value_t = 1)]
+    /// Micro-batches accumulated per optimizer step, at least 1: the global batch is batch·accum·processes.
+    #[arg(long, default_value_t = 1, value_parser = usize_in(1..))]
     pub accum_steps: usize,
-    #[arg(long, default_value_t = 90)]
+    /// Epochs to train, at least 1.
+    #[arg(long, default_value_t = 90, value_parser = usize_in(1..))]
     pub epochs: usize,
-    /// Learning rate per 256 images; the effective rate is lr·global_batch/256.
-    #[arg(long, default_value_t = 0.1)]
+    /// Learning rate per 256 images; the effective rate is lr·global_batch/256. Above 0.
+    #[arg(long, default_value_t = 0.1, value_parser = positive())]
     pub lr: f64,
-    #[arg(long, default_value_t = 0.9)]
+    /// Momentum, 0 or more (torch.optim.SGD's range).
+    #[arg(long, default_value_t = 0.9, value_parser = finite_in(0.0..))]
     pub momentum: f64,
-    /// Weight decay.
-    #[arg(long = "wd", alias = "weight-decay", default_value_t = 1e-4)]
+    /// Weight decay, 0 or more.
+    #[arg(long = "wd", alias = "weight-decay", default_value_t = 1e-4, value_parser = finite_in(0.0..))]
     pub wd: f64,
     #[arg(long, value_enum, default_value_t = OptimizerKind::Sgd)]
     pub optimizer: OptimizerKind,
-    /// LARS trust coefficient η.
-    #[arg(long, default_value_t = 0.001)]
+    /// LARS trust coefficient η, above 0.
+    #[arg(long, default_value_t = 0.001, value_parser = positive())]
     pub lars_eta: f64,
-    /// Linear warmup from 0 to the peak LR over this many epochs (fractions allowed).
-    #[arg(long, default_value_t = 0.0)]
+    /// Linear warmup from 0 to the peak LR over this many epochs (fractions allowed), 0 to below --epochs.
+    #[arg(long, default_value_t = 0.0, value_parser = finite_in(0.0..))]
     pub warmup_epochs: f64,
     /// LR decay after warmup: step (÷10 at 30, 60, 80 epochs, scaled to --epochs), cosine or linear.
     #[arg(long, value_enum, default_value_t = ScheduleKind::Step)]
     pub lr_schedule: ScheduleKind,
-    #[arg(long, default_value_t = 0.0)]
+    /// Label smoothing of the cross-entropy loss, 0 to 1 (torch.nn.CrossEntropyLoss's range).
+    #[arg(long, default_value_t = 0.0, value_parser = finite_in(0.0..=1.0))]
     pub label_smoothing: f64,
     #[arg(long)]
     pub nesterov: bool,
@@ -88,37 +93,39 @@ pub struct TrainArgs {
     /// Zero-init the last BN γ of each residual block.
     #[arg(long)]
     pub zero_init_residual: bool,
-    /// Keep an EMA of the weights with this decay (e.g. 0.9999); evaluation then uses the EMA weights.
-    #[arg(long)]
+    /// Keep an EMA of the weights with this decay, 0 to 1 (e.g. 0.9999); evaluation then uses the EMA weights.
+    #[arg(long, value_parser = finite_in(0.0..=1.0))]
     pub ema: Option<f64>,
-    /// Data loading threads [default: the CPUs this process may use].
-    #[arg(short = 'j', long = "workers")]
+    /// Data loading threads, 1 to 1024 [default: the CPUs this process may use].
+    #[arg(short = 'j', long = "workers", value_parser = usize_in(1..=rn50_args::MAX_THREADS))]
     pub workers: Option<usize>,
     /// Augmentation recipe (and stem): imagenet, or cifar for ~32 px images.
     #[arg(long, value_enum, default_value_t = Augment::Imagenet)]
     pub augment: Augment,
-    /// Training crop size (the final one with progressive resizing).
-    #[arg(long, default_value_t = 224)]
+    /// Training crop size (the final one with progressive resizing), 32 to 4096 pixels.
+    #[arg(long, default_value_t = 224, value_parser = usize_in(32..=rn50_args::MAX_IMAGE_SIZE))]
     pub image_size: usize,
-    /// Zero padding of the cifar RandomCrop.
-    #[arg(long, default_value_t = 4)]
+    /// Zero padding of the cifar RandomCrop, 0 to 1024 pixels.
+    #[arg(long, default_value_t = 4, value_parser = usize_in(0..=1024))]
     pub pad: usize,
     /// Progressive resizing (FFCV): train at this resolution until --start-ramp, then grow linearly to
-    /// --image-size by --end-ramp (rounded to multiples of 32).
-    #[arg(long)]
+    /// --image-size by --end-ramp (rounded to multiples of 32). 32 to --image-size.
+    #[arg(long, value_parser = usize_in(32..=rn50_args::MAX_IMAGE_SIZE))]
     pub min_res: Option<usize>,
-    /// Epoch where progressive resizing starts growing the resolution.
-    #[arg(long, default_value_t = 0.0)]
+    /// Epoch where progressive resizing starts growing the resolution, 0 or more.
+    #[arg(long, default_value_t = 0.0, value_parser = finite_in(0.0..))]
     pub start_ramp: f64,
-    /// Epoch where progressive resizing reaches --image-size [default: 85% of --epochs].
-    #[arg(long)]
+    /// Epoch where progressive resizing reaches --image-size, --start-ramp or more [default: 85% of --epochs].
+    #[arg(long, value_parser = finite_in(0.0..))]
     pub end_ramp: Option<f64>,
-    #[arg(long, default_value_t = 256)]
+    /// Evaluation: resize the shorter side to this, 1 to 4096 pixels, then center-crop --val-crop.
+    #[arg(long, default_value_t = 256, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
     pub val_resize: usize,
-    #[arg(long, default_value_t = 224)]
+    /// Evaluation center crop, 1 to --val-resize pixels.
+    #[arg(long, default_value_t = 224, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
     pub val_crop: usize,
     /// Stop each epoch after this many steps (smoke tests, quick measurements).
-    #[arg(long)]
+    #[arg(long, value_parser = usize_in(1..))]
     pub steps_per_epoch: Option<usize>,
     /// Resume from this checkpoint (exact position, optimizer, scaler and EMA state); a run directory
     /// means its latest checkpoint; `auto` resumes from --out if it has one (requeued jobs).
@@ -136,14 +143,14 @@ pub struct TrainArgs {
     /// Run directory: checkpoints, metrics, weights, summary and plots; one train at a time writes to it.
     #[arg(long, default_value = "runs/train")]
     pub out: PathBuf,
-    /// Also checkpoint every this many minutes (besides every epoch); 0 = only per epoch.
-    #[arg(long, default_value_t = 30.0)]
+    /// Also checkpoint every this many minutes (besides every epoch), up to a year (525600); 0 = only per epoch.
+    #[arg(long, default_value_t = 30.0, value_parser = finite_in(0.0..=525_600.0))]
     pub checkpoint_minutes: f64,
-    /// Checkpoints kept (the newest ones; the best weights are kept apart).
-    #[arg(long, default_value_t = 2)]
+    /// Checkpoints kept (the newest ones, at least 1; the best weights are kept apart).
+    #[arg(long, default_value_t = 2, value_parser = usize_in(1..))]
     pub keep_checkpoints: usize,
-    /// Data-parallel gradient bucket size in MiB (PyTorch DDP's bucket_cap_mb).
-    #[arg(long, default_value_t = 25.0)]
+    /// Data-parallel gradient bucket size in MiB (PyTorch DDP's bucket_cap_mb), above 0.
+    #[arg(long, default_value_t = 25.0, value_parser = positive())]
     pub bucket_cap_mb: f64,
     /// Synthetic data instead of DATA (no disk, no decode).
     #[arg(long)]
@@ -151,6 +158,54 @@ pub struct TrainArgs {
     #[command(flatten)]
     pub compute: ComputeArgs,
     /// Log every N steps.
-    #[arg(short = 'p', long = "print-freq", default_value_t = 10)]
+    #[arg(short = 'p', long = "print-freq", default_value_t = 10, value_parser = usize_in(1..))]
     pub print_freq: usize,
+}
+
+impl TrainArgs {
+    /// The epoch where progressive resizing reaches --image-size: --end-ramp, else 85% of --epochs.
+    pub fn end_ramp_epoch(&self) -> f64 {
+        self.end_ramp.unwrap_or(0.85 * self.epochs as f64)
+    }
+
+    /// The rules between flags (each flag's own range is clap's): checked first, before anything is allocated
+    /// or written, and a [`UsageError`] (exit 2) when broken.
+    pub fn check(&self) -> Result<(), UsageError> {
+        let usage = |m: String| Err(UsageError(m));
+        if self.warmup_epochs >= self.epochs as f64 {
+            return usage(format!(
+                "--warmup-epochs {} must be below --epochs {}",
+                self.warmup_epochs, self.epochs
+            ));
+        }
+        if self.val_crop > self.val_resize {
+            return usage(format!(
+                "--val-crop {} is larger than --val-resize {}: the crop is taken from the resized image",
+                self.val_crop, self.val_resize
+            ));
+        }
+        if let Some(min) = self.min_res {
+            if min > self.image_size {
+                return usage(format!(
+                    "--min-res {min} is larger than --image-size {}, where progressive resizing ends",
+                    self.image_size
+                ));
+            }
+            let end = self.end_ramp_epoch();
+            if end < self.start_ramp {
+                let default = if self.end_ramp.is_none() {
+                    " (85% of --epochs)"
+                } else {
+                    ""
+                };
+                return usage(format!(
+                    "--end-ramp {end}{default} is before --start-ramp {}",
+                    self.start_ramp
+                ));
+            }
+        }
+        let b = self.batch_size as u64;
+        check_batch_bytes("--batch-size", b, "--image-size", self.image_size as u64)?;
+        check_batch_bytes("--batch-size", b, "--val-crop", self.val_crop as u64)
+    }
 }

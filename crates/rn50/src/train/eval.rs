@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use rn50_args::{check_batch_bytes, usize_in, UsageError};
 use rn50_pipeline::{Dataset, Epoch, Loader, LoaderConfig, Transform};
 use serde::Serialize;
 use tch::Tensor;
@@ -102,16 +103,17 @@ pub struct EvalArgs {
     /// Model architecture.
     #[arg(short = 'a', long = "arch", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
     pub arch: Arch,
-    /// Batch size.
-    #[arg(short = 'b', long = "batch-size", default_value_t = 64)]
+    /// Batch size, 1 to 65536; batch x crop² x 3 bytes at most 16 GiB.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 64, value_parser = usize_in(1..=rn50_args::MAX_BATCH))]
     pub batch_size: usize,
-    /// Decode threads [default: the CPUs this process may use].
-    #[arg(short = 'j', long = "workers")]
+    /// Decode threads, 1 to 1024 [default: the CPUs this process may use].
+    #[arg(short = 'j', long = "workers", value_parser = usize_in(1..=rn50_args::MAX_THREADS))]
     pub workers: Option<usize>,
-    /// Resize the shorter side to this, then center-crop `--crop`.
-    #[arg(long, default_value_t = 256)]
+    /// Resize the shorter side to this, 1 to 4096 pixels, then center-crop `--crop`.
+    #[arg(long, default_value_t = 256, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
     pub resize: usize,
-    #[arg(long, default_value_t = 224)]
+    /// Center crop, 1 to --resize pixels.
+    #[arg(long, default_value_t = 224, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
     pub crop: usize,
     #[command(flatten)]
     pub compute: ComputeArgs,
@@ -131,9 +133,18 @@ fn val_dir(data: &Path) -> PathBuf {
 }
 
 pub fn command(args: &EvalArgs) -> Result<()> {
-    if args.batch_size == 0 {
-        bail!("--batch-size must be at least 1");
+    if args.crop > args.resize {
+        bail!(UsageError::new(format!(
+            "--crop {} is larger than --resize {}: the crop is taken from the resized image",
+            args.crop, args.resize
+        )));
     }
+    check_batch_bytes(
+        "--batch-size",
+        args.batch_size as u64,
+        "--crop",
+        args.crop as u64,
+    )?;
     let dir = val_dir(&args.data);
     let dataset = Dataset::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
     let shape = weights::shape_of(&args.weights)?;

@@ -105,12 +105,7 @@ fn schedule(args: &TrainArgs, peak: f64) -> Result<LrSchedule> {
 fn resolution(args: &TrainArgs) -> Result<Resolution> {
     match args.min_res {
         None => Ok(Resolution::fixed(args.image_size)),
-        Some(min) => Resolution::new(
-            min,
-            args.image_size,
-            args.start_ramp,
-            args.end_ramp.unwrap_or(0.85 * args.epochs as f64),
-        ),
+        Some(min) => Resolution::new(min, args.image_size, args.start_ramp, args.end_ramp_epoch()),
     }
 }
 
@@ -124,12 +119,7 @@ fn append(dir: &Path, name: &str) -> Result<std::fs::File> {
 }
 
 pub fn command(args: &TrainArgs) -> Result<()> {
-    if args.batch_size == 0 || args.epochs == 0 || args.print_freq == 0 || args.accum_steps == 0 {
-        bail!("--batch-size, --epochs, --accum-steps and --print-freq must be at least 1");
-    }
-    if args.width < 1 {
-        bail!("--width must be at least 1");
-    }
+    args.check()?;
     // torchrun / SLURM / Open MPI / PBS / `rn50 launch` tell each process its rank; one device per process.
     let world_info = WorldInfo::from_env()?;
     let mut model_cfg = ResNetConfig::new(args.arch);

@@ -1,0 +1,447 @@
+//! Every numeric flag of every subcommand has a range (issue 12, item 7): a value outside it, NaN or an infinity,
+//! or flags that do not go together, end the `rn50` binary with exit 2 and a message naming the flag, before
+//! anything is allocated or written. And the defaults are all inside their ranges, unchanged.
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+
+/// The command lines the bad values go into: small valid runs (a regression then does little), with `{dir}`
+/// for the test's empty folder. Everything after `--` stays last.
+#[rustfmt::skip]
+const BASES: &[(&str, &[&str])] = &[
+    (
+        "train",
+        &[
+            "train", "--dummy", "--arch", "resnet18", "--width", "8", "--image-size", "32", "--val-crop",
+            "32", "--val-resize", "32", "--batch-size", "2", "--epochs", "1", "--steps-per-epoch", "1",
+            "--device", "cpu", "--workers", "1", "--out", "{dir}/run",
+        ],
+    ),
+    (
+        "eval",
+        &[
+            "eval", "{dir}/data", "--weights", "{dir}/w.safetensors", "--device", "cpu", "--json",
+            "{dir}/eval.json",
+        ],
+    ),
+    (
+        "bench",
+        &[
+            "bench", "--arch", "resnet18", "--batch-size", "2", "--image-size", "32", "--warmup", "0",
+            "--steps", "1", "--threads", "1", "--device", "cpu", "--json", "{dir}/bench.json",
+        ],
+    ),
+    (
+        "bench-loader",
+        &[
+            "bench-loader", "--synthetic", "4", "--workers", "1", "-b", "2", "--steps", "1", "--warmup",
+            "0", "--size", "32", "--json", "{dir}/loader.json",
+        ],
+    ),
+    ("pack", &["pack", "{dir}/data", "{dir}/shards"]),
+    ("prepare", &["prepare", "--val-tar", "{dir}/ILSVRC2012_img_val.tar", "--out", "{dir}/imagenet"]),
+    (
+        "prepare verify",
+        &["prepare", "verify", "{dir}/ILSVRC2012_img_val.tar", "--json", "{dir}/verify.json"],
+    ),
+    ("launch", &["launch", "--nproc-per-node", "1", "--", "--version"]),
+    ("predict", &["predict", "--step-ms", "100", "--json", "{dir}/predict.json"]),
+    ("predict img/s", &["predict", "--json", "{dir}/predict.json"]),
+];
+
+/// (base, flags and values replacing or joining the base's, the flag the message must name).
+#[rustfmt::skip]
+const CASES: &[(&str, &[&str], &str)] = &[
+    // The issue's command lines.
+    ("train", &["--label-smoothing", "2"], "--label-smoothing"),
+    ("train", &["--ema", "nan"], "--ema"),
+    ("train", &["--ema", "2"], "--ema"),
+    ("train", &["--ema", "-1"], "--ema"),
+    ("train", &["--momentum", "-1"], "--momentum"),
+    ("train", &["--wd", "-1"], "--wd"),
+    ("train", &["--label-smoothing", "-1"], "--label-smoothing"),
+    ("train", &["--warmup-epochs", "nan"], "--warmup-epochs"),
+    ("train", &["--image-size", "100000"], "--image-size"),
+    ("bench-loader", &["-b", "1000000"], "--batch-size"),
+    // train: every numeric flag.
+    ("train", &["--width", "0"], "--width"),
+    ("train", &["--width", "100000"], "--width"),
+    ("train", &["--batch-size", "0"], "--batch-size"),
+    ("train", &["--batch-size", "65537"], "--batch-size"),
+    ("train", &["--accum-steps", "0"], "--accum-steps"),
+    ("train", &["--epochs", "0"], "--epochs"),
+    ("train", &["--lr", "0"], "--lr"),
+    ("train", &["--lr", "inf"], "--lr"),
+    ("train", &["--momentum", "nan"], "--momentum"),
+    ("train", &["--wd", "inf"], "--wd"),
+    ("train", &["--lars-eta", "0"], "--lars-eta"),
+    ("train", &["--warmup-epochs", "-1"], "--warmup-epochs"),
+    ("train", &["--workers", "0"], "--workers"),
+    ("train", &["--image-size", "16"], "--image-size"),
+    ("train", &["--pad", "100000"], "--pad"),
+    ("train", &["--min-res", "16"], "--min-res"),
+    ("train", &["--start-ramp", "-1"], "--start-ramp"),
+    ("train", &["--end-ramp", "nan"], "--end-ramp"),
+    ("train", &["--val-resize", "0"], "--val-resize"),
+    ("train", &["--val-crop", "100000"], "--val-crop"),
+    ("train", &["--steps-per-epoch", "0"], "--steps-per-epoch"),
+    ("train", &["--checkpoint-minutes", "nan"], "--checkpoint-minutes"),
+    ("train", &["--checkpoint-minutes", "1e300"], "--checkpoint-minutes"),
+    ("train", &["--keep-checkpoints", "0"], "--keep-checkpoints"),
+    ("train", &["--bucket-cap-mb", "0"], "--bucket-cap-mb"),
+    ("train", &["--print-freq", "0"], "--print-freq"),
+    // train: flags that must agree.
+    ("train", &["--val-crop", "64"], "--val-crop"),
+    ("train", &["--min-res", "64"], "--min-res"),
+    ("train", &["--min-res", "32", "--start-ramp", "1", "--end-ramp", "0.5"], "--end-ramp"),
+    ("train", &["--warmup-epochs", "1"], "--warmup-epochs"),
+    ("train", &["--batch-size", "65536", "--image-size", "4096"], "--batch-size"),
+    // eval
+    ("eval", &["--batch-size", "0"], "--batch-size"),
+    ("eval", &["--batch-size", "65537"], "--batch-size"),
+    ("eval", &["--workers", "0"], "--workers"),
+    ("eval", &["--resize", "100000"], "--resize"),
+    ("eval", &["--crop", "0"], "--crop"),
+    ("eval", &["--crop", "300"], "--crop"),
+    ("eval", &["--batch-size", "65536", "--resize", "4096", "--crop", "4096"], "--batch-size"),
+    // bench
+    ("bench", &["--batch-size", "0"], "--batch-size"),
+    ("bench", &["--batch-size", "65537"], "--batch-size"),
+    ("bench", &["--image-size", "16"], "--image-size"),
+    ("bench", &["--image-size", "100000"], "--image-size"),
+    ("bench", &["--steps", "0"], "--steps"),
+    ("bench", &["--threads", "0"], "--threads"),
+    ("bench", &["--workers", "0"], "--workers"),
+    ("bench", &["--synthetic-images", "0"], "--synthetic-images"),
+    ("bench", &["--world-sizes", "1,0"], "--world-sizes"),
+    ("bench", &["--batch-sizes", "0"], "--batch-sizes"),
+    ("bench", &["--repeats", "0"], "--repeats"),
+    ("bench", &["--profile-steps", "0"], "--profile-steps"),
+    ("bench", &["--batch-size", "65536", "--image-size", "4096"], "--batch-size"),
+    ("bench", &["--sweep", "--batch-sizes", "65536", "--image-size", "4096"], "--batch-sizes"),
+    // bench-loader
+    ("bench-loader", &["-b", "0"], "--batch-size"),
+    ("bench-loader", &["--workers", "0"], "--workers"),
+    ("bench-loader", &["--synthetic", "0"], "--synthetic"),
+    ("bench-loader", &["--steps", "0"], "--steps"),
+    ("bench-loader", &["--size", "0"], "--size"),
+    ("bench-loader", &["--size", "100000"], "--size"),
+    ("bench-loader", &["--val-resize", "100000"], "--val-resize"),
+    ("bench-loader", &["--prefetch", "0"], "--prefetch"),
+    ("bench-loader", &["--prefetch", "2049"], "--prefetch"),
+    ("bench-loader", &["--val", "--size", "64", "--val-resize", "32"], "--size"),
+    ("bench-loader", &["-b", "65536", "--size", "4096"], "--batch-size"),
+    // pack, prepare
+    ("pack", &["--max-side", "0"], "--max-side"),
+    ("pack", &["--quality", "0"], "--quality"),
+    ("pack", &["--shard-size", "0"], "--shard-size"),
+    ("pack", &["--shard-size", "100000000"], "--shard-size"),
+    ("pack", &["--workers", "0"], "--workers"),
+    ("prepare", &["--jobs", "5000"], "--jobs"),
+    ("prepare", &["--buffer-mib", "3"], "--buffer-mib"),
+    ("prepare", &["--buffer-mib", "100000"], "--buffer-mib"),
+    ("prepare verify", &["--jobs", "5000"], "--jobs"),
+    // launch
+    ("launch", &["--nproc-per-node", "0"], "--nproc-per-node"),
+    ("launch", &["--nnodes", "0"], "--nnodes"),
+    ("launch", &["--node-rank", "1"], "--node-rank"),
+    ("launch", &["--timeout", "0"], "--timeout"),
+    ("launch", &["--grace", "100000000"], "--grace"),
+    // predict
+    ("predict", &["--gpus", "1,0"], "--gpus"),
+    ("predict", &["--step-ms", "0"], "--step-ms"),
+    ("predict", &["--step-ms", "nan"], "--step-ms"),
+    ("predict img/s", &["--images-per-sec", "0"], "--images-per-sec"),
+    ("predict", &["--batch", "0"], "--batch"),
+    ("predict", &["--global-batch", "0"], "--global-batch"),
+    ("predict", &["--grad-bytes", "0"], "--grad-bytes"),
+    ("predict", &["--bytes-per-param", "0"], "--bytes-per-param"),
+    ("predict", &["--bucket-mb", "0"], "--bucket-mb"),
+    ("predict", &["--overlap", "2"], "--overlap"),
+    ("predict", &["--backward-fraction", "-0.5"], "--backward-fraction"),
+    ("predict", &["--gpus-per-node", "0"], "--gpus-per-node"),
+    ("predict", &["--bandwidth-gbs", "0"], "--bandwidth-gbs"),
+    ("predict", &["--latency-us", "-1"], "--latency-us"),
+    ("predict", &["--intra-bandwidth-gbs", "inf"], "--intra-bandwidth-gbs"),
+    ("predict", &["--intra-latency-us", "nan"], "--intra-latency-us"),
+];
+
+/// The base command line with `bad` put in: a flag the base has gets the new value, others join before `--`.
+fn command_line(base: &[&str], bad: &[&str], dir: &Path) -> Vec<String> {
+    let mut args: Vec<String> = base
+        .iter()
+        .map(|a| a.replace("{dir}", dir.to_str().unwrap()))
+        .collect();
+    let tail = args
+        .iter()
+        .position(|a| a == "--")
+        .map_or(Vec::new(), |i| args.split_off(i));
+    let mut i = 0;
+    while i < bad.len() {
+        let flag = bad[i];
+        let value = bad.get(i + 1).filter(|v| !v.starts_with("--"));
+        match (args.iter().position(|a| a == flag), value) {
+            (Some(at), Some(v)) => args[at + 1] = v.to_string(),
+            (None, Some(v)) => args.extend([flag.to_string(), v.to_string()]),
+            (_, None) => args.push(flag.to_string()),
+        }
+        i += if value.is_some() { 2 } else { 1 };
+    }
+    args.extend(tail);
+    args
+}
+
+/// Runs the binary in `dir`, its address space capped: a value that slips through then fails to allocate instead
+/// of bringing in the machine's OOM killer (`-b 1000000` did). One that slips through and runs on (`-b 1000000`
+/// at a small size decodes for hours) is stopped after 5 minutes. Returns the exit code (None: killed) and
+/// stderr.
+fn run_capped(args: &[String], dir: &Path) -> (Option<i32>, String) {
+    let logs = tempfile::tempdir().unwrap();
+    let stderr_path = logs.path().join("stderr");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rn50"));
+    cmd.args(args)
+        .current_dir(dir)
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap());
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let cap = libc::rlimit {
+                rlim_cur: 8 << 30,
+                rlim_max: 8 << 30,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &cap) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("run rn50");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break child.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (
+        status.code(),
+        std::fs::read_to_string(&stderr_path).unwrap_or_default(),
+    )
+}
+
+/// What is wrong with one case's run, if anything.
+fn check_case(base: &str, bad: &[&str], needle: &str) -> Option<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let base_args = BASES.iter().find(|(n, _)| *n == base).unwrap().1;
+    let args = command_line(base_args, bad, dir.path());
+    let (code, err) = run_capped(&args, dir.path());
+    let mut problems = Vec::new();
+    if code != Some(2) {
+        problems.push(format!("exit {code:?}, not 2"));
+    }
+    if !err.contains(needle) {
+        problems.push(format!("no '{needle}' in the message"));
+    }
+    if err.contains("panicked") {
+        problems.push("a panic".into());
+    }
+    let written: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    if !written.is_empty() {
+        problems.push(format!("wrote {written:?}"));
+    }
+    (!problems.is_empty()).then(|| {
+        format!(
+            "rn50 {}: {}\n    stderr: {}",
+            args.join(" "),
+            problems.join("; "),
+            err.trim().lines().last().unwrap_or("")
+        )
+    })
+}
+
+#[test]
+fn out_of_range_flags_exit_2_before_anything_is_written() {
+    // Four at a time: each case is its own process.
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let chunks: Vec<_> = CASES.chunks(CASES.len().div_ceil(4)).collect();
+        let handles: Vec<_> = chunks
+            .into_iter()
+            .map(|chunk| {
+                s.spawn(move || {
+                    chunk
+                        .iter()
+                        .filter_map(|(base, bad, needle)| check_case(base, bad, needle))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} bad command lines were not refused with exit 2 before writing:\n{}",
+        failures.len(),
+        CASES.len(),
+        failures.join("\n")
+    );
+}
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    command: Sub,
+}
+
+#[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)]
+enum Sub {
+    Train(rn50::train::run::TrainArgs),
+    Eval(rn50::train::eval::EvalArgs),
+    Bench(rn50::bench::BenchArgs),
+    BenchLoader(rn50_pipeline::cli::BenchLoaderCmd),
+    Pack(rn50_pipeline::cli::PackCmd),
+    Prepare(rn50_data::cli::PrepareCmd),
+    Launch(rn50_distributed::launch::LaunchArgs),
+    Predict(rn50_report::PredictArgs),
+}
+
+fn parse(args: &[&str]) -> Sub {
+    match Cli::try_parse_from(std::iter::once("rn50").chain(args.iter().copied())) {
+        Ok(cli) => cli.command,
+        Err(e) => panic!("rn50 {}: {e}", args.join(" ")),
+    }
+}
+
+/// Defaults go through the same value parsers as typed values: each must be inside its range, and none changed.
+#[test]
+fn every_default_parses_and_is_unchanged() {
+    let Sub::Train(t) = parse(&["train", "--dummy"]) else {
+        unreachable!()
+    };
+    assert_eq!(
+        (
+            t.width,
+            t.batch_size,
+            t.accum_steps,
+            t.epochs,
+            t.image_size,
+            t.pad
+        ),
+        (64, 256, 1, 90, 224, 4)
+    );
+    assert_eq!(
+        (t.lr, t.momentum, t.wd, t.lars_eta, t.warmup_epochs),
+        (0.1, 0.9, 1e-4, 0.001, 0.0)
+    );
+    assert_eq!(
+        (t.label_smoothing, t.ema, t.workers, t.min_res),
+        (0.0, None, None, None)
+    );
+    assert_eq!(
+        (t.start_ramp, t.end_ramp, t.val_resize, t.val_crop),
+        (0.0, None, 256, 224)
+    );
+    assert_eq!(
+        (t.steps_per_epoch, t.seed, t.checkpoint_minutes),
+        (None, 0, 30.0)
+    );
+    assert_eq!(
+        (t.keep_checkpoints, t.bucket_cap_mb, t.print_freq),
+        (2, 25.0, 10)
+    );
+
+    let Sub::Eval(e) = parse(&["eval", "data", "--weights", "w"]) else {
+        unreachable!()
+    };
+    assert_eq!(
+        (e.batch_size, e.workers, e.resize, e.crop),
+        (64, None, 256, 224)
+    );
+
+    let Sub::Bench(b) = parse(&["bench"]) else {
+        unreachable!()
+    };
+    assert_eq!(
+        (b.batch_size, b.warmup, b.steps, b.threads, b.workers),
+        (None, None, None, None, None)
+    );
+    assert_eq!(
+        (
+            b.synthetic_images,
+            b.world_sizes.clone(),
+            b.batch_sizes.len()
+        ),
+        (512, vec![1, 2], 0)
+    );
+    assert_eq!(
+        (b.repeats, b.image_size, b.seed, b.profile_steps),
+        (3, 224, 0, 5)
+    );
+
+    let Sub::BenchLoader(l) = parse(&["bench-loader", "data"]) else {
+        unreachable!()
+    };
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(
+        (l.synthetic, l.workers, l.batch_size, l.steps, l.warmup),
+        (None, cpus, 256, 20, 2)
+    );
+    assert_eq!(
+        (l.size, l.val_resize, l.prefetch, l.seed),
+        (224, 256, None, 0)
+    );
+
+    let Sub::Pack(p) = parse(&["pack", "data", "out"]) else {
+        unreachable!()
+    };
+    assert_eq!(
+        (p.max_side, p.quality, p.shard_size, p.workers),
+        (None, 90, 1024, cpus)
+    );
+
+    let Sub::Prepare(r) = parse(&["prepare", "--val-tar", "v.tar", "--out", "out"]) else {
+        unreachable!()
+    };
+    assert_eq!((r.extract.jobs, r.extract.buffer_mib), (None, None));
+
+    let Sub::Launch(n) = parse(&["launch", "--nproc-per-node", "2", "--", "train"]) else {
+        unreachable!()
+    };
+    assert_eq!(
+        (n.nproc_per_node, n.nnodes, n.node_rank, n.timeout, n.grace),
+        (2, 1, 0, None, 30)
+    );
+
+    let Sub::Predict(d) = parse(&["predict"]) else {
+        unreachable!()
+    };
+    assert_eq!(d.gpus, vec![1, 2, 4, 8, 16, 32, 64]);
+    assert_eq!(
+        (d.batch, d.global_batch, d.grad_bytes, d.bytes_per_param),
+        (256, None, None, 4)
+    );
+    assert_eq!(
+        (d.bucket_mb, d.overlap, d.backward_fraction, d.gpus_per_node),
+        (25.0, 1.0, 0.667, 8)
+    );
+    assert_eq!(
+        (d.step_ms, d.images_per_sec, d.bandwidth_gbs, d.latency_us),
+        (None, None, None, None)
+    );
+    assert_eq!((d.intra_bandwidth_gbs, d.intra_latency_us), (None, None));
+}
