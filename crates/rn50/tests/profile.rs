@@ -121,7 +121,7 @@ fn bench_profile_rejects_what_it_cannot_do() {
                 "--device",
                 "cpu",
             ][..],
-            "--profile-steps must be at least 1",
+            "invalid value '0' for '--profile-steps",
         ),
         (&["bench", "--sweep", "--profile"][..], "leave out --sweep"),
     ] {
