@@ -324,6 +324,71 @@ fn image_folder_matches_torchvision() {
     }
 }
 
+/// A symlink back into the class (`a/self -> .`) made the walk go round until the path was too long: 80
+/// images became 36,080. Loops are now cut where they close, as `find -L` cuts them, and reported; every real
+/// file is listed once, and symlinks to files and to directories outside the class still count.
+#[test]
+fn a_symlink_loop_lists_each_file_once_and_is_reported() {
+    use rn50_pipeline::source::folder::ImageFolder;
+    use std::os::unix::fs::symlink;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("tree");
+    let photos = jpeg_files("imagenet");
+    for (i, rel) in [
+        "tree/a/1.jpg",
+        "tree/a/2.jpg",
+        "tree/b/3.jpg",
+        "tree/b/sub/4.jpg",
+        "outside/5.jpg",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let p = tmp.path().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::copy(&photos[i], &p).unwrap();
+    }
+    // One loop a class: with two in one class the unfixed walk branches at every level and never ends.
+    symlink(".", root.join("a/self")).unwrap();
+    symlink("..", root.join("b/sub/up")).unwrap();
+    // Outside any loop: a link to a file, one to a directory, and class c, a link to class b.
+    symlink(&photos[5], root.join("a/6.jpg")).unwrap();
+    symlink(tmp.path().join("outside"), root.join("b/more")).unwrap();
+    symlink("b", root.join("c")).unwrap();
+    let want: Vec<String> = [
+        "a/1.jpg",
+        "a/2.jpg",
+        "a/6.jpg",
+        "b/3.jpg",
+        "b/more/5.jpg",
+        "b/sub/4.jpg",
+        "c/3.jpg",
+        "c/more/5.jpg",
+        "c/sub/4.jpg",
+    ]
+    .iter()
+    .map(|rel| root.join(rel).display().to_string())
+    .collect();
+    let ds = Dataset::open(&root).unwrap();
+    let names: Vec<String> = (0..ds.len()).map(|i| ds.name(i)).collect();
+    assert_eq!(names, want);
+    let labels: Vec<i64> = (0..ds.len()).map(|i| ds.label(i)).collect();
+    assert_eq!(labels, [0, 0, 0, 1, 1, 1, 2, 2, 2]);
+    let loops = ImageFolder::open(&root).unwrap().loops().to_vec();
+    assert_eq!(loops.len(), 3, "{loops:?}");
+    for (link, back_to) in [("a/self", "a"), ("b/sub/up", "b"), ("c/sub/up", "c")] {
+        let (link, back_to) = (root.join(link), root.join(back_to));
+        assert!(
+            loops.iter().any(|l| l.starts_with(&format!(
+                "{} leads back to {} ",
+                link.display(),
+                back_to.display()
+            ))),
+            "{link:?} not reported: {loops:?}"
+        );
+    }
+}
+
 /// The reported case of one bad JPEG poisoning a worker: 40 photos, `crashtest/invalid-dimensions.jpg` and
 /// 20 files holding only `FF D8`, read by 1 and 2 threads in several epochs (orders). Before the fix one thread
 /// counted 57 images and 4 bad; the truth is 40 and 21, whatever the order.
