@@ -389,6 +389,60 @@ fn a_symlink_loop_lists_each_file_once_and_is_reported() {
     }
 }
 
+/// Images over the pixel limit (Pillow's MAX_IMAGE_PIXELS unless `max_image_pixels` says otherwise) are bad
+/// images: skipped, counted and named like unreadable ones. A 16000x16000 PNG was loaded (768 MB a decode).
+#[test]
+fn images_over_the_pixel_limit_are_counted_bad() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (good, bad) = (tmp.path().join("x/a"), tmp.path().join("x/b"));
+    std::fs::create_dir_all(&good).unwrap();
+    std::fs::create_dir_all(&bad).unwrap();
+    let photos = &jpeg_files("imagenet")[..6];
+    for f in photos {
+        std::fs::copy(f, good.join(f.file_name().unwrap())).unwrap();
+    }
+    for (name, bytes) in pixel_bombs() {
+        std::fs::write(bad.join(name), bytes).unwrap();
+    }
+    let ds = Dataset::open(tmp.path().join("x")).unwrap();
+    let load = |max_image_pixels| {
+        let cfg = LoaderConfig {
+            transform: Transform::train(32),
+            max_image_pixels,
+            ..LoaderConfig::val(4, 2)
+        };
+        let loader = Loader::new(ds.clone(), cfg).unwrap();
+        let labels: Vec<i64> = loader
+            .epoch(0, 0)
+            .flat_map(|b| b.unwrap().labels().to_vec())
+            .collect();
+        (labels, loader.stats())
+    };
+    let (labels, s) = load(rn50_pipeline::decode::MAX_IMAGE_PIXELS);
+    assert_eq!(labels, [0; 6]);
+    assert_eq!((s.images, s.bad_images), (6, 3), "{s:?}");
+    assert!(
+        s.bad_examples
+            .iter()
+            .all(|e| e.contains("/x/b/") && e.contains("more pixels than the limit of 89478485")),
+        "{s:?}"
+    );
+    // A lower limit: the photos above it are bad images too.
+    let pixels: Vec<u64> = photos
+        .iter()
+        .map(|f| {
+            let img = rn50_pipeline::decode::decode_rgb(&std::fs::read(f).unwrap()).unwrap();
+            (img.width * img.height) as u64
+        })
+        .collect();
+    let limit = pixels[0];
+    let over = pixels.iter().filter(|&&p| p > limit).count();
+    assert!(over > 0 && over < 6, "{pixels:?}");
+    let (labels, s) = load(limit);
+    assert_eq!(labels.len(), 6 - over);
+    assert_eq!(s.bad_images, 3 + over as u64, "{s:?}");
+}
+
 /// The reported case of one bad JPEG poisoning a worker: 40 photos, `crashtest/invalid-dimensions.jpg` and
 /// 20 files holding only `FF D8`, read by 1 and 2 threads in several epochs (orders). Before the fix one thread
 /// counted 57 images and 4 bad; the truth is 40 and 21, whatever the order.
