@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use rn50_args::{check_batch_bytes, usize_in, UsageError, MAX_BATCH, MAX_IMAGE_SIZE, MAX_THREADS};
 
+use crate::decode::MAX_IMAGE_PIXELS;
 use crate::loader::{BadImagePolicy, LoaderConfig};
 use crate::pack::{pack, PackOptions};
 use crate::source::Dataset;
@@ -15,11 +16,24 @@ fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// `--max-image-pixels`, for every command that decodes images (`rn50 train` and `bench` can
+/// flatten it into their arguments too and pass it on as `LoaderConfig::max_image_pixels`).
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct PixelLimit {
+    /// Images with more pixels than this are bad images, refused from their header before any
+    /// pixel is decoded (a guard against decompression bombs). The default is Pillow's
+    /// MAX_IMAGE_PIXELS; Pillow warns above it and refuses above twice it.
+    #[arg(long, value_name = "PIXELS", default_value_t = MAX_IMAGE_PIXELS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_image_pixels: u64,
+}
+
 /// Pack an ImageFolder dataset into a few large shard files for fast sequential reading.
 ///
-/// Every image is decoded once to validate it; undecodable ones are skipped and counted (or
-/// abort with --on-bad-image fail). Without --max-side the original bytes are stored
-/// (lossless); with it, images whose shorter side exceeds the cap are shrunk and re-encoded.
+/// Every image is decoded once to validate it; undecodable ones and those over
+/// --max-image-pixels are skipped and counted (or abort with --on-bad-image fail). Without
+/// --max-side the original bytes are stored (lossless); with it, images whose shorter side exceeds
+/// the cap are shrunk and re-encoded.
 /// `rn50 train`/`bench-loader` accept the output directory wherever they accept an ImageFolder.
 #[derive(clap::Args, Debug, Clone)]
 pub struct PackCmd {
@@ -44,6 +58,8 @@ pub struct PackCmd {
     /// What to do with images that cannot be decoded.
     #[arg(long, value_enum, default_value_t = BadImagePolicy::Skip)]
     pub on_bad_image: BadImagePolicy,
+    #[command(flatten)]
+    pub pixel_limit: PixelLimit,
     /// Also write the pack report (records, bad images, bytes) as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -103,6 +119,8 @@ pub struct BenchLoaderCmd {
     /// What to do with images that cannot be decoded.
     #[arg(long, value_enum, default_value_t = BadImagePolicy::Skip)]
     pub on_bad_image: BadImagePolicy,
+    #[command(flatten)]
+    pub pixel_limit: PixelLimit,
     /// Write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -125,6 +143,7 @@ pub fn run_pack(cmd: &PackCmd) -> Result<()> {
             shard_bytes: cmd.shard_size.max(1) << 20,
             workers: cmd.workers.max(1),
             on_bad_image: cmd.on_bad_image,
+            max_image_pixels: cmd.pixel_limit.max_image_pixels,
             progress: !cmd.quiet,
         },
     )?;
@@ -195,6 +214,7 @@ pub fn run_bench_loader(cmd: &BenchLoaderCmd) -> Result<()> {
         prefetch: cmd.prefetch.unwrap_or(base.prefetch),
         on_bad_image: cmd.on_bad_image,
         dct_scaling: !cmd.no_dct_scaling,
+        max_image_pixels: cmd.pixel_limit.max_image_pixels,
         ..base
     };
     eprintln!(
@@ -229,4 +249,37 @@ pub fn run_bench_loader(cmd: &BenchLoaderCmd) -> Result<()> {
 fn write_json<T: serde::Serialize>(path: &std::path::Path, value: &T) -> Result<()> {
     let text = serde_json::to_string_pretty(value)?;
     std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(clap::Parser)]
+    enum Cli {
+        Pack(PackCmd),
+        BenchLoader(BenchLoaderCmd),
+    }
+
+    fn max_image_pixels(args: &[&str]) -> Result<u64, clap::Error> {
+        Ok(match Cli::try_parse_from(args)? {
+            Cli::Pack(c) => c.pixel_limit.max_image_pixels,
+            Cli::BenchLoader(c) => c.pixel_limit.max_image_pixels,
+        })
+    }
+
+    #[test]
+    fn max_image_pixels_defaults_to_pillows_and_must_be_positive() {
+        for cmd in [
+            &["rn50", "pack", "in", "out"][..],
+            &["rn50", "bench-loader", "in"],
+        ] {
+            assert_eq!(max_image_pixels(cmd).unwrap(), MAX_IMAGE_PIXELS);
+            let with = |v: &str| max_image_pixels(&[cmd, &["--max-image-pixels", v]].concat());
+            assert_eq!(with("1000").unwrap(), 1000);
+            assert!(with("0").is_err() && with("-1").is_err());
+        }
+    }
 }

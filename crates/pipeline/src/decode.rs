@@ -4,7 +4,8 @@
 //! replicated, CMYK/YCCK is converted the way Pillow's `convert("RGB")` does it.
 //!
 //! Errors are values, never panics: corrupt data, truncated files and absurd dimensions all map
-//! to a [`DecodeError`]. Benign libjpeg warnings (extraneous bytes, corrupt-but-decodable
+//! to a [`DecodeError`]. An image with more pixels than the limit ([`MAX_IMAGE_PIXELS`] unless set)
+//! is refused from its header, before its pixel buffer is allocated. Benign libjpeg warnings (extraneous bytes, corrupt-but-decodable
 //! entropy data) are tolerated as Pillow tolerates them; a premature end of file is an error, as
 //! Pillow's "image file is truncated" is.
 //!
@@ -16,9 +17,11 @@ use std::io::Cursor;
 
 use turbojpeg::raw;
 
-/// Largest image (in pixels) we agree to decode; guards against hostile headers that would make
-/// us allocate gigabytes. ILSVRC2012's largest images are far below this.
-pub const MAX_PIXELS: usize = 1 << 28;
+/// Default largest image, in pixels, we agree to decode: Pillow's `Image.MAX_IMAGE_PIXELS`
+/// (a 24-bit image of 256 MiB). It guards against decompression bombs: a 16000x16000 JPEG or PNG of a
+/// few kilobytes asks for 768 MB of pixels. Pillow warns above it and refuses above twice it; here
+/// an image above the limit is a bad image. ILSVRC2012's largest images are far below it.
+pub const MAX_IMAGE_PIXELS: u64 = 89_478_485;
 /// Progressive JPEGs with absurd numbers of scans can take minutes to decode (a known libjpeg
 /// denial of service); real photos have fewer than 20.
 const MAX_SCANS: c_int = 500;
@@ -38,6 +41,14 @@ pub enum DecodeError {
     Png(String),
     #[error("image dimensions {0}x{1} out of range")]
     BadDimensions(usize, usize),
+    #[error(
+        "{width}x{height} image has more pixels than the limit of {limit} (--max-image-pixels)"
+    )]
+    TooManyPixels {
+        width: usize,
+        height: usize,
+        limit: u64,
+    },
     #[error("JPEG encoding failed: {0}")]
     Encode(String),
     #[error("decoder panicked: {0}")]
@@ -71,9 +82,16 @@ pub fn sniff(bytes: &[u8]) -> Option<Format> {
     }
 }
 
-/// Decode any supported image (JPEG incl. grayscale/CMYK/YCCK/progressive, PNG) to RGB8.
+/// Decode any supported image (JPEG incl. grayscale/CMYK/YCCK/progressive, PNG) to RGB8, up to
+/// [`MAX_IMAGE_PIXELS`].
 pub fn decode_rgb(bytes: &[u8]) -> Result<RgbImage, DecodeError> {
+    decode_rgb_with_limit(bytes, MAX_IMAGE_PIXELS)
+}
+
+/// [`decode_rgb`] for images of at most `max_image_pixels` pixels.
+pub fn decode_rgb_with_limit(bytes: &[u8], max_image_pixels: u64) -> Result<RgbImage, DecodeError> {
     let mut dec = Decoder::new()?;
+    dec.set_max_image_pixels(max_image_pixels);
     let d = dec.decode(bytes, Plan::full)?;
     Ok(RgbImage {
         width: d.width,
@@ -158,13 +176,14 @@ pub struct Decoder {
     tj: TjHandle,
     out: Vec<u8>,
     cmyk: Vec<u8>,
+    max_image_pixels: u64,
 }
 
 struct TjHandle(raw::tjhandle);
 
 impl TjHandle {
     /// A decompression handle with rn50's limits set.
-    fn new() -> Result<TjHandle, DecodeError> {
+    fn new(max_image_pixels: u64) -> Result<TjHandle, DecodeError> {
         // SAFETY: plain FFI constructor; null is checked.
         let h = TjHandle(unsafe { raw::tj3Init(raw::TJINIT_TJINIT_DECOMPRESS as c_int) });
         if h.0.is_null() {
@@ -173,9 +192,12 @@ impl TjHandle {
         // Accurate IDCT and smooth (fancy) upsampling stay on: they match Pillow bit for bit,
         // and libjpeg-turbo 3.1.0's fast (merged) upsampling segfaulted in jpeg_skip_scanlines
         // under partial decompression in our stress runs.
+        // The library's own pixel limit backs up the header check (0, none, where the limit does
+        // not fit its int).
+        let max_pixels = c_int::try_from(max_image_pixels).unwrap_or(0);
         for (param, value) in [
             (raw::TJPARAM_TJPARAM_SCANLIMIT, MAX_SCANS),
-            (raw::TJPARAM_TJPARAM_MAXPIXELS, MAX_PIXELS as c_int),
+            (raw::TJPARAM_TJPARAM_MAXPIXELS, max_pixels),
         ] {
             // SAFETY: valid handle; tj3Set validates param/value.
             if unsafe { raw::tj3Set(h.0, param as c_int, value) } != 0 {
@@ -204,12 +226,20 @@ struct JpegHeader {
 }
 
 impl Decoder {
+    /// A decoder for images of up to [`MAX_IMAGE_PIXELS`] pixels.
     pub fn new() -> Result<Decoder, DecodeError> {
         Ok(Decoder {
-            tj: TjHandle::new()?,
+            tj: TjHandle::new(MAX_IMAGE_PIXELS)?,
             out: Vec::new(),
             cmyk: Vec::new(),
+            max_image_pixels: MAX_IMAGE_PIXELS,
         })
+    }
+
+    /// Images with more pixels than this are refused with [`DecodeError::TooManyPixels`], from the
+    /// header, before the pixel buffer is allocated.
+    pub fn set_max_image_pixels(&mut self, max_image_pixels: u64) {
+        self.max_image_pixels = max_image_pixels;
     }
 
     /// Decode `bytes`; `plan` is called with the image's width and height and chooses the region
@@ -222,7 +252,7 @@ impl Decoder {
         match sniff(bytes) {
             Some(Format::Jpeg) => self.decode_jpeg(bytes, plan),
             Some(Format::Png) => {
-                let (w, h) = decode_png(bytes, &mut self.out)?;
+                let (w, h) = decode_png(bytes, &mut self.out, self.max_image_pixels)?;
                 let _ = plan(w, h);
                 Ok(Decoded {
                     pixels: &self.out[..w * h * 3],
@@ -275,14 +305,9 @@ impl Decoder {
         if r != 0 {
             self.tolerable_warning()?;
         }
-        let width = self.get(raw::TJPARAM_TJPARAM_JPEGWIDTH);
-        let height = self.get(raw::TJPARAM_TJPARAM_JPEGHEIGHT);
-        if width <= 0 || height <= 0 || (width as usize) * (height as usize) > MAX_PIXELS {
-            return Err(DecodeError::BadDimensions(
-                width.max(0) as usize,
-                height.max(0) as usize,
-            ));
-        }
+        let width = self.get(raw::TJPARAM_TJPARAM_JPEGWIDTH).max(0) as usize;
+        let height = self.get(raw::TJPARAM_TJPARAM_JPEGHEIGHT).max(0) as usize;
+        check_size(width, height, self.max_image_pixels)?;
         if self.get(raw::TJPARAM_TJPARAM_LOSSLESS) != 0
             || self.get(raw::TJPARAM_TJPARAM_PRECISION) != 8
         {
@@ -292,8 +317,8 @@ impl Decoder {
         }
         let cs = self.get(raw::TJPARAM_TJPARAM_COLORSPACE);
         Ok(JpegHeader {
-            width: width as usize,
-            height: height as usize,
+            width,
+            height,
             subsamp: self.get(raw::TJPARAM_TJPARAM_SUBSAMP),
             cmyk: cs == raw::TJCS_TJCS_CMYK as c_int || cs == raw::TJCS_TJCS_YCCK as c_int,
         })
@@ -304,7 +329,7 @@ impl Decoder {
         F: FnOnce(usize, usize) -> Plan,
     {
         // A fresh handle for every file, as `pack` has: see the type's comment.
-        self.tj = TjHandle::new()?;
+        self.tj = TjHandle::new(self.max_image_pixels)?;
         let hdr = self.header(bytes)?;
         let (w, h) = (hdr.width, hdr.height);
         let plan = plan(w, h);
@@ -401,6 +426,21 @@ impl Decoder {
     }
 }
 
+/// Dimensions from a header: neither side empty, and within the pixel limit.
+fn check_size(width: usize, height: usize, limit: u64) -> Result<(), DecodeError> {
+    if width == 0 || height == 0 {
+        return Err(DecodeError::BadDimensions(width, height));
+    }
+    if width as u64 * height as u64 > limit {
+        return Err(DecodeError::TooManyPixels {
+            width,
+            height,
+            limit,
+        });
+    }
+    Ok(())
+}
+
 fn clamp_region([x, y, w, h]: [usize; 4], iw: usize, ih: usize) -> [usize; 4] {
     let x = x.min(iw - 1);
     let y = y.min(ih - 1);
@@ -425,8 +465,13 @@ fn cmyk_to_rgb(cmyk: &[u8], rgb: &mut [u8]) {
     }
 }
 
-/// Decode a PNG into `out` as RGB8 (alpha dropped, as Pillow's `convert("RGB")` does).
-fn decode_png(bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usize), DecodeError> {
+/// Decode a PNG into `out` as RGB8 (alpha dropped, as Pillow's `convert("RGB")` does), if it has
+/// at most `max_pixels` pixels.
+fn decode_png(
+    bytes: &[u8],
+    out: &mut Vec<u8>,
+    max_pixels: u64,
+) -> Result<(usize, usize), DecodeError> {
     let perr = |e: png::DecodingError| DecodeError::Png(e.to_string());
     let mut dec = png::Decoder::new(Cursor::new(bytes));
     dec.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
@@ -435,9 +480,7 @@ fn decode_png(bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usize), DecodeE
         let info = reader.info();
         (info.width as usize, info.height as usize)
     };
-    if w == 0 || h == 0 || w * h > MAX_PIXELS {
-        return Err(DecodeError::BadDimensions(w, h));
-    }
+    check_size(w, h, max_pixels)?;
     let size = reader
         .output_buffer_size()
         .ok_or(DecodeError::BadDimensions(w, h))?;

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, ensure, Result};
 
+use crate::decode::MAX_IMAGE_PIXELS;
 use crate::sampler::{sample_rng, Sampler};
 use crate::source::Dataset;
 use crate::transform::{Augmenter, Transform};
@@ -55,6 +56,9 @@ pub struct LoaderConfig {
     pub on_bad_image: BadImagePolicy,
     /// Decode at 1/2, 1/4, 1/8 scale in the DCT domain when the crop is shrunk that much anyway.
     pub dct_scaling: bool,
+    /// An image with more pixels is a bad image, refused from its header (default: Pillow's
+    /// `MAX_IMAGE_PIXELS`, a guard against decompression bombs).
+    pub max_image_pixels: u64,
 }
 
 impl LoaderConfig {
@@ -72,6 +76,7 @@ impl LoaderConfig {
             prefetch: 2 * workers.max(1),
             on_bad_image: BadImagePolicy::Skip,
             dct_scaling: true,
+            max_image_pixels: MAX_IMAGE_PIXELS,
         }
     }
 
@@ -240,6 +245,10 @@ impl Loader {
 
     fn check(config: &LoaderConfig) -> Result<()> {
         ensure!(config.batch_size > 0, "batch size must be positive");
+        ensure!(
+            config.max_image_pixels > 0,
+            "the image pixel limit must be positive"
+        );
         ensure!(
             config.world_size > 0 && config.rank < config.world_size,
             "rank {} out of range for world size {}",
@@ -675,7 +684,8 @@ impl Task {
     fn run(&self, aug: &mut Option<(u64, Augmenter)>, read_buf: &mut Vec<u8>) -> Result<bool> {
         let (job, cfg) = (&*self.job, &self.job.config);
         if aug.as_ref().is_none_or(|(id, _)| *id != self.id) {
-            let a = Augmenter::new(cfg.transform.clone(), cfg.dct_scaling)?;
+            let mut a = Augmenter::new(cfg.transform.clone(), cfg.dct_scaling)?;
+            a.set_max_image_pixels(cfg.max_image_pixels);
             *aug = Some((self.id, a));
         }
         let idx = job.indices[job.span(self.batch).start + self.pos];

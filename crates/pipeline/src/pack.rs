@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
 
 use crate::crop::resize_shorter;
-use crate::decode::{decode_rgb, encode_jpeg, DecodeError};
+use crate::decode::{decode_rgb_with_limit, encode_jpeg, DecodeError};
 use crate::loader::BadImagePolicy;
 use crate::source::shards::{ShardMeta, ShardWriter, EXTENSION, FORMAT_VERSION};
 use crate::source::Dataset;
@@ -29,6 +29,8 @@ pub struct PackOptions {
     pub shard_bytes: u64,
     pub workers: usize,
     pub on_bad_image: BadImagePolicy,
+    /// Images with more pixels are bad images ([`crate::decode::MAX_IMAGE_PIXELS`] by default).
+    pub max_image_pixels: u64,
     pub progress: bool,
 }
 
@@ -175,7 +177,7 @@ fn prepare(dataset: &Dataset, i: usize, buf: &mut Vec<u8>, opts: &PackOptions) -
 
 /// Validate `bytes` by decoding; `Some(jpeg)` if it had to be shrunk and re-encoded.
 fn encode_record(bytes: &[u8], opts: &PackOptions) -> Result<Option<Vec<u8>>, DecodeError> {
-    let img = decode_rgb(bytes)?;
+    let img = decode_rgb_with_limit(bytes, opts.max_image_pixels)?;
     let Some(cap) = opts.max_side else {
         return Ok(None);
     };

@@ -128,6 +128,12 @@ impl Augmenter {
         &self.transform
     }
 
+    /// Larger images are refused (see [`Decoder::set_max_image_pixels`]); the default is
+    /// [`crate::decode::MAX_IMAGE_PIXELS`].
+    pub fn set_max_image_pixels(&mut self, max_image_pixels: u64) {
+        self.decoder.set_max_image_pixels(max_image_pixels);
+    }
+
     /// Decode `bytes` and write the augmented `size x size` RGB8 image into `out`. The RNG is
     /// the sample's own (seeded from seed, epoch, index), so results don't depend on threads.
     pub fn apply<R: Rng>(

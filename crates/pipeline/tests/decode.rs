@@ -190,3 +190,58 @@ fn a_files_verdict_does_not_depend_on_the_files_before_it() {
         assert!(differ.is_empty(), "order {order}:\n{}", differ.join("\n"));
     }
 }
+
+/// A 16000x16000 JPEG or PNG of a few kilobytes was decoded into 768 MB (the patched JPEGs too: libjpeg
+/// fills what their data does not cover). Above Pillow's MAX_IMAGE_PIXELS (89,478,485) an image is refused,
+/// by every decoding path, from its header.
+#[test]
+fn an_image_over_the_pixel_limit_is_refused_from_its_header() {
+    for (name, bytes) in pixel_bombs() {
+        assert!(bytes.len() < 100_000, "{name}: {} bytes", bytes.len());
+        let (w, h) = name[..name.len() - 4].split_once('x').unwrap();
+        let want = format!("{w}x{h} image has more pixels than the limit of 89478485");
+        match decode_rgb(&bytes) {
+            Ok(img) => panic!("{name} decoded to {}x{}", img.width, img.height),
+            Err(e) => assert!(e.to_string().contains(&want), "{name}: {e}"),
+        }
+        for t in [Transform::train(224), Transform::val(256, 224)] {
+            let mut aug = Augmenter::new(t.clone(), true).unwrap();
+            let mut out = vec![0u8; 224 * 224 * 3];
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+            let err = aug.apply(&bytes, &mut rng, &mut out).unwrap_err();
+            assert!(err.to_string().contains(&want), "{name}, {t:?}: {err}");
+        }
+    }
+}
+
+/// The limit is the decoder's to set: a photo of exactly `limit` pixels decodes, one pixel more is refused;
+/// JPEG and PNG alike.
+#[test]
+fn the_pixel_limit_is_configurable() {
+    use rn50_pipeline::decode::{decode_rgb_with_limit, DecodeError};
+    let edge = shared_data().join("jpeg/edge");
+    for f in [
+        jpeg_files("imagenet")[0].clone(),
+        edge.join("png_named_as.JPEG"),
+    ] {
+        let bytes = std::fs::read(&f).unwrap();
+        let img = decode_rgb(&bytes).unwrap();
+        let n = (img.width * img.height) as u64;
+        assert_eq!(decode_rgb_with_limit(&bytes, n).unwrap(), img, "{f:?}");
+        match decode_rgb_with_limit(&bytes, n - 1) {
+            Err(DecodeError::TooManyPixels {
+                width,
+                height,
+                limit,
+            }) => assert_eq!((width, height, limit), (img.width, img.height, n - 1)),
+            other => panic!("{f:?} with a limit of {}: {other:?}", n - 1),
+        }
+        let mut aug = Augmenter::new(Transform::train(32), true).unwrap();
+        let mut out = vec![0u8; 32 * 32 * 3];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+        aug.set_max_image_pixels(n - 1);
+        assert!(aug.apply(&bytes, &mut rng, &mut out).is_err(), "{f:?}");
+        aug.set_max_image_pixels(n);
+        aug.apply(&bytes, &mut rng, &mut out).unwrap();
+    }
+}

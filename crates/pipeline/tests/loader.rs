@@ -324,6 +324,125 @@ fn image_folder_matches_torchvision() {
     }
 }
 
+/// A symlink back into the class (`a/self -> .`) made the walk go round until the path was too long: 80
+/// images became 36,080. Loops are now cut where they close, as `find -L` cuts them, and reported; every real
+/// file is listed once, and symlinks to files and to directories outside the class still count.
+#[test]
+fn a_symlink_loop_lists_each_file_once_and_is_reported() {
+    use rn50_pipeline::source::folder::ImageFolder;
+    use std::os::unix::fs::symlink;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("tree");
+    let photos = jpeg_files("imagenet");
+    for (i, rel) in [
+        "tree/a/1.jpg",
+        "tree/a/2.jpg",
+        "tree/b/3.jpg",
+        "tree/b/sub/4.jpg",
+        "outside/5.jpg",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let p = tmp.path().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::copy(&photos[i], &p).unwrap();
+    }
+    // One loop a class: with two in one class the unfixed walk branches at every level and never ends.
+    symlink(".", root.join("a/self")).unwrap();
+    symlink("..", root.join("b/sub/up")).unwrap();
+    // Outside any loop: a link to a file, one to a directory, and class c, a link to class b.
+    symlink(&photos[5], root.join("a/6.jpg")).unwrap();
+    symlink(tmp.path().join("outside"), root.join("b/more")).unwrap();
+    symlink("b", root.join("c")).unwrap();
+    let want: Vec<String> = [
+        "a/1.jpg",
+        "a/2.jpg",
+        "a/6.jpg",
+        "b/3.jpg",
+        "b/more/5.jpg",
+        "b/sub/4.jpg",
+        "c/3.jpg",
+        "c/more/5.jpg",
+        "c/sub/4.jpg",
+    ]
+    .iter()
+    .map(|rel| root.join(rel).display().to_string())
+    .collect();
+    let ds = Dataset::open(&root).unwrap();
+    let names: Vec<String> = (0..ds.len()).map(|i| ds.name(i)).collect();
+    assert_eq!(names, want);
+    let labels: Vec<i64> = (0..ds.len()).map(|i| ds.label(i)).collect();
+    assert_eq!(labels, [0, 0, 0, 1, 1, 1, 2, 2, 2]);
+    let loops = ImageFolder::open(&root).unwrap().loops().to_vec();
+    assert_eq!(loops.len(), 3, "{loops:?}");
+    for (link, back_to) in [("a/self", "a"), ("b/sub/up", "b"), ("c/sub/up", "c")] {
+        let (link, back_to) = (root.join(link), root.join(back_to));
+        assert!(
+            loops.iter().any(|l| l.starts_with(&format!(
+                "{} leads back to {} ",
+                link.display(),
+                back_to.display()
+            ))),
+            "{link:?} not reported: {loops:?}"
+        );
+    }
+}
+
+/// Images over the pixel limit (Pillow's MAX_IMAGE_PIXELS unless `max_image_pixels` says otherwise) are bad
+/// images: skipped, counted and named like unreadable ones. A 16000x16000 PNG was loaded (768 MB a decode).
+#[test]
+fn images_over_the_pixel_limit_are_counted_bad() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (good, bad) = (tmp.path().join("x/a"), tmp.path().join("x/b"));
+    std::fs::create_dir_all(&good).unwrap();
+    std::fs::create_dir_all(&bad).unwrap();
+    let photos = &jpeg_files("imagenet")[..6];
+    for f in photos {
+        std::fs::copy(f, good.join(f.file_name().unwrap())).unwrap();
+    }
+    for (name, bytes) in pixel_bombs() {
+        std::fs::write(bad.join(name), bytes).unwrap();
+    }
+    let ds = Dataset::open(tmp.path().join("x")).unwrap();
+    let load = |max_image_pixels| {
+        let cfg = LoaderConfig {
+            transform: Transform::train(32),
+            max_image_pixels,
+            ..LoaderConfig::val(4, 2)
+        };
+        let loader = Loader::new(ds.clone(), cfg).unwrap();
+        let labels: Vec<i64> = loader
+            .epoch(0, 0)
+            .flat_map(|b| b.unwrap().labels().to_vec())
+            .collect();
+        (labels, loader.stats())
+    };
+    let (labels, s) = load(rn50_pipeline::decode::MAX_IMAGE_PIXELS);
+    assert_eq!(labels, [0; 6]);
+    assert_eq!((s.images, s.bad_images), (6, 3), "{s:?}");
+    assert!(
+        s.bad_examples
+            .iter()
+            .all(|e| e.contains("/x/b/") && e.contains("more pixels than the limit of 89478485")),
+        "{s:?}"
+    );
+    // A lower limit: the photos above it are bad images too.
+    let pixels: Vec<u64> = photos
+        .iter()
+        .map(|f| {
+            let img = rn50_pipeline::decode::decode_rgb(&std::fs::read(f).unwrap()).unwrap();
+            (img.width * img.height) as u64
+        })
+        .collect();
+    let limit = pixels[0];
+    let over = pixels.iter().filter(|&&p| p > limit).count();
+    assert!(over > 0 && over < 6, "{pixels:?}");
+    let (labels, s) = load(limit);
+    assert_eq!(labels.len(), 6 - over);
+    assert_eq!(s.bad_images, 3 + over as u64, "{s:?}");
+}
+
 /// The reported case of one bad JPEG poisoning a worker: 40 photos, `crashtest/invalid-dimensions.jpg` and
 /// 20 files holding only `FF D8`, read by 1 and 2 threads in several epochs (orders). Before the fix one thread
 /// counted 57 images and 4 bad; the truth is 40 and 21, whatever the order.

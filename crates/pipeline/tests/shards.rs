@@ -21,6 +21,7 @@ fn options(max_side: Option<usize>) -> PackOptions {
         shard_bytes: 4 << 20,
         workers: 2,
         on_bad_image: BadImagePolicy::Skip,
+        max_image_pixels: rn50_pipeline::decode::MAX_IMAGE_PIXELS,
         progress: false,
     }
 }
@@ -170,6 +171,38 @@ fn damaged_shards_are_rejected_and_bad_images_left_out() {
     )
     .unwrap();
     assert!(Dataset::open(&out).is_err());
+}
+
+/// `pack` refuses images over the pixel limit as it refuses undecodable ones: counted, named, not stored.
+#[test]
+fn pack_counts_images_over_the_pixel_limit_as_bad() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(src.join("a")).unwrap();
+    std::fs::create_dir_all(src.join("b")).unwrap();
+    for f in &jpeg_files("imagenet")[..4] {
+        std::fs::copy(f, src.join("a").join(f.file_name().unwrap())).unwrap();
+    }
+    for (name, bytes) in pixel_bombs() {
+        std::fs::write(src.join("b").join(name), bytes).unwrap();
+    }
+    let ds = Dataset::open(&src).unwrap();
+    let report = pack(&ds, &tmp.path().join("out"), &options(None)).unwrap();
+    assert_eq!((report.records, report.bad_images), (4, 3), "{report:?}");
+    assert!(
+        report
+            .bad_examples
+            .iter()
+            .all(|e| e.contains("/src/b/") && e.contains("more pixels than the limit")),
+        "{report:?}"
+    );
+    // The limit is PackOptions': at 1 pixel nothing is loadable.
+    let tiny = PackOptions {
+        max_image_pixels: 1,
+        ..options(None)
+    };
+    let err = pack(&ds, &tmp.path().join("none"), &tiny).unwrap_err();
+    assert!(format!("{err:#}").contains("no loadable images"), "{err:#}");
 }
 
 /// Packs `n` ImageNet photos of one class into one shard; returns (shard path, dataset source dir).

@@ -1,7 +1,15 @@
 //! torchvision `ImageFolder` semantics: classes are the sorted names of the subdirectories,
 //! a class's index is its position, samples are all files with an image extension found by a
 //! sorted recursive walk of each class directory (symlinks followed), class by class.
+//!
+//! A symlink back to a directory the walk is inside (`a/self -> .`, `a/sub/up -> ..`) is a file
+//! system loop. torchvision's `os.walk(followlinks=True)` goes round it until the path is too long
+//! (80 images became 36,080); here, as in `find -L`, it is recognised by the device and inode of
+//! the directories on the current path, reported with a warning and not followed, so every real
+//! directory of a class is read once. A warning, not an error, because a loop adds no file that the
+//! walk does not already list, and `find -L` and `du -L` too carry on after reporting one.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -18,6 +26,7 @@ pub struct ImageFolder {
     classes: Vec<String>,
     files: Vec<PathBuf>,
     labels: Vec<u32>,
+    loops: Vec<String>,
 }
 
 impl ImageFolder {
@@ -45,9 +54,10 @@ impl ImageFolder {
         let mut files = Vec::new();
         let mut labels = Vec::new();
         let mut counts = Vec::with_capacity(classes.len());
+        let mut loops = Vec::new();
         for (label, class) in classes.iter().enumerate() {
             let mut found = Vec::new();
-            walk(&root.join(class), &mut found)?;
+            walk(&root.join(class), &mut Vec::new(), &mut found, &mut loops)?;
             // sorted(os.walk(...)) then sorted(fnames): order by (directory, file name).
             // Compare directories as strings (Python's order), not component-wise.
             found.sort_by_cached_key(|p| {
@@ -75,11 +85,15 @@ impl ImageFolder {
                 IMG_EXTENSIONS.join(", ")
             );
         }
+        for l in &loops {
+            eprintln!("warning: {l}");
+        }
         Ok(ImageFolder {
             root: root.to_path_buf(),
             classes,
             files,
             labels,
+            loops,
         })
     }
 
@@ -94,23 +108,50 @@ impl ImageFolder {
     pub fn root(&self) -> &Path {
         &self.root
     }
+
+    /// The file system loops found (and not followed) while listing, one message each.
+    pub fn loops(&self) -> &[String] {
+        &self.loops
+    }
 }
 
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+/// Lists the image files under `dir` into `out`. `path` holds the (device, inode) and path of each
+/// directory from the class directory down to `dir`'s parent: a directory found among them is a
+/// loop, described in `loops` and not entered.
+fn walk(
+    dir: &Path,
+    path: &mut Vec<((u64, u64), PathBuf)>,
+    out: &mut Vec<PathBuf>,
+    loops: &mut Vec<String>,
+) -> Result<()> {
+    // One stat per directory (follows symlinks): the inode `read_dir` gives for an entry is the
+    // link's, or the covered directory's for a mount point.
+    let meta = std::fs::metadata(dir).with_context(|| format!("cannot list {}", dir.display()))?;
+    let id = (meta.dev(), meta.ino());
+    if let Some((_, first)) = path.iter().find(|(seen, _)| *seen == id) {
+        loops.push(format!(
+            "{} leads back to {} (a file system loop): not followed",
+            dir.display(),
+            first.display()
+        ));
+        return Ok(());
+    }
     let entries =
         std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
+    path.push((id, dir.to_path_buf()));
     for entry in entries {
         let entry = entry?;
-        let path = entry.path();
+        let p = entry.path();
         // d_type avoids a stat per file (1.3 M of them); only symlinks need one.
         let ft = entry.file_type()?;
-        let is_dir = ft.is_dir() || (ft.is_symlink() && path.is_dir());
+        let is_dir = ft.is_dir() || (ft.is_symlink() && p.is_dir());
         if is_dir {
-            walk(&path, out)?;
-        } else if has_image_extension(&path) {
-            out.push(path);
+            walk(&p, path, out, loops)?;
+        } else if has_image_extension(&p) {
+            out.push(p);
         }
     }
+    path.pop();
     Ok(())
 }
 

@@ -105,3 +105,51 @@ pub fn mae(a: &[u8], b: &[u8]) -> f64 {
         .sum::<u64>() as f64
         / a.len().max(1) as f64
 }
+
+/// A valid PNG of `width x height` black pixels, 1 bit each: a few kilobytes for any size, and
+/// `width * height * 3` bytes once decoded to RGB (a decompression bomb).
+pub fn blank_png(width: u32, height: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut enc = png::Encoder::new(&mut out, width, height);
+    enc.set_color(png::ColorType::Grayscale);
+    enc.set_depth(png::BitDepth::One);
+    let mut w = enc.write_header().unwrap();
+    w.write_image_data(&vec![0; (width as usize).div_ceil(8) * height as usize])
+        .unwrap();
+    w.finish().unwrap();
+    out
+}
+
+/// `jpeg` with other dimensions in its frame header (SOFn): a decoder that trusts the header sets
+/// aside `width x height` pixels for a file of a few kilobytes.
+pub fn with_dimensions(jpeg: &[u8], width: u16, height: u16) -> Vec<u8> {
+    let mut out = jpeg.to_vec();
+    let mut at = 2;
+    loop {
+        assert!(
+            at + 9 <= out.len() && out[at] == 0xFF,
+            "no frame header found"
+        );
+        let marker = out[at + 1];
+        // SOF0..SOF15, less DHT (C4), JPG (C8) and DAC (CC).
+        if (0xC0..=0xCF).contains(&marker) && ![0xC4, 0xC8, 0xCC].contains(&marker) {
+            out[at + 5..at + 7].copy_from_slice(&height.to_be_bytes());
+            out[at + 7..at + 9].copy_from_slice(&width.to_be_bytes());
+            return out;
+        }
+        at += 2 + u16::from_be_bytes([out[at + 2], out[at + 3]]) as usize;
+    }
+}
+
+/// Files in the pixel limit's tests, all above Pillow's MAX_IMAGE_PIXELS (89,478,485) and a few
+/// kilobytes each: the smallest ImageNet photo (2 kB) with a header claiming 16000x16000 or
+/// 10000x10000 (above the limit, below twice it, where Pillow only warns), and a valid 16000x16000
+/// PNG.
+pub fn pixel_bombs() -> Vec<(&'static str, Vec<u8>)> {
+    let photo = std::fs::read(shared_data().join("jpeg/imagenet/n03825788.JPEG")).unwrap();
+    vec![
+        ("16000x16000.jpg", with_dimensions(&photo, 16000, 16000)),
+        ("10000x10000.jpg", with_dimensions(&photo, 10000, 10000)),
+        ("16000x16000.png", blank_png(16000, 16000)),
+    ]
+}
