@@ -16,9 +16,9 @@ fn default_workers() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// `--max-image-pixels`, for every command that decodes images (`rn50 train` and `bench` can
-/// flatten it into their arguments too and pass it on as `LoaderConfig::max_image_pixels`).
-#[derive(clap::Args, Debug, Clone, Copy)]
+/// `--max-image-pixels`, for every command that decodes images (pack, bench-loader, train, eval), passed
+/// on as `LoaderConfig::max_image_pixels`.
+#[derive(clap::Args, Debug, Clone, Copy, serde::Serialize)]
 pub struct PixelLimit {
     /// Images with more pixels than this are bad images, refused from their header before any
     /// pixel is decoded (a guard against decompression bombs). The default is Pillow's

@@ -99,6 +99,8 @@ pub struct TrainArgs {
     /// Data loading threads, 1 to 1024 [default: the CPUs this process may use].
     #[arg(short = 'j', long = "workers", value_parser = usize_in(1..=rn50_args::MAX_THREADS))]
     pub workers: Option<usize>,
+    #[command(flatten)]
+    pub pixel_limit: rn50_pipeline::cli::PixelLimit,
     /// Augmentation recipe (and stem): imagenet, or cifar for ~32 px images.
     #[arg(long, value_enum, default_value_t = Augment::Imagenet)]
     pub augment: Augment,

@@ -87,12 +87,14 @@ impl RealData {
             seed: args.seed,
             rank,
             world_size: world,
+            max_image_pixels: args.pixel_limit.max_image_pixels,
             ..LoaderConfig::train(args.batch_size, workers)
         };
         let val_cfg = LoaderConfig {
             transform: val_transform(args),
             rank,
             world_size: world,
+            max_image_pixels: args.pixel_limit.max_image_pixels,
             ..LoaderConfig::val(args.batch_size, workers)
         };
         Ok(Self {

@@ -109,6 +109,8 @@ pub struct EvalArgs {
     /// Decode threads, 1 to 1024 [default: the CPUs this process may use].
     #[arg(short = 'j', long = "workers", value_parser = usize_in(1..=rn50_args::MAX_THREADS))]
     pub workers: Option<usize>,
+    #[command(flatten)]
+    pub pixel_limit: rn50_pipeline::cli::PixelLimit,
     /// Resize the shorter side to this, 1 to 4096 pixels, then center-crop `--crop`.
     #[arg(long, default_value_t = 256, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
     pub resize: usize,
@@ -175,6 +177,7 @@ pub fn command(args: &EvalArgs) -> Result<()> {
     let workers = args.workers.unwrap_or(cpu.logical_cores).max(1);
     let loader_cfg = LoaderConfig {
         transform: Transform::val(args.resize, args.crop),
+        max_image_pixels: args.pixel_limit.max_image_pixels,
         ..LoaderConfig::val(args.batch_size, workers)
     };
     let loader = Loader::new(dataset, loader_cfg)?;
