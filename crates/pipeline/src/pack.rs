@@ -90,6 +90,7 @@ pub fn pack(dataset: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<Pac
         records: 0,
         max_side: opts.max_side,
         quality: opts.max_side.map(|_| opts.quality),
+        index_crc32: None,
     };
     let mut report = PackReport::default();
     let mut writer: Option<ShardWriter> = None;

@@ -245,3 +245,86 @@ fn the_pixel_limit_is_configurable() {
         aug.apply(&bytes, &mut rng, &mut out).unwrap();
     }
 }
+
+/// Property, on 2,000 seeded mutants of the crashtest, edge and small ImageNet files and of a PNG, and on
+/// random bytes behind a JPEG or PNG signature: decoding never panics (nor aborts, which would end the test),
+/// and a file's verdict and pixels on a decoder that has seen other files are those of a fresh decoder,
+/// for the mutant and for the good photo decoded after it (issue 12, item 1).
+#[test]
+fn mutated_bytes_never_panic_nor_change_a_later_verdict() {
+    use rand::Rng;
+    use rn50_pipeline::decode::decode_rgb_with_limit;
+    // Mutated headers claim all sizes; 4 Mpixel keeps every decode short (the limit is tested above).
+    const LIMIT: u64 = 1 << 22;
+    let small = |f: &std::path::PathBuf| std::fs::metadata(f).unwrap().len() < 40_000;
+    let mut seeds: Vec<Vec<u8>> = jpeg_files("crashtest")
+        .iter()
+        .chain(&jpeg_files("edge"))
+        .chain(&jpeg_files("imagenet"))
+        .filter(|f| small(f))
+        .map(|f| std::fs::read(f).unwrap())
+        .collect();
+    seeds.push(blank_png(40, 30));
+    let good: Vec<Vec<u8>> = jpeg_files("imagenet")
+        .iter()
+        .filter(|f| small(f))
+        .take(8)
+        .chain([&shared_data().join("jpeg/edge/png_named_as.JPEG")])
+        .map(|f| std::fs::read(f).unwrap())
+        .collect();
+    let fresh = || {
+        let mut aug = Augmenter::new(Transform::train(32), true).unwrap();
+        aug.set_max_image_pixels(LIMIT);
+        aug
+    };
+    let expected: Vec<Option<Vec<u8>>> = (0..good.len())
+        .map(|g| verdict(&mut fresh(), &good[g], g as u64))
+        .collect();
+    assert!(expected.iter().all(Option::is_some));
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12);
+    let mut shared = fresh();
+    let (mut failures, mut decoded) = (Vec::new(), 0);
+    for n in 0..2000u64 {
+        let bytes = if n % 10 == 9 {
+            let mut b: Vec<u8> = if rng.random() {
+                vec![0xFF, 0xD8]
+            } else {
+                b"\x89PNG\r\n\x1a\n".to_vec()
+            };
+            let len = rng.random_range(0..2000);
+            b.extend((0..len).map(|_| rng.random::<u8>()));
+            b
+        } else {
+            mutate(&seeds[rng.random_range(0..seeds.len())], &mut rng)
+        };
+        let g = n as usize % good.len();
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            let full = decode_rgb_with_limit(&bytes, LIMIT).is_ok();
+            let alone = verdict(&mut fresh(), &bytes, n);
+            let here = verdict(&mut shared, &bytes, n);
+            let after = verdict(&mut shared, &good[g], g as u64);
+            (full, alone == here, after == expected[g])
+        }));
+        match r {
+            Ok((full, same, after)) => {
+                decoded += usize::from(full);
+                if !same {
+                    failures.push(format!("mutant {n}: another verdict on a used decoder"));
+                }
+                if !after {
+                    failures.push(format!(
+                        "mutant {n}: good file {g} decoded differently after it"
+                    ));
+                }
+            }
+            Err(p) => {
+                shared = fresh();
+                let msg = p.downcast_ref::<String>().cloned().unwrap_or_default();
+                failures.push(format!("mutant {n}: panic {msg}"));
+            }
+        }
+    }
+    eprintln!("{decoded} of 2000 mutants decoded");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(decoded > 100 && decoded < 1900, "{decoded} decoded");
+}

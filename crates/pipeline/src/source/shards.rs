@@ -6,15 +6,19 @@
 //! "RN50SHD1"                      8-byte magic
 //! record 0 bytes, record 1 bytes, … encoded images, back to back
 //! index: count × (offset u64, length u32, label u32, crc32 u32)
-//! meta:  JSON (ShardMeta: format_version, classes, record count, how images were encoded)
+//! meta:  JSON (ShardMeta: format_version, classes, record count, how images were encoded,
+//!        index_crc32)
 //! footer: index_offset u64, count u64, meta_offset u64, meta_len u64, "RN50SHDE"
 //! ```
 //!
 //! The index and metadata sit at the end so the writer streams records without knowing their
 //! count up front; the footer makes a truncated (or still-being-written) file detectable. Each
 //! record's CRC-32 is checked when it is read: a flipped bit is a bad image (skipped and counted),
-//! not a silently different one. Format 1 (rn50 before checksums) has no crc32 field and is still
-//! read, unchecked.
+//! not a silently different one. Those do not cover the labels and class names, so the metadata
+//! also holds a CRC-32 of the index and the class list, checked when the shard is opened: a flipped
+//! label bit is a refused shard, not a silently relabelled image. Format 1 (rn50 before checksums)
+//! has no crc32 field and is still read, unchecked, and so is the index of format 2 files written
+//! before its checksum.
 //! Readers use positioned reads (`pread`), not mmap, so a file shrinking under us is an I/O
 //! error rather than a SIGBUS.
 
@@ -55,6 +59,18 @@ pub struct ShardMeta {
     /// Shorter-side cap used when re-encoding (None: original bytes stored).
     pub max_side: Option<usize>,
     pub quality: Option<u8>,
+    /// CRC-32 of the file's index followed by `classes` as JSON; absent in files written before
+    /// it, and in a [`ShardSet`]'s merged metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_crc32: Option<u32>,
+}
+
+/// What [`ShardMeta::index_crc32`] holds: the CRC-32 of `index`, then of `classes` as JSON.
+fn index_crc32(index: &[u8], classes: &[String]) -> Result<u32> {
+    let mut h = crc32fast::Hasher::new();
+    h.update(index);
+    h.update(&serde_json::to_vec(classes)?);
+    Ok(h.finalize())
 }
 
 #[derive(Clone, Copy)]
@@ -107,6 +123,7 @@ impl ShardSet {
                 records: 0,
                 max_side: None,
                 quality: None,
+                index_crc32: None,
             },
         };
         for (i, p) in paths.iter().enumerate() {
@@ -115,6 +132,7 @@ impl ShardSet {
             if i == 0 {
                 set.meta = meta.clone();
                 set.meta.records = 0;
+                set.meta.index_crc32 = None;
             } else {
                 ensure!(
                     meta.classes == set.meta.classes,
@@ -216,6 +234,13 @@ fn read_shard(path: &Path) -> Result<(File, ShardMeta, Vec<Entry>)> {
         );
         entries.push(entry);
     }
+    if let Some(stored) = meta.index_crc32 {
+        let computed = index_crc32(&index, &meta.classes)?;
+        ensure!(
+            computed == stored,
+            "damaged index or class list: CRC-32 {computed:08x}, the metadata says {stored:08x}"
+        );
+    }
     Ok((file, meta, entries))
 }
 
@@ -312,6 +337,7 @@ impl ShardWriter {
     }
 
     pub fn finish(mut self) -> Result<PathBuf> {
+        self.meta.index_crc32 = Some(index_crc32(&self.index, &self.meta.classes)?);
         let meta = serde_json::to_vec(&self.meta)?;
         let index_off = self.offset;
         let meta_off = index_off + self.index.len() as u64;

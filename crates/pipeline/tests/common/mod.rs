@@ -153,3 +153,41 @@ pub fn pixel_bombs() -> Vec<(&'static str, Vec<u8>)> {
         ("16000x16000.png", blank_png(16000, 16000)),
     ]
 }
+
+/// A seeded mutation of `bytes`, of the kinds a fuzzer makes: 1 to 4 edits among a flipped bit, a
+/// random or boundary byte, a boundary 16-bit value (lengths, dimensions), a range deleted or
+/// repeated, a marker-like `FF xx` inserted, and the tail cut off.
+pub fn mutate(bytes: &[u8], rng: &mut impl rand::Rng) -> Vec<u8> {
+    use rand::seq::IndexedRandom;
+    let mut b = bytes.to_vec();
+    for _ in 0..rng.random_range(1..=4) {
+        if b.is_empty() {
+            b.push(rng.random());
+            continue;
+        }
+        let at = rng.random_range(0..b.len());
+        let end = (at + rng.random_range(1..=64)).min(b.len());
+        match rng.random_range(0..8) {
+            0 => b[at] ^= 1 << rng.random_range(0..8),
+            1 => b[at] = rng.random(),
+            2 => b[at] = *[0x00, 0x01, 0x7F, 0x80, 0xFF].choose(rng).unwrap(),
+            3 => {
+                let v: u16 = *[0, 1, 0x7FFF, 0x8000, 0xFFFE, 0xFFFF].choose(rng).unwrap();
+                let n = (b.len() - at).min(2);
+                b[at..at + n].copy_from_slice(&v.to_be_bytes()[..n]);
+            }
+            4 => {
+                b.drain(at..end);
+            }
+            5 => {
+                let repeated = b[at..end].to_vec();
+                b.splice(at..at, repeated);
+            }
+            6 => {
+                b.splice(at..at, [0xFF, rng.random()]);
+            }
+            _ => b.truncate(at),
+        }
+    }
+    b
+}
