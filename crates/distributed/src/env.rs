@@ -30,6 +30,19 @@ pub enum LaunchSource {
     Pmi,
 }
 
+impl LaunchSource {
+    /// What `rn50 doctor` calls it.
+    pub fn name(self) -> &'static str {
+        match self {
+            LaunchSource::Single => "none (single process)",
+            LaunchSource::Torchrun => "torchrun",
+            LaunchSource::Slurm => "SLURM",
+            LaunchSource::OpenMpi => "Open MPI",
+            LaunchSource::Pmi => "PMI (MPICH/Intel MPI/PALS)",
+        }
+    }
+}
+
 /// This process's place in the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorldInfo {

@@ -1,6 +1,9 @@
 //! `rn50 doctor`: what a user checks first on a new cluster node. Each line is OK, or says what to fix.
+use std::collections::HashMap;
+
 use anyhow::{bail, Result};
 use clap::Args;
+use rn50_distributed::{LaunchSource, WorldInfo};
 use serde::Serialize;
 
 use crate::machine::{self, MachineInfo};
@@ -86,37 +89,39 @@ fn nccl_version() -> Option<String> {
     }
 }
 
-/// Which launcher started this process, from the variables each one sets.
-pub fn detect_launcher(var: impl Fn(&str) -> Option<String>) -> (String, Option<String>) {
-    let pick = |keys: [&str; 3]| -> Option<String> {
-        let [r, w, l] = keys.map(&var);
-        Some(format!(
-            "rank {} of {}, local rank {}",
-            r?,
-            w?,
-            l.unwrap_or_else(|| "?".into())
-        ))
-    };
-    let found = [
-        ("torchrun", ["RANK", "WORLD_SIZE", "LOCAL_RANK"]),
-        ("SLURM", ["SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"]),
-        (
-            "Open MPI",
-            [
-                "OMPI_COMM_WORLD_RANK",
-                "OMPI_COMM_WORLD_SIZE",
-                "OMPI_COMM_WORLD_LOCAL_RANK",
-            ],
+/// The launcher check: what [`WorldInfo::from_vars`] (the one detector `bench` and `train` use) makes of the
+/// environment `env`, so that doctor says what a run started here would do.
+pub fn launcher_check(env: &HashMap<String, String>) -> Check {
+    match WorldInfo::from_vars(env) {
+        Ok(w) if w.source == LaunchSource::Single => {
+            let has = |k: &str| env.get(k).is_some_and(|v| !v.trim().is_empty());
+            let inside = if has("SLURM_JOB_ID") {
+                " in a SLURM allocation, not a task"
+            } else if has("PBS_JOBID") {
+                " in a PBS job"
+            } else {
+                ""
+            };
+            ok("launcher", format!("{}{inside}", w.source.name()))
+        }
+        Ok(w) => ok(
+            "launcher",
+            format!(
+                "{}: rank {} of {}, local rank {} of {}, rendezvous {}:{}",
+                w.source.name(),
+                w.rank,
+                w.world_size,
+                w.local_rank,
+                w.local_world_size,
+                w.master_addr,
+                w.master_port
+            ),
         ),
-        ("PBS", ["PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"]),
-    ]
-    .into_iter()
-    .find_map(|(name, keys)| pick(keys).map(|d| (name.to_string(), Some(d))));
-    match found {
-        Some(f) => f,
-        None if var("PBS_JOBID").is_some() => ("PBS".into(), None),
-        None if var("SLURM_JOB_ID").is_some() => ("SLURM (allocation, not a task)".into(), None),
-        None => ("none (single process)".into(), None),
+        Err(e) => fail(
+            "launcher",
+            e.to_string(),
+            "fix the launcher's variables, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT",
+        ),
     }
 }
 
@@ -326,14 +331,7 @@ pub fn checks(m: &MachineInfo) -> Vec<Check> {
             "use the PyPI torch wheel, which has Gloo",
         ),
     });
-    let (launcher, detail) = detect_launcher(|k| std::env::var(k).ok());
-    out.push(ok(
-        "launcher",
-        match detail {
-            Some(d) => format!("{launcher}: {d}"),
-            None => launcher,
-        },
-    ));
+    out.push(launcher_check(&std::env::vars().collect()));
     out
 }
 
@@ -374,38 +372,86 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: HashMap<String, String> = pairs
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |k| m.get(k).cloned()
+            .collect()
+    }
+
+    fn launcher(pairs: &[(&str, &str)]) -> String {
+        let c = launcher_check(&env(pairs));
+        assert_eq!(c.status, Status::Ok, "{}", c.detail);
+        c.detail
     }
 
     #[test]
     fn launchers_are_told_apart() {
-        let (l, d) = detect_launcher(env(&[
-            ("RANK", "1"),
-            ("WORLD_SIZE", "4"),
-            ("LOCAL_RANK", "1"),
-        ]));
         assert_eq!(
-            (l.as_str(), d.as_deref()),
-            ("torchrun", Some("rank 1 of 4, local rank 1"))
+            launcher(&[("RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1")]),
+            "torchrun: rank 1 of 4, local rank 1 of 4, rendezvous 127.0.0.1:29500"
         );
-        let (l, _) = detect_launcher(env(&[
+        let slurm = launcher(&[
             ("SLURM_PROCID", "0"),
             ("SLURM_NTASKS", "8"),
             ("SLURM_LOCALID", "0"),
-        ]));
-        assert_eq!(l, "SLURM");
-        let (l, _) = detect_launcher(env(&[
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_NTASKS_PER_NODE", "8"),
+            ("SLURM_JOB_ID", "1234"),
+        ]);
+        assert!(slurm.starts_with("SLURM: rank 0 of 8"), "{slurm}");
+        let mpi = launcher(&[
             ("OMPI_COMM_WORLD_RANK", "0"),
             ("OMPI_COMM_WORLD_SIZE", "2"),
-        ]));
-        assert_eq!(l, "Open MPI");
-        let (l, d) = detect_launcher(env(&[]));
-        assert!(l.starts_with("none") && d.is_none());
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ]);
+        assert!(mpi.starts_with("Open MPI: rank 0 of 2"), "{mpi}");
+        assert_eq!(launcher(&[]), "none (single process)");
+        assert_eq!(
+            launcher(&[
+                ("SLURM_JOB_ID", "7"),
+                ("SLURM_PROCID", "0"),
+                ("SLURM_NTASKS", "4")
+            ]),
+            "none (single process) in a SLURM allocation, not a task"
+        );
+    }
+
+    /// `mpirun` inside a SLURM allocation: the batch step's SLURM variables are inherited by every rank, and
+    /// Open MPI's say where each one is. The first doctor read them as SLURM (rank 0 of 8, everywhere) while
+    /// training used Open MPI's; now both are [`WorldInfo`]'s.
+    #[test]
+    fn mpirun_inside_slurm_is_open_mpi_as_training_sees_it() {
+        let vars = env(&[
+            ("SLURM_JOB_ID", "4242"),
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_NODELIST", "node[01-02]"),
+            ("OMPI_COMM_WORLD_RANK", "5"),
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+        ]);
+        let w = WorldInfo::from_vars(&vars).unwrap();
+        let c = launcher_check(&vars);
+        assert_eq!(c.status, Status::Ok, "{}", c.detail);
+        assert_eq!(
+            c.detail,
+            format!(
+                "Open MPI: rank 5 of 8, local rank 1 of 4, rendezvous node01:{}",
+                w.master_port
+            )
+        );
+        assert_eq!((w.source, w.rank), (LaunchSource::OpenMpi, 5));
+    }
+
+    #[test]
+    fn broken_launcher_variables_fail_the_check() {
+        let c = launcher_check(&env(&[("RANK", "4"), ("WORLD_SIZE", "4")]));
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("outside a world of 4"), "{}", c.detail);
     }
 
     /// The build settings line of the torch 2.11.0+cu130 wheel (`torch.__config__.show()`, compiler flags cut):

@@ -118,3 +118,38 @@ fn doctor_reports_json_checks() {
         .iter()
         .all(|c| ["OK", "WARN", "FAIL"].contains(&c["status"].as_str().unwrap())));
 }
+
+/// `mpirun` inside a SLURM allocation: doctor names what training would use (Open MPI's variables, as
+/// `WorldInfo` reads them), not the allocation's SLURM variables every rank inherits.
+#[test]
+fn doctor_under_mpirun_inside_slurm_says_open_mpi() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rn50"))
+        .args(["doctor", "--json"])
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .envs([
+            ("SLURM_JOB_ID", "4242"),
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_NODELIST", "node[01-02]"),
+            ("OMPI_COMM_WORLD_RANK", "5"),
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+            ("MASTER_PORT", "23456"),
+        ])
+        .output()
+        .expect("run rn50");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let launcher = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "launcher")
+        .expect("a launcher check");
+    assert_eq!(
+        launcher["detail"],
+        "Open MPI: rank 5 of 8, local rank 1 of 4, rendezvous node01:23456"
+    );
+}
