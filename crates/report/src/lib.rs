@@ -28,7 +28,7 @@ pub use cli::{report_command, ReportArgs};
 pub use io::{IoDelta, IoMonitor, IoSample};
 pub use predict::{predict_command, PredictArgs};
 pub use run_report::{summary_text, write_run_report, write_summary};
-pub use schema::{BenchResult, EpochMetrics, SweepPoint, SweepResult, TrainSummary};
+pub use schema::{BenchConfig, BenchResult, EpochMetrics, SweepPoint, SweepResult, TrainSummary};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {

@@ -11,15 +11,29 @@ use serde::{Deserialize, Serialize};
 
 use crate::ReportError;
 
-/// `rn50 bench --json FILE`.
+/// `rn50 bench --json FILE`: what `rn50 bench` writes, and what the sweep, the report and the tests read.
+/// Fields older results lack are `Option`s (`None` when reading such a file); a bench of this version writes
+/// every one of them except `profile` (only with `--profile`).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct BenchResult {
-    /// Median over the timed steps, all ranks together.
+    /// Median over the timed steps, all ranks together (the sum of the ranks' medians).
     pub images_per_sec: f64,
+    /// What the step alone would sustain (global batch / compute time): the ceiling without data wait (NVIDIA
+    /// DLE's "compute only" column).
+    pub compute_images_per_sec: Option<f64>,
+    /// Data-parallel runs: mean per step of the gradient all-reduce that backward did not hide.
+    pub allreduce_ms: Option<f64>,
+    /// Images the loader could not decode (pipeline/real modes), skipped and counted.
+    pub bad_images: Option<u64>,
+    /// The dataset's disk and this process's reads while measuring (real mode).
+    pub io: Option<crate::IoDelta>,
     pub images_per_sec_p10: Option<f64>,
     pub images_per_sec_p90: Option<f64>,
+    /// Median wall time of one step, data included.
     pub step_ms: Option<f64>,
+    /// Mean time per step spent waiting for and copying the batch.
     pub data_wait_ms: Option<f64>,
+    /// Mean time per step in forward, backward and update.
     pub compute_ms: Option<f64>,
     pub data_wait_share: Option<f64>,
     pub peak_rss_bytes: Option<u64>,
@@ -27,32 +41,54 @@ pub struct BenchResult {
     pub final_loss: Option<f64>,
     #[serde(default)]
     pub step_times_ms: Vec<f64>,
-    /// Data-parallel runs: time per step spent in (exposed) gradient all-reduce.
-    pub allreduce_ms: Option<f64>,
-    /// Throughput without data wait (NVIDIA DLE's "compute only" column).
-    pub compute_images_per_sec: Option<f64>,
+    /// Time per step by kind of work, from extra profiled steps (`--profile`; rank 0's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<ProfileReport>,
     pub config: BenchConfig,
     pub machine: Option<Machine>,
 }
 
+/// The resolved configuration a bench ran with (all defaults filled in).
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct BenchConfig {
+    /// resnet18 … resnet152.
     pub arch: String,
     /// Per rank.
     pub batch_size: u64,
     pub image_size: Option<u64>,
+    /// fp32, bf16, fp16.
     pub precision: Option<String>,
     pub channels_last: Option<bool>,
+    /// Steps run before measuring.
+    pub warmup: Option<u64>,
+    /// Measured steps.
     pub steps: Option<u64>,
+    /// libtorch intra-op threads of each rank.
     pub threads: Option<u64>,
+    /// "cpu", "cuda:0".
     pub device: Option<String>,
+    /// Data mode: device, host, pipeline, real.
     pub data: Option<String>,
+    /// The dataset of `data: real`.
+    pub data_dir: Option<PathBuf>,
+    /// Loader threads (pipeline and real modes).
+    pub workers: Option<u64>,
+    /// Synthetic JPEGs of `data: pipeline`.
+    pub synthetic_images: Option<u64>,
+    pub seed: Option<u64>,
+    pub tf32: Option<bool>,
+    /// BatchNorm (+ add) + ReLU fused into one cuDNN op (CUDA, fp16/bf16, channels_last).
+    pub fused_bn: Option<bool>,
+    pub optimizer: Option<SgdConfig>,
     /// Effective learning rate (after linear scaling).
     pub lr: Option<f64>,
-    /// Absent in single-process results: 1.
+    /// Data-parallel processes; absent in older single-process results: 1.
     pub world_size: Option<u64>,
-    /// Absent: batch_size · world_size.
+    /// The batch of one step over all ranks; absent: batch_size · world_size.
     pub global_batch: Option<u64>,
+    /// Steps profiled after the measured ones (`--profile`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile_steps: Option<u64>,
 }
 
 impl BenchConfig {
@@ -65,6 +101,131 @@ impl BenchConfig {
     }
 }
 
+/// SGD's settings: what `rn50 train` and `bench` step with, as results and checkpoints record them.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SgdConfig {
+    pub momentum: f64,
+    pub weight_decay: f64,
+    pub nesterov: bool,
+    /// No weight decay on 1-D parameters (BN γ/β and biases), as in Goyal et al. and NVIDIA's recipe.
+    pub no_bn_bias_decay: bool,
+    /// LARS trust coefficient η: when set, every weight matrix/kernel gets its own rate
+    /// lr·η·‖w‖/(‖g‖ + wd·‖w‖) (1-D parameters keep plain SGD, as in MLPerf's LARS).
+    #[serde(default)]
+    pub lars_eta: Option<f64>,
+}
+
+impl Default for SgdConfig {
+    fn default() -> Self {
+        Self {
+            momentum: 0.9,
+            weight_decay: 1e-4,
+            nesterov: false,
+            no_bn_bias_decay: false,
+            lars_eta: None,
+        }
+    }
+}
+
+/// A kind of work a training step does (`rn50 bench --profile`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkKind {
+    Convolution,
+    BatchNorm,
+    /// ReLU, residual adds, fills, and the other pointwise ops.
+    Elementwise,
+    /// SGD's multi-tensor (foreach) kernels and AMP's gradient unscaling and scale update.
+    Optimizer,
+    /// Changes of dtype: autocast's casts, the uint8 batch to float.
+    Cast,
+    /// Copies and layout changes within and between devices, memsets.
+    Copy,
+    /// Collectives (NCCL, Gloo) and the bookkeeping of DDP's gradient buckets.
+    Communication,
+    /// Everything not above (pooling, the classifier's matmul, the loss, allocation); see the top names.
+    Other,
+}
+
+impl WorkKind {
+    pub const ALL: [WorkKind; 8] = [
+        WorkKind::Convolution,
+        WorkKind::BatchNorm,
+        WorkKind::Elementwise,
+        WorkKind::Optimizer,
+        WorkKind::Cast,
+        WorkKind::Copy,
+        WorkKind::Communication,
+        WorkKind::Other,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkKind::Convolution => "convolution",
+            WorkKind::BatchNorm => "batch_norm",
+            WorkKind::Elementwise => "elementwise",
+            WorkKind::Optimizer => "optimizer",
+            WorkKind::Cast => "cast",
+            WorkKind::Copy => "copy",
+            WorkKind::Communication => "communication",
+            WorkKind::Other => "other",
+        }
+    }
+}
+
+impl std::fmt::Display for WorkKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What the times of a profile are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProfileSource {
+    /// Self time of the ops on the CPU threads that ran them.
+    CpuOps,
+    /// Device time of CUDA kernels, memcpys and memsets.
+    CudaKernels,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct KindTime {
+    pub kind: WorkKind,
+    pub ms_per_step: f64,
+    /// Of `total_ms_per_step`.
+    pub share: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct NameTime {
+    pub name: String,
+    pub ms_per_step: f64,
+    /// Of `total_ms_per_step`.
+    pub share: f64,
+}
+
+/// `rn50 bench --profile`'s result: time per step by kind of work.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ProfileReport {
+    pub source: ProfileSource,
+    /// Steps profiled (after the measured ones; their wall time is not in the img/s figures).
+    pub steps: usize,
+    /// Wall time of one profiled step (the profiler slows steps down).
+    pub wall_ms_per_step: f64,
+    /// The time summed over every kind, per step.
+    pub total_ms_per_step: f64,
+    /// Every kind, largest first, then `other`.
+    pub kinds: Vec<KindTime>,
+    /// The largest parts of `other`, by op name (on CUDA: the op that launched the kernels, or the kernel).
+    pub other_top: Vec<NameTime>,
+    /// Events the profiler recorded.
+    pub events: usize,
+    /// Said when the summary is not what was asked for (CUDA run without CUDA activity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Machine {
     pub hostname: Option<String>,
@@ -74,6 +235,9 @@ pub struct Machine {
     pub torch_version: Option<String>,
     #[serde(default)]
     pub cuda_devices: Vec<CudaDevice>,
+    /// What else the writer recorded (libtorch path, driver and cuDNN versions, …), kept as written.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -81,6 +245,9 @@ pub struct Cpu {
     pub model: Option<String>,
     pub logical_cores: Option<u64>,
     pub physical_cores: Option<u64>,
+    /// Vendor, bf16 features, oneDNN's ISA cap, as the writer recorded them.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -230,6 +397,9 @@ pub struct SweepPoint {
     pub min: f64,
     pub max: f64,
     pub allreduce_ms: Option<f64>,
+    /// The configuration the point's last repeat resolved (absent in older sweeps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<BenchConfig>,
 }
 
 impl SweepPoint {
@@ -257,6 +427,7 @@ impl SweepPoint {
             max: v.last().copied().unwrap_or(f64::NAN),
             images_per_sec,
             allreduce_ms,
+            config: None,
         }
     }
 }

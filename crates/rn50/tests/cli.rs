@@ -1,6 +1,8 @@
 //! The `rn50` binary end to end: bench output and JSON, doctor, and clear errors on bad input.
 use std::process::{Command, Output};
 
+use rn50_report::schema::{BenchResult, SweepResult};
+
 fn rn50(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rn50"))
         .args(args)
@@ -74,29 +76,30 @@ fn bench_writes_the_documented_json() {
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(stdout.contains("img/s (median)"), "{stdout}");
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-        for key in [
-            "images_per_sec",
-            "images_per_sec_p10",
-            "images_per_sec_p90",
-            "step_ms",
-            "data_wait_ms",
-            "peak_rss_bytes",
+        // Read as the report reads it: the one bench record type.
+        let r: BenchResult = rn50_report::schema::read_json(&json).unwrap();
+        for (key, x) in [
+            ("images_per_sec_p10", r.images_per_sec_p10),
+            ("images_per_sec_p90", r.images_per_sec_p90),
+            ("step_ms", r.step_ms),
+            ("data_wait_ms", r.data_wait_ms),
+            ("peak_rss_bytes", r.peak_rss_bytes.map(|b| b as f64)),
         ] {
-            assert!(v[key].as_f64().is_some_and(|x| x >= 0.0), "{key} in {v}");
+            assert!(x.is_some_and(|x| x >= 0.0), "{key} in {r:?}");
         }
-        assert!(v["images_per_sec"].as_f64().unwrap() > 0.0);
-        assert!(v["images_per_sec_p10"].as_f64() <= v["images_per_sec_p90"].as_f64());
-        assert_eq!(v["step_times_ms"].as_array().unwrap().len(), 3);
-        assert_eq!(v["config"]["arch"], "resnet18");
-        assert_eq!(v["config"]["data"], data);
-        assert_eq!(v["config"]["threads"], 1);
-        assert!(v["machine"]["cpu"]["model"]
-            .as_str()
-            .is_some_and(|s| !s.is_empty()));
-        assert_eq!(v["machine"]["torch_version"], rn50::shim::torch_version());
-        assert!(v["final_loss"].as_f64().unwrap().is_finite());
+        assert!(r.images_per_sec > 0.0);
+        assert!(r.images_per_sec_p10 <= r.images_per_sec_p90);
+        assert_eq!(r.step_times_ms.len(), 3);
+        assert_eq!(r.config.arch, "resnet18");
+        assert_eq!(r.config.data.as_deref(), Some(data));
+        assert_eq!(r.config.threads, Some(1));
+        let m = r.machine.expect("the machine is recorded");
+        assert!(m.cpu.and_then(|c| c.model).is_some_and(|s| !s.is_empty()));
+        assert_eq!(
+            m.torch_version.as_deref(),
+            Some(rn50::shim::torch_version().as_str())
+        );
+        assert!(r.final_loss.unwrap().is_finite());
     }
 }
 
@@ -152,4 +155,69 @@ fn doctor_under_mpirun_inside_slurm_says_open_mpi() {
         launcher["detail"],
         "Open MPI: rank 5 of 8, local rank 1 of 4, rendezvous node01:23456"
     );
+}
+
+/// `bench --sweep` runs each point with the sweep's flags (through `rn50 launch`) and records what each point
+/// resolved: flags the sweep has no special handling for arrive, read back through the schema's types.
+#[test]
+fn sweep_points_run_with_every_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("sweep.json");
+    let out = rn50(&[
+        "bench",
+        "--sweep",
+        "--world-sizes",
+        "1",
+        "--batch-sizes",
+        "2,3",
+        "--repeats",
+        "1",
+        "-a",
+        "resnet18",
+        "--image-size",
+        "32",
+        "--warmup",
+        "0",
+        "--steps",
+        "2",
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--no-channels-last",
+        "--data",
+        "host",
+        "--seed",
+        "9",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: SweepResult = rn50_report::schema::read_json(&json).unwrap();
+    assert_eq!(r.points.len(), 2);
+    for (p, batch) in r.points.iter().zip([2, 3]) {
+        let c = p
+            .config
+            .as_ref()
+            .expect("each point records its configuration");
+        assert_eq!(
+            (p.world_size, p.batch_size, c.batch_size),
+            (1, batch, batch)
+        );
+        assert_eq!(c.arch, "resnet18");
+        assert_eq!(
+            (c.image_size, c.warmup, c.steps),
+            (Some(32), Some(0), Some(2))
+        );
+        assert_eq!(c.precision.as_deref(), Some("fp32"));
+        assert_eq!(c.channels_last, Some(false));
+        assert_eq!(c.data.as_deref(), Some("host"));
+        assert_eq!(c.seed, Some(9));
+        assert!(p.median > 0.0);
+    }
+    assert_eq!(r.precision.as_deref(), Some("fp32"));
 }

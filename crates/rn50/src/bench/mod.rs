@@ -29,10 +29,12 @@ use rn50_distributed::{DistContext, WorldInfo};
 use rn50_pipeline::synthetic::{self, SyntheticConfig};
 use rn50_pipeline::{Dataset, LoaderConfig};
 
-use crate::device::{device_name, synchronize, DeviceSettings};
+use crate::device::{device_name, synchronize, ComputeArgs, DeviceSettings};
 use crate::machine::{self, MachineInfo};
 use crate::model::{Arch, Model, ResNetConfig};
 use crate::step::{Precision, SgdConfig, StepConfig, TrainStep};
+use crate::train::schedule::scaled_lr;
+pub use rn50_report::schema::{BenchConfig, BenchResult, Machine};
 use source::Source;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -49,28 +51,18 @@ pub enum DataMode {
 }
 
 /// Measure training throughput (images/s) on synthetic data.
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Debug, Clone, Serialize)]
 pub struct BenchArgs {
     /// Model architecture: resnet18, resnet34, resnet50, resnet101, resnet152.
     #[arg(short = 'a', long = "arch", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
     pub arch: Arch,
     /// Batch size per device, 1 to 65536; batch x image size² x 3 bytes at most 16 GiB [default: 32 on CPU,
     /// 256 on GPU].
-    #[arg(short = 'b', long = "batch-size", value_parser = clap::value_parser!(i64).range(1..=MAX_BATCH as i64))]
-    pub batch_size: Option<i64>,
-    /// Numeric precision [default: bf16 on CPUs with AMX/AVX512-BF16, else fp32; fp16 (AMP) on GPU].
-    #[arg(long, value_enum)]
-    pub precision: Option<Precision>,
-    /// Use channels_last (NHWC) memory format [default: on; it wins for fp32 and bf16 on CPU and on GPU].
-    #[arg(long, overrides_with = "no_channels_last")]
-    pub channels_last: bool,
-    /// Use the contiguous NCHW memory format.
-    #[arg(long, overrides_with = "channels_last")]
-    pub no_channels_last: bool,
-    /// On CUDA, run BatchNorm, residual add and ReLU as PyTorch's separate kernels instead of one fused cuDNN
-    /// batch norm (same numbers; compare the two step rates with it).
-    #[arg(long)]
-    pub no_fused_bn: bool,
+    #[arg(short = 'b', long = "batch-size", value_parser = usize_in(1..=MAX_BATCH))]
+    pub batch_size: Option<usize>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub compute: ComputeArgs,
     /// Steps run before measuring (allocator, oneDNN/cuDNN autotuning) [default: 3 on CPU, 20 on GPU].
     #[arg(long)]
     pub warmup: Option<usize>,
@@ -80,9 +72,6 @@ pub struct BenchArgs {
     /// CPU threads for libtorch's intra-op pool, 1 to 1024 [default: the CPUs this process may use].
     #[arg(long, value_parser = usize_in(1..=MAX_THREADS))]
     pub threads: Option<usize>,
-    /// Device: auto (CUDA if present, else CPU), cpu, cuda, cuda:N.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
     /// Where the batches come from (see `--help`): device, host, pipeline, real [default: real with
     /// --data-dir, else device].
     #[arg(long = "data", value_enum)]
@@ -104,8 +93,8 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,2", value_parser = usize_in(1..=65536))]
     pub world_sizes: Vec<usize>,
     /// Batch sizes per rank of the sweep (comma-separated), as --batch-size [default: the --batch-size].
-    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(i64).range(1..=MAX_BATCH as i64))]
-    pub batch_sizes: Vec<i64>,
+    #[arg(long, value_delimiter = ',', value_parser = usize_in(1..=MAX_BATCH))]
+    pub batch_sizes: Vec<usize>,
     /// Repeats of each sweep point, at least 1.
     #[arg(long, default_value_t = 3, value_parser = usize_in(1..))]
     pub repeats: usize,
@@ -134,68 +123,6 @@ pub struct BenchArgs {
     pub profile_steps: usize,
 }
 
-/// The resolved configuration a bench ran with (all defaults filled in).
-#[derive(Clone, Debug, Serialize)]
-pub struct BenchConfig {
-    pub arch: Arch,
-    pub batch_size: i64,
-    pub image_size: i64,
-    pub precision: Precision,
-    pub channels_last: bool,
-    pub warmup: usize,
-    pub steps: usize,
-    pub threads: usize,
-    pub device: String,
-    pub data: DataMode,
-    pub data_dir: Option<PathBuf>,
-    pub workers: usize,
-    pub synthetic_images: usize,
-    pub seed: u64,
-    pub tf32: bool,
-    /// BatchNorm (+ add) + ReLU fused into one cuDNN op (CUDA, fp16/bf16, channels_last).
-    pub fused_bn: bool,
-    pub optimizer: SgdConfig,
-    pub lr: f64,
-    /// Data-parallel processes and the batch of one step over all of them.
-    pub world_size: usize,
-    pub global_batch: i64,
-    /// Steps profiled after the measured ones (`--profile`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub profile_steps: Option<usize>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct BenchResult {
-    /// Over all ranks (the sum of the ranks' medians).
-    pub images_per_sec: f64,
-    /// What the step alone would sustain (global batch / compute time): the ceiling without data wait.
-    pub compute_images_per_sec: f64,
-    /// Mean per step of the gradient all-reduce that backward did not hide (data-parallel runs).
-    pub allreduce_ms: Option<f64>,
-    /// Images the loader could not decode (pipeline/real modes), skipped and counted.
-    pub bad_images: u64,
-    /// The dataset's disk and this process's reads while measuring (real mode).
-    pub io: Option<rn50_report::IoDelta>,
-    pub images_per_sec_p10: f64,
-    pub images_per_sec_p90: f64,
-    /// Median wall time of one step, data included.
-    pub step_ms: f64,
-    /// Mean time per step spent waiting for and copying the batch.
-    pub data_wait_ms: f64,
-    /// Mean time per step in forward, backward and update.
-    pub compute_ms: f64,
-    pub data_wait_share: f64,
-    pub peak_rss_bytes: u64,
-    pub device_peak_memory_bytes: Option<i64>,
-    pub final_loss: f64,
-    pub step_times_ms: Vec<f64>,
-    /// Time per step by kind of work, from extra profiled steps (`--profile`; this rank's).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub profile: Option<profile::ProfileReport>,
-    pub config: BenchConfig,
-    pub machine: MachineInfo,
-}
-
 impl BenchArgs {
     /// The rules between flags (each flag's own range is clap's), checked before anything else: a batch of
     /// uint8 pixels must fit [`rn50_args::MAX_BATCH_BYTES`]. The default batches (32, 256) always do.
@@ -213,20 +140,12 @@ impl BenchArgs {
     /// Fills in the defaults that depend on the device, the CPU and this process's place in a data-parallel
     /// job (one GPU per process; the CPUs split between the processes of a node), and rejects what cannot run.
     pub fn resolve(&self, world: &WorldInfo) -> Result<(BenchConfig, Device)> {
-        let device = crate::device::select(&self.device, world.local_rank)?;
-        let cpu = machine::cpu_info();
+        let narrowest_conv = ResNetConfig::new(self.arch).narrowest_conv();
+        let compute = self.compute.resolve(world.local_rank, narrowest_conv)?;
+        let (device, cpu) = (compute.device, &compute.cpu);
         let gpu = device.is_cuda();
         let batch_size = self.batch_size.unwrap_or(if gpu { 256 } else { 32 });
-        let precision = Precision::resolve(
-            self.precision,
-            device,
-            &cpu,
-            ResNetConfig::new(self.arch).narrowest_conv(),
-        )?;
-        // channels_last measured faster on this Sapphire Rapids CPU for fp32 too (8.3 vs 6.6 img/s).
-        let channels_last = self.channels_last || !self.no_channels_last;
         let per_rank = (cpu.logical_cores / world.local_world_size.max(1)).max(1);
-        let threads = self.threads.unwrap_or(per_rank);
         let steps = self.steps.unwrap_or(if gpu { 100 } else { 20 });
         let data = match (self.data, &self.data_dir) {
             (None, Some(_)) | (Some(DataMode::Real), Some(_)) => DataMode::Real,
@@ -235,54 +154,106 @@ impl BenchArgs {
             (Some(m), None) => m,
             (None, None) => DataMode::Device,
         };
-        let settings = DeviceSettings::for_device(device, !self.no_fused_bn);
+        let settings = DeviceSettings::for_device(device, compute.fused_bn);
+        let global_batch = batch_size * world.world_size;
         Ok((
             BenchConfig {
-                arch: self.arch,
-                batch_size,
-                image_size: self.image_size,
-                precision,
-                channels_last,
-                warmup: self.warmup.unwrap_or(if gpu { 20 } else { 3 }),
-                steps,
-                threads,
-                device: device_name(device),
-                data,
+                arch: self.arch.to_string(),
+                batch_size: batch_size as u64,
+                image_size: Some(self.image_size as u64),
+                precision: Some(compute.precision.to_string()),
+                channels_last: Some(compute.channels_last),
+                warmup: Some(self.warmup.unwrap_or(if gpu { 20 } else { 3 }) as u64),
+                steps: Some(steps as u64),
+                threads: Some(self.threads.unwrap_or(per_rank) as u64),
+                device: Some(device_name(device)),
+                data: Some(data.name().into()),
                 data_dir: self.data_dir.clone(),
-                workers: self.workers.unwrap_or(per_rank).max(1),
-                synthetic_images: self.synthetic_images.max(1),
-                seed: self.seed,
-                tf32: settings.tf32,
-                fused_bn: settings.fused_bn,
-                optimizer: SgdConfig::default(),
-                lr: 0.1 * (batch_size * world.world_size as i64) as f64 / 256.0,
-                world_size: world.world_size,
-                global_batch: batch_size * world.world_size as i64,
-                profile_steps: self.profile.then_some(self.profile_steps),
+                workers: Some(self.workers.unwrap_or(per_rank).max(1) as u64),
+                synthetic_images: Some(self.synthetic_images.max(1) as u64),
+                seed: Some(self.seed),
+                tf32: Some(settings.tf32),
+                fused_bn: Some(settings.fused_bn),
+                optimizer: Some(SgdConfig::default()),
+                lr: Some(scaled_lr(0.1, global_batch)),
+                world_size: Some(world.world_size as u64),
+                global_batch: Some(global_batch as u64),
+                profile_steps: self.profile.then_some(self.profile_steps as u64),
             },
             device,
         ))
     }
 }
 
+impl DataMode {
+    /// The name `--data` takes and results record.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataMode::Device => "device",
+            DataMode::Host => "host",
+            DataMode::Pipeline => "pipeline",
+            DataMode::Real => "real",
+        }
+    }
+}
+
+/// What [`run`] needs of a resolved [`BenchConfig`], typed (the record keeps names and optional fields so that
+/// older results still read).
+struct Plan {
+    arch: Arch,
+    precision: Precision,
+    data: DataMode,
+    batch: usize,
+    image_size: usize,
+    warmup: usize,
+    steps: usize,
+    profile_steps: usize,
+}
+
+impl Plan {
+    fn of(cfg: &BenchConfig) -> Result<Plan> {
+        let need = |v: Option<u64>, what: &str| {
+            v.map(|v| v as usize)
+                .with_context(|| format!("the bench configuration has no {what}"))
+        };
+        let named = |v: &Option<String>, what: &str| {
+            v.clone()
+                .with_context(|| format!("the bench configuration has no {what}"))
+        };
+        Ok(Plan {
+            arch: cfg.arch.parse()?,
+            precision: Precision::from_str(&named(&cfg.precision, "precision")?, true)
+                .map_err(anyhow::Error::msg)?,
+            data: DataMode::from_str(&named(&cfg.data, "data mode")?, true)
+                .map_err(anyhow::Error::msg)?,
+            batch: cfg.batch_size as usize,
+            image_size: need(cfg.image_size, "image size")?,
+            warmup: need(cfg.warmup, "warm-up steps")?,
+            steps: need(cfg.steps, "steps")?,
+            profile_steps: cfg.profile_steps.unwrap_or(0) as usize,
+        })
+    }
+}
+
 /// The batch source of `cfg.data` for this rank.
-fn source(cfg: &BenchConfig, device: Device, dist: &DistContext) -> Result<Source> {
-    let (b, s) = (cfg.batch_size, cfg.image_size);
+fn source(cfg: &BenchConfig, plan: &Plan, device: Device, dist: &DistContext) -> Result<Source> {
+    let (b, s) = (plan.batch, plan.image_size);
+    let seed = cfg.seed.unwrap_or(0);
     let loader_cfg = || LoaderConfig {
-        seed: cfg.seed,
+        seed,
         rank: dist.rank(),
         world_size: dist.world_size(),
-        ..LoaderConfig::train(b as usize, cfg.workers)
+        ..LoaderConfig::train(b, cfg.workers.unwrap_or(1).max(1) as usize)
     };
-    Ok(match cfg.data {
+    Ok(match plan.data {
         DataMode::Device => Source::device(b, s, device),
-        DataMode::Host => Source::host(b, s, device, cfg.seed)?,
+        DataMode::Host => Source::host(b, s, device, seed)?,
         DataMode::Pipeline => {
             let synth = SyntheticConfig {
-                seed: cfg.seed,
-                ..SyntheticConfig::new(cfg.synthetic_images)
+                seed,
+                ..SyntheticConfig::new(cfg.synthetic_images.unwrap_or(1).max(1) as usize)
             };
-            Source::loader(synthetic::dataset(&synth)?, loader_cfg(), s as usize)?
+            Source::loader(synthetic::dataset(&synth)?, loader_cfg(), s)?
         }
         DataMode::Real => {
             let root = cfg
@@ -301,7 +272,7 @@ fn source(cfg: &BenchConfig, device: Device, dist: &DistContext) -> Result<Sourc
                 "{} has more than 1000 classes",
                 dir.display()
             );
-            Source::loader(dataset, loader_cfg(), s as usize)?
+            Source::loader(dataset, loader_cfg(), s)?
         }
     })
 }
@@ -314,23 +285,22 @@ pub fn run(
     dist: &DistContext,
     mut progress: impl FnMut(usize, usize, f64),
 ) -> Result<BenchResult> {
-    tch::set_num_threads(cfg.threads as i32);
-    crate::device::setup(device, cfg.fused_bn)?;
-    tch::manual_seed(cfg.seed as i64);
-    let model = Model::new(ResNetConfig::new(cfg.arch), device);
+    let plan = Plan::of(cfg)?;
+    if let Some(t) = cfg.threads {
+        tch::set_num_threads(t as i32);
+    }
+    crate::device::setup(device, cfg.fused_bn.unwrap_or(false))?;
+    tch::manual_seed(cfg.seed.unwrap_or(0) as i64);
+    let model = Model::new(ResNetConfig::new(plan.arch), device);
     let step_cfg = StepConfig {
-        precision: cfg.precision,
-        channels_last: cfg.channels_last,
+        precision: plan.precision,
+        channels_last: cfg.channels_last.unwrap_or(true),
         label_smoothing: 0.0,
-        sgd: cfg.optimizer.clone(),
+        sgd: cfg.optimizer.clone().unwrap_or_default(),
     };
     let mut step = TrainStep::new(model, step_cfg);
-    if dist.world_size() > 1 {
-        let params = step.model.parameters_in_forward_order();
-        let buffers = step.model.buffers();
-        step.grad_sync = Some(dist.gradient_sync(&params, &buffers, &Default::default())?);
-    }
-    let mut src = source(cfg, device, dist)?;
+    step.sync_gradients(dist, &Default::default())?;
+    let mut src = source(cfg, &plan, device, dist)?;
     let io = match (&cfg.data_dir, dist.is_main()) {
         (Some(dir), true) => Some(rn50_report::IoMonitor::start(
             dir,
@@ -340,25 +310,29 @@ pub fn run(
     };
     let mut io_start = None;
 
-    let total = cfg.warmup + cfg.steps;
-    let profiled = cfg.profile_steps.unwrap_or(0);
-    let mut wait_ms = Vec::with_capacity(cfg.steps);
-    let mut step_ms = Vec::with_capacity(cfg.steps);
-    let mut comm_ms = Vec::with_capacity(cfg.steps);
+    let lr = cfg
+        .lr
+        .context("the bench configuration has no learning rate")?;
+    let (warmup, steps) = (plan.warmup, plan.steps);
+    let total = warmup + steps;
+    let profiled = plan.profile_steps;
+    let mut wait_ms = Vec::with_capacity(steps);
+    let mut step_ms = Vec::with_capacity(steps);
+    let mut comm_ms = Vec::with_capacity(steps);
     let mut last_loss = Tensor::zeros([], (Kind::Float, device));
     for i in 0..total {
-        if i == cfg.warmup {
+        if i == warmup {
             io_start = io.as_ref().map(|m| m.snapshot());
         }
         let t0 = Instant::now();
         let batch = src.next(device)?;
         let t1 = Instant::now();
-        let out = step.step_u8(&batch.images, &batch.labels, cfg.lr)?;
+        let out = step.step_u8(&batch.images, &batch.labels, lr)?;
         synchronize(device);
         let t2 = Instant::now();
         src.recycle(batch);
         last_loss = out.loss;
-        if i >= cfg.warmup {
+        if i >= warmup {
             wait_ms.push((t1 - t0).as_secs_f64() * 1e3);
             step_ms.push((t2 - t0).as_secs_f64() * 1e3);
             comm_ms.push(step.comm.allreduce_wait_ms);
@@ -374,7 +348,7 @@ pub fn run(
         for i in 0..profiled {
             let ts = Instant::now();
             let batch = src.next(device)?;
-            step.step_u8(&batch.images, &batch.labels, cfg.lr)?;
+            step.step_u8(&batch.images, &batch.labels, lr)?;
             synchronize(device);
             src.recycle(batch);
             progress(total + i + 1, total + profiled, ts.elapsed().as_secs_f64());
@@ -394,7 +368,7 @@ pub fn run(
     if !final_loss.is_finite() {
         bail!("the loss became {final_loss}: numerics are broken for this configuration");
     }
-    let b = cfg.batch_size as f64;
+    let b = plan.batch as f64;
     let ips: Vec<f64> = step_ms.iter().map(|ms| b / (ms / 1e3)).collect();
     let data_wait_ms = stats::mean(&wait_ms);
     let mean_step = stats::mean(&step_ms);
@@ -411,31 +385,41 @@ pub fn run(
     drop(step.grad_sync.take());
     Ok(BenchResult {
         images_per_sec: totals[0],
-        compute_images_per_sec: totals[3],
+        compute_images_per_sec: Some(totals[3]),
         allreduce_ms: (dist.world_size() > 1).then(|| stats::mean(&comm_ms)),
-        bad_images: totals[4] as u64,
+        bad_images: Some(totals[4] as u64),
         io,
-        images_per_sec_p10: totals[1],
-        images_per_sec_p90: totals[2],
-        step_ms: stats::median(&step_ms),
-        data_wait_ms,
-        compute_ms,
-        data_wait_share: data_wait_ms / mean_step,
-        peak_rss_bytes: machine::peak_rss_bytes(),
+        images_per_sec_p10: Some(totals[1]),
+        images_per_sec_p90: Some(totals[2]),
+        step_ms: Some(stats::median(&step_ms)),
+        data_wait_ms: Some(data_wait_ms),
+        compute_ms: Some(compute_ms),
+        data_wait_share: Some(data_wait_ms / mean_step),
+        peak_rss_bytes: Some(machine::peak_rss_bytes()),
         device_peak_memory_bytes: match device {
-            Device::Cuda(i) => crate::shim::cuda_memory(i).map(|(peak, _)| peak),
+            Device::Cuda(i) => crate::shim::cuda_memory(i).map(|(peak, _)| peak.max(0) as u64),
             _ => None,
         },
-        final_loss,
+        final_loss: Some(final_loss),
         step_times_ms: step_ms,
         profile,
         config: cfg.clone(),
-        machine: machine::machine_info(),
+        machine: Some(machine_record(&machine::machine_info())?),
     })
+}
+
+/// This machine's facts as the result records them: every field of [`MachineInfo`], the ones readers use typed.
+pub fn machine_record(m: &MachineInfo) -> Result<Machine> {
+    Ok(serde_json::from_value(serde_json::to_value(m)?)?)
 }
 
 fn gib(bytes: f64) -> String {
     format!("{:.2} GiB", bytes / (1u64 << 30) as f64)
+}
+
+/// A figure older results may lack: NaN then.
+fn n(v: Option<f64>) -> f64 {
+    v.unwrap_or(f64::NAN)
 }
 
 /// The short human-readable table.
@@ -445,42 +429,46 @@ pub fn render(r: &BenchResult) -> String {
         "rn50 bench: {} batch {}{} {}px {}{}{} on {} ({} threads), data={}, {} steps after {} warm-up\n",
         c.arch,
         c.batch_size,
-        if c.world_size > 1 {
-            format!(" x {} ranks = {}", c.world_size, c.global_batch)
+        if c.world_size() > 1 {
+            format!(" x {} ranks = {}", c.world_size(), c.global_batch())
         } else {
             String::new()
         },
-        c.image_size,
-        c.precision,
-        if c.channels_last { " channels_last" } else { "" },
-        if c.fused_bn { " fused-BN" } else { "" },
-        c.device,
-        c.threads,
-        format!("{:?}", c.data).to_lowercase(),
-        c.steps,
-        c.warmup
+        c.image_size.unwrap_or(0),
+        c.precision.as_deref().unwrap_or("?"),
+        if c.channels_last == Some(true) { " channels_last" } else { "" },
+        if c.fused_bn == Some(true) { " fused-BN" } else { "" },
+        c.device.as_deref().unwrap_or("?"),
+        c.threads.unwrap_or(0),
+        c.data.as_deref().unwrap_or("?"),
+        c.steps.unwrap_or(0),
+        c.warmup.unwrap_or(0)
     );
     let mut rows = vec![
         ("img/s (median)", format!("{:.2}", r.images_per_sec)),
         (
             "compute-only img/s",
-            format!("{:.2}", r.compute_images_per_sec),
+            format!("{:.2}", n(r.compute_images_per_sec)),
         ),
         (
             "img/s p10 / p90",
-            format!("{:.2} / {:.2}", r.images_per_sec_p10, r.images_per_sec_p90),
+            format!(
+                "{:.2} / {:.2}",
+                n(r.images_per_sec_p10),
+                n(r.images_per_sec_p90)
+            ),
         ),
-        ("ms/step (median)", format!("{:.1}", r.step_ms)),
+        ("ms/step (median)", format!("{:.1}", n(r.step_ms))),
         (
             "data wait / compute",
             format!(
                 "{:.1} ms / {:.1} ms ({:.1}% waiting)",
-                r.data_wait_ms,
-                r.compute_ms,
-                100.0 * r.data_wait_share
+                n(r.data_wait_ms),
+                n(r.compute_ms),
+                100.0 * n(r.data_wait_share)
             ),
         ),
-        ("peak RSS", gib(r.peak_rss_bytes as f64)),
+        ("peak RSS", gib(r.peak_rss_bytes.unwrap_or(0) as f64)),
     ];
     if let Some(ms) = r.allreduce_ms {
         rows.push((
@@ -488,8 +476,8 @@ pub fn render(r: &BenchResult) -> String {
             format!("{ms:.1} ms (not hidden by backward)"),
         ));
     }
-    if r.bad_images > 0 {
-        rows.push(("bad images skipped", r.bad_images.to_string()));
+    if let Some(bad) = r.bad_images.filter(|&b| b > 0) {
+        rows.push(("bad images skipped", bad.to_string()));
     }
     if let Some(io) = &r.io {
         rows.push(("I/O", io.summary_line()));
@@ -531,7 +519,7 @@ pub fn command(args: &BenchArgs) -> Result<()> {
     let main = dist.is_main();
     // Drawn on stderr, hidden when it is not a terminal (logs, CI).
     let bar = indicatif::ProgressBar::new(
-        (cfg.warmup + cfg.steps + cfg.profile_steps.unwrap_or(0)) as u64,
+        cfg.warmup.unwrap_or(0) + cfg.steps.unwrap_or(0) + cfg.profile_steps.unwrap_or(0),
     )
     .with_style(
         indicatif::ProgressStyle::with_template(
@@ -546,9 +534,10 @@ pub fn command(args: &BenchArgs) -> Result<()> {
     }
     let r = run(&cfg, device, &dist, |i, n, secs| {
         bar.set_position(i as u64);
-        let phase = if i <= cfg.warmup {
+        let (warmup, steps) = (cfg.warmup.unwrap_or(0), cfg.steps.unwrap_or(0));
+        let phase = if i as u64 <= warmup {
             "warm-up"
-        } else if i <= cfg.warmup + cfg.steps {
+        } else if i as u64 <= warmup + steps {
             "measuring"
         } else {
             "profiling"
@@ -573,4 +562,24 @@ pub fn command(args: &BenchArgs) -> Result<()> {
         None => print!("{}", render(&r)),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The machine a result records is all of [`MachineInfo`], not only the fields the report reads.
+    #[test]
+    fn machine_record_keeps_every_field() {
+        let m = machine::machine_info();
+        let record = machine_record(&m).unwrap();
+        assert_eq!(
+            serde_json::to_value(&record).unwrap(),
+            serde_json::to_value(&m).unwrap()
+        );
+        assert_eq!(
+            record.cpu.unwrap().logical_cores,
+            Some(m.cpu.logical_cores as u64)
+        );
+    }
 }

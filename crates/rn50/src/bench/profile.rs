@@ -14,68 +14,16 @@
 //! weight autocast makes inside `aten::conv2d` stays a cast.
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, CStr};
-use std::fmt;
 
 use anyhow::{bail, Result};
-use serde::Serialize;
 use tch::Device;
 
-/// A kind of work a training step does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WorkKind {
-    Convolution,
-    BatchNorm,
-    /// ReLU, residual adds, fills, and the other pointwise ops.
-    Elementwise,
-    /// SGD's multi-tensor (foreach) kernels and AMP's gradient unscaling and scale update.
-    Optimizer,
-    /// Changes of dtype: autocast's casts, the uint8 batch to float.
-    Cast,
-    /// Copies and layout changes within and between devices, memsets.
-    Copy,
-    /// Collectives (NCCL, Gloo) and the bookkeeping of DDP's gradient buckets.
-    Communication,
-    /// Everything not above (pooling, the classifier's matmul, the loss, allocation); see the top names.
-    Other,
-}
+pub use rn50_report::schema::{KindTime, NameTime, ProfileReport, ProfileSource, WorkKind};
 
-impl WorkKind {
-    pub const ALL: [WorkKind; 8] = [
-        WorkKind::Convolution,
-        WorkKind::BatchNorm,
-        WorkKind::Elementwise,
-        WorkKind::Optimizer,
-        WorkKind::Cast,
-        WorkKind::Copy,
-        WorkKind::Communication,
-        WorkKind::Other,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            WorkKind::Convolution => "convolution",
-            WorkKind::BatchNorm => "batch_norm",
-            WorkKind::Elementwise => "elementwise",
-            WorkKind::Optimizer => "optimizer",
-            WorkKind::Cast => "cast",
-            WorkKind::Copy => "copy",
-            WorkKind::Communication => "communication",
-            WorkKind::Other => "other",
-        }
-    }
-
-    /// Kinds a name gives to work that any op may do (a copy, a pointwise kernel): inside an op of a specific
-    /// kind, such work is that op's.
-    fn generic(self) -> bool {
-        matches!(self, WorkKind::Elementwise | WorkKind::Copy)
-    }
-}
-
-impl fmt::Display for WorkKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
+/// Kinds a name gives to work that any op may do (a copy, a pointwise kernel): inside an op of a specific
+/// kind, such work is that op's.
+fn generic(kind: WorkKind) -> bool {
+    matches!(kind, WorkKind::Elementwise | WorkKind::Copy)
 }
 
 /// Pointwise ops, by base name ([`base_op`]): `aten::add_`, `aten::threshold_backward`, `ReluBackward0`.
@@ -254,7 +202,7 @@ pub fn display_name(name: &str) -> String {
 /// a specific name wins; a generic one (copy, elementwise) or none takes a specific context.
 pub fn resolve(own: Option<WorkKind>, context: Option<WorkKind>) -> Option<WorkKind> {
     match (own, context) {
-        (Some(k), Some(c)) if k.generic() && !c.generic() => Some(c),
+        (Some(k), Some(c)) if generic(k) && !generic(c) => Some(c),
         (Some(k), _) => Some(k),
         (None, c) => c,
     }
@@ -418,53 +366,6 @@ fn attribute_cpu_ops(events: &[Event]) -> HashMap<usize, OpShare> {
         );
     }
     out
-}
-
-/// What the times of a profile are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ProfileSource {
-    /// Self time of the ops on the CPU threads that ran them.
-    CpuOps,
-    /// Device time of CUDA kernels, memcpys and memsets.
-    CudaKernels,
-}
-
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct KindTime {
-    pub kind: WorkKind,
-    pub ms_per_step: f64,
-    /// Of `total_ms_per_step`.
-    pub share: f64,
-}
-
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct NameTime {
-    pub name: String,
-    pub ms_per_step: f64,
-    /// Of `total_ms_per_step`.
-    pub share: f64,
-}
-
-/// `rn50 bench --profile`'s result: time per step by kind of work.
-#[derive(Clone, Debug, Serialize)]
-pub struct ProfileReport {
-    pub source: ProfileSource,
-    /// Steps profiled (after the measured ones; their wall time is not in the img/s figures).
-    pub steps: usize,
-    /// Wall time of one profiled step (the profiler slows steps down).
-    pub wall_ms_per_step: f64,
-    /// The time summed over every kind, per step.
-    pub total_ms_per_step: f64,
-    /// Every kind, largest first, then `other`.
-    pub kinds: Vec<KindTime>,
-    /// The largest parts of `other`, by op name (on CUDA: the op that launched the kernels, or the kernel).
-    pub other_top: Vec<NameTime>,
-    /// Events the profiler recorded.
-    pub events: usize,
-    /// Said when the summary is not what was asked for (CUDA run without CUDA activity).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
 }
 
 /// How many "other" names the report keeps.

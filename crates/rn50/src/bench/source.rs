@@ -43,14 +43,16 @@ enum Keep {
 }
 
 impl Source {
-    pub fn device(b: i64, s: i64, device: Device) -> Source {
+    pub fn device(b: usize, s: usize, device: Device) -> Source {
+        let (b, s) = (b as i64, s as i64);
         Source::Device {
             images: Tensor::randint(256, [b, s, s, 3], (Kind::Uint8, device)),
             labels: Tensor::randint(1000, [b], (Kind::Int64, device)),
         }
     }
 
-    pub fn host(b: i64, s: i64, device: Device, seed: u64) -> Result<Source> {
+    pub fn host(b: usize, s: usize, device: Device, seed: u64) -> Result<Source> {
+        let (b, s) = (b as i64, s as i64);
         Ok(Source::Host {
             batches: HostBatches::new(b, s, device, 3, seed)?,
             on_device: Tensor::empty([b, s, s, 3], (Kind::Uint8, device)),

@@ -5,56 +5,58 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use rn50_report::{SweepPoint, SweepResult};
-
+use clap::{ArgAction, Args};
+use rn50_report::schema::{parse_json, BenchResult, SweepPoint, SweepResult};
 use serde_json::Value;
 
 use super::BenchArgs;
 
-/// The flags of one measurement, as `rn50 bench` takes them.
-fn point_args(a: &BenchArgs, batch: Option<i64>, json: &Path) -> Vec<String> {
-    let mut v: Vec<String> = vec!["bench".into(), "-a".into(), a.arch.to_string()];
-    let mut push = |k: &str, val: String| {
-        v.push(k.into());
-        v.push(val);
+/// The sweep's own flags: what every point is measured with is all the others.
+const SWEEP_ONLY: [&str; 5] = ["sweep", "world_sizes", "batch_sizes", "repeats", "launcher"];
+
+/// The command line of one measurement: `rn50 bench` with every flag of `a` (whatever it is, so a new flag is
+/// forwarded without being listed here) but the sweep's own, the batch size `batch` and the result file `json`.
+/// The flags come from clap's definition of [`BenchArgs`], their values from its serialised form.
+pub fn point_args(a: &BenchArgs, batch: Option<usize>, json: &Path) -> Result<Vec<String>> {
+    let point = BenchArgs {
+        batch_size: batch,
+        json: Some(json.to_path_buf()),
+        ..a.clone()
     };
-    if let Some(b) = batch {
-        push("-b", b.to_string());
+    let Value::Object(values) = serde_json::to_value(&point)? else {
+        bail!("bench flags did not serialise to an object");
+    };
+    let mut v = vec!["bench".to_string()];
+    let cmd = BenchArgs::augment_args(clap::Command::new("bench"));
+    for arg in cmd.get_arguments() {
+        let id = arg.get_id().as_str();
+        let Some(long) = arg.get_long() else {
+            continue;
+        };
+        if SWEEP_ONLY.contains(&id) {
+            continue;
+        }
+        let flag = format!("--{long}");
+        match (values.get(id), arg.get_action()) {
+            (Some(Value::Bool(on)), ArgAction::SetTrue) => {
+                if *on {
+                    v.push(flag);
+                }
+            }
+            (Some(Value::Null), _) => {}
+            (Some(Value::String(s)), _) => v.extend([flag, s.clone()]),
+            (Some(Value::Number(n)), _) => v.extend([flag, n.to_string()]),
+            (other, action) => {
+                bail!("cannot forward --{long} ({action:?}, value {other:?}) to the sweep's points")
+            }
+        }
     }
-    if let Some(p) = a.precision {
-        push("--precision", p.to_string());
-    }
-    if let Some(w) = a.warmup {
-        push("--warmup", w.to_string());
-    }
-    if let Some(s) = a.steps {
-        push("--steps", s.to_string());
-    }
-    if let Some(d) = a.data {
-        push("--data", format!("{d:?}").to_lowercase());
-    }
-    if let Some(d) = &a.data_dir {
-        push("--data-dir", d.display().to_string());
-    }
-    if let Some(j) = a.workers {
-        push("-j", j.to_string());
-    }
-    push("--device", a.device.clone());
-    push("--image-size", a.image_size.to_string());
-    push("--synthetic-images", a.synthetic_images.to_string());
-    push("--seed", a.seed.to_string());
-    push("--json", json.display().to_string());
-    if a.no_channels_last {
-        v.push("--no-channels-last".into());
-    }
-    if a.no_fused_bn {
-        v.push("--no-fused-bn".into());
-    }
-    v
+    Ok(v)
 }
 
 /// How the ranks of one sweep point are started.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum SweepLauncher {
     /// `rn50 launch` on this node.
     Launch,
@@ -106,13 +108,13 @@ pub fn command(args: &BenchArgs) -> Result<()> {
     let exe = std::env::current_exe().context("locating the rn50 binary")?;
     let tmp = std::env::temp_dir().join(format!("rn50-sweep-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
-    let batches: Vec<Option<i64>> = if args.batch_sizes.is_empty() {
+    let batches: Vec<Option<usize>> = if args.batch_sizes.is_empty() {
         vec![args.batch_size]
     } else {
         args.batch_sizes.iter().map(|&b| Some(b)).collect()
     };
     let mut points = Vec::new();
-    let mut first: Option<Value> = None;
+    let mut first: Option<BenchResult> = None;
     for &batch in &batches {
         for &n in &args.world_sizes {
             let (mut ips, mut comm, mut last) = (Vec::new(), Vec::new(), None);
@@ -124,7 +126,7 @@ pub fn command(args: &BenchArgs) -> Result<()> {
                     r + 1,
                     args.repeats
                 );
-                let cmd = point_command(args.launcher, &exe, n, &point_args(args, batch, &json));
+                let cmd = point_command(args.launcher, &exe, n, &point_args(args, batch, &json)?);
                 let status = Command::new(&cmd[0])
                     .args(&cmd[1..])
                     .status()
@@ -134,40 +136,41 @@ pub fn command(args: &BenchArgs) -> Result<()> {
                 }
                 let text = std::fs::read_to_string(&json)
                     .with_context(|| format!("reading {}", json.display()))?;
-                let res: Value = serde_json::from_str(&text)
-                    .with_context(|| format!("parsing {}", json.display()))?;
-                ips.push(res["images_per_sec"].as_f64().unwrap_or(f64::NAN));
-                comm.extend(res["allreduce_ms"].as_f64());
+                let res: BenchResult = parse_json(&text, &json)?;
+                ips.push(res.images_per_sec);
+                comm.extend(res.allreduce_ms);
                 last = Some(res);
             }
             let res = last.expect("at least one repeat");
             let allreduce =
                 (!comm.is_empty()).then(|| comm.iter().sum::<f64>() / comm.len() as f64);
-            points.push(SweepPoint::from_repeats(
-                n as u64,
-                res["config"]["batch_size"].as_u64().unwrap_or(0),
-                res["config"]["lr"].as_f64(),
-                ips,
-                allreduce,
-            ));
+            points.push(SweepPoint {
+                config: Some(res.config.clone()),
+                ..SweepPoint::from_repeats(
+                    n as u64,
+                    res.config.batch_size,
+                    res.config.lr,
+                    ips,
+                    allreduce,
+                )
+            });
             first.get_or_insert(res);
         }
     }
     let _ = std::fs::remove_dir_all(&tmp);
     let base = first.expect("at least one point");
-    let c = &base["config"];
-    let text = |v: &Value| v.as_str().map(str::to_string);
+    let c = base.config;
     let result = SweepResult {
-        arch: text(&c["arch"]).unwrap_or_default(),
-        device: text(&c["device"]),
+        arch: c.arch,
+        device: c.device,
         // Threads of the 1-rank point; each of N ranks had 1/N of them.
-        threads: c["threads"].as_u64(),
-        precision: text(&c["precision"]),
-        image_size: c["image_size"].as_u64(),
-        data: text(&c["data"]),
+        threads: c.threads,
+        precision: c.precision,
+        image_size: c.image_size,
+        data: c.data,
         launcher: Some(format!("{:?}", args.launcher).to_lowercase()),
         points,
-        machine: serde_json::from_value(base["machine"].clone()).ok(),
+        machine: base.machine,
         ..Default::default()
     };
     print!("{}", render(&result));
@@ -233,6 +236,91 @@ pub fn render(r: &SweepResult) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Bench {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    fn parse(argv: &[&str]) -> BenchArgs {
+        Bench::try_parse_from(argv).unwrap().args
+    }
+
+    /// Every flag of a point, the ones the first sweep did not forward (`--threads`, `--profile`,
+    /// `--profile-steps`, `--channels-last`) included, reaches it as given: the point's command line parses back
+    /// to the sweep's arguments with only the batch size, the result file and the sweep's own flags changed.
+    #[test]
+    fn points_get_every_flag_but_the_sweeps_own() {
+        let sweep = parse(&[
+            "bench",
+            "--sweep",
+            "--world-sizes",
+            "1,4",
+            "--batch-sizes",
+            "8,16",
+            "--repeats",
+            "2",
+            "--launcher",
+            "srun",
+            "-a",
+            "resnet18",
+            "-b",
+            "4",
+            "--precision",
+            "bf16",
+            "--no-channels-last",
+            "--channels-last",
+            "--no-fused-bn",
+            "--device",
+            "cpu",
+            "--warmup",
+            "0",
+            "--steps",
+            "3",
+            "--threads",
+            "2",
+            "--data",
+            "real",
+            "--data-dir",
+            "/data/imagenet",
+            "-j",
+            "5",
+            "--synthetic-images",
+            "64",
+            "--image-size",
+            "96",
+            "--seed",
+            "11",
+            "--json",
+            "/tmp/sweep.json",
+            "--profile",
+            "--profile-steps",
+            "7",
+        ]);
+        let json = Path::new("/tmp/point.json");
+        let argv = point_args(&sweep, Some(16), json).unwrap();
+        let point = parse(&argv.iter().map(String::as_str).collect::<Vec<_>>());
+        let mut want = serde_json::to_value(BenchArgs {
+            batch_size: Some(16),
+            json: Some(json.into()),
+            ..sweep
+        })
+        .unwrap();
+        let mut got = serde_json::to_value(&point).unwrap();
+        for k in SWEEP_ONLY {
+            want.as_object_mut().unwrap().remove(k).unwrap();
+            got.as_object_mut().unwrap().remove(k).unwrap();
+        }
+        assert_eq!(got, want, "{argv:?}");
+        assert!(!point.sweep && point.threads == Some(2) && point.profile_steps == 7);
+        assert!(point.compute.channels_last && !point.compute.no_channels_last);
+        // Flags left at their defaults are not needed, but a point given them explicitly is the same point.
+        let argv = point_args(&parse(&["bench", "--sweep"]), None, json).unwrap();
+        assert!(!argv.contains(&"--sweep".to_string()), "{argv:?}");
+        assert!(!argv.contains(&"--batch-size".to_string()), "{argv:?}");
+    }
 
     #[test]
     fn each_launcher_starts_n_ranks_of_the_same_bench() {

@@ -12,7 +12,7 @@ use crate::model::Model;
 pub use input::Normalizer;
 pub use optim::{Sgd, SgdConfig};
 pub use precision::Precision;
-use rn50_distributed::{GradSync, StepComm};
+use rn50_distributed::{DdpOptions, DistContext, GradSync, StepComm};
 pub use scaler::{GradScaler, Skipped};
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -69,6 +69,19 @@ impl TrainStep {
 
     pub fn device(&self) -> Device {
         self.model.device()
+    }
+
+    /// Data parallelism, the same for `bench` and `train`: when `dist` spans several processes, rank 0's weights
+    /// everywhere, then gradients averaged in buckets during backward (PyTorch DDP). Call it after the
+    /// channels_last conversion and any checkpoint load: buckets follow the parameters' strides. A single
+    /// process is left alone.
+    pub fn sync_gradients(&mut self, dist: &DistContext, opts: &DdpOptions) -> Result<()> {
+        if dist.world_size() > 1 {
+            let params = self.model.parameters_in_forward_order();
+            let buffers = self.model.buffers();
+            self.grad_sync = Some(dist.gradient_sync(&params, &buffers, opts)?);
+        }
+        Ok(())
     }
 
     /// A step on a uint8 NHWC batch already on the device (normalised here, on the device).

@@ -6,30 +6,8 @@ use tch::Tensor;
 
 use crate::shim;
 
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct SgdConfig {
-    pub momentum: f64,
-    pub weight_decay: f64,
-    pub nesterov: bool,
-    /// No weight decay on 1-D parameters (BN γ/β and biases), as in Goyal et al. and NVIDIA's recipe.
-    pub no_bn_bias_decay: bool,
-    /// LARS trust coefficient η: when set, every weight matrix/kernel gets its own rate
-    /// lr·η·‖w‖/(‖g‖ + wd·‖w‖) (1-D parameters keep plain SGD, as in MLPerf's LARS).
-    #[serde(default)]
-    pub lars_eta: Option<f64>,
-}
-
-impl Default for SgdConfig {
-    fn default() -> Self {
-        Self {
-            momentum: 0.9,
-            weight_decay: 1e-4,
-            nesterov: false,
-            no_bn_bias_decay: false,
-            lars_eta: None,
-        }
-    }
-}
+/// SGD's settings (momentum, weight decay, Nesterov, LARS): the record results and checkpoints keep.
+pub use rn50_report::schema::SgdConfig;
 
 /// Parameters sharing one weight decay.
 pub struct ParamGroup {

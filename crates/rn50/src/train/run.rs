@@ -217,13 +217,11 @@ pub fn command(args: &TrainArgs) -> Result<()> {
     if world > 1 {
         // DDP: rank 0's weights everywhere, then gradients averaged in buckets during backward. Built after
         // the channels_last conversion and the checkpoint load: buckets follow the parameters' strides.
-        let params = step.model.parameters_in_forward_order();
-        let buffers = step.model.buffers();
         let opts = rn50_distributed::DdpOptions {
             bucket_cap_bytes: (args.bucket_cap_mb * 1024.0 * 1024.0) as usize,
             ..Default::default()
         };
-        step.grad_sync = Some(dist.gradient_sync(&params, &buffers, &opts)?);
+        step.sync_gradients(&dist, &opts)?;
         // A fresh EMA starts from the broadcast weights; a resumed one is the checkpoint's on every rank.
         if let (Some(e), None) = (&mut ema, &args.resume) {
             *e = Ema::new(&step.model, e.decay);
