@@ -7,6 +7,7 @@ pub mod alloc;
 pub mod bench;
 pub mod device;
 pub mod doctor;
+pub mod input;
 pub mod machine;
 pub mod model;
 pub mod shim;

@@ -10,9 +10,7 @@
 //!
 //! `--profile` adds a few steps after the measured ones, recorded by libtorch's profiler, and shows where their
 //! time goes by kind of work ([`profile`]).
-pub mod host_data;
 pub mod profile;
-pub mod source;
 pub mod stats;
 pub mod sweep;
 
@@ -30,12 +28,12 @@ use rn50_pipeline::synthetic::{self, SyntheticConfig};
 use rn50_pipeline::{Dataset, LoaderConfig};
 
 use crate::device::{device_name, synchronize, ComputeArgs, DeviceSettings};
+use crate::input::Source;
 use crate::machine::{self, MachineInfo};
 use crate::model::{Arch, Model, ResNetConfig};
 use crate::step::{Precision, SgdConfig, StepConfig, TrainStep};
 use crate::train::schedule::scaled_lr;
 pub use rn50_report::schema::{BenchConfig, BenchResult, Machine};
-use source::Source;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -1,12 +1,11 @@
 //! Where `rn50 train` gets its batches: DATA/train and DATA/val (or DATA/test) with the chosen recipe's
 //! transforms, a train loader rebuilt when progressive resizing changes the resolution, all on one set of
-//! loader threads, and the hand-over of a host batch to the device.
+//! loader threads. The hand-over of a host batch to the device is [`crate::input::DeviceBatch`].
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use rn50_pipeline::{Batch, Dataset, Epoch, Loader, LoaderConfig, Transform};
-use tch::{Device, Kind, Tensor};
+use rn50_pipeline::{Dataset, Epoch, Loader, LoaderConfig, Transform};
 
 use crate::train::args::{Augment, TrainArgs};
 
@@ -134,56 +133,5 @@ impl RealData {
     pub fn batches_per_epoch(&mut self, args: &TrainArgs) -> Result<usize> {
         let res = self.train.as_ref().map_or(args.image_size, |(r, _)| *r);
         Ok(self.train(args, res)?.batches_per_epoch())
-    }
-}
-
-/// A batch on the device: uint8 NHWC images and int64 labels.
-pub struct DeviceBatch {
-    pub images: Tensor,
-    pub labels: Tensor,
-    /// On CPU the images tensor borrows the loader's buffer: keep it until the tensors are dropped
-    /// (fields drop in order, so the tensors go first).
-    _host: Option<Batch>,
-}
-
-impl DeviceBatch {
-    /// CPU: no copy, the tensor views the loader's buffer. GPU: staged through page-locked memory from
-    /// PyTorch's caching host allocator and copied asynchronously, like DataLoader's pin_memory +
-    /// `.cuda(non_blocking=True)`: the copy queues behind the running step while the host goes on to the
-    /// next batch, and the allocator keeps the staging buffer until its copy has finished.
-    pub fn new(batch: Batch, device: Device) -> Result<Self> {
-        let shape = [batch.n() as i64, batch.h() as i64, batch.w() as i64, 3];
-        let labels = Tensor::from_slice(batch.labels());
-        // SAFETY: `batch` holds `shape.product()` contiguous bytes and outlives `host` (kept in `_host`
-        // on CPU; on GPU `host` is copied from before `batch` is dropped here).
-        let host = unsafe {
-            Tensor::from_blob(
-                batch.as_ptr(),
-                &shape,
-                &[shape[1] * shape[2] * 3, shape[2] * 3, 3, 1],
-                Kind::Uint8,
-                Device::Cpu,
-            )
-        };
-        if device == Device::Cpu {
-            return Ok(Self {
-                images: host,
-                labels,
-                _host: Some(batch),
-            });
-        }
-        let pinned = crate::shim::pin_memory(&host)?;
-        drop(host);
-        drop(batch);
-        Ok(Self {
-            images: pinned.f_to_device_(device, Kind::Uint8, true, false)?,
-            labels: crate::shim::pin_memory(&labels)?.f_to_device_(
-                device,
-                Kind::Int64,
-                true,
-                false,
-            )?,
-            _host: None,
-        })
     }
 }

@@ -11,9 +11,9 @@ use serde::Serialize;
 use tch::Tensor;
 
 use crate::device::{device_name, Compute, ComputeArgs};
+use crate::input::DeviceBatch;
 use crate::model::{weights, Arch, Model, ResNetConfig};
 use crate::step::{Normalizer, Precision};
-use crate::train::data::DeviceBatch;
 use crate::train::metrics::Accuracy;
 
 #[derive(Clone, Debug, Default, Serialize)]

@@ -12,12 +12,13 @@ use serde::Serialize;
 use tch::{Kind, Tensor};
 
 use crate::device::{device_name, Compute};
+use crate::input::DeviceBatch;
 use crate::model::{weights, Model, ResNetConfig, Stem};
 use crate::step::{Precision, SgdConfig, StepConfig, TrainStep};
 pub use crate::train::args::TrainArgs;
 use crate::train::args::{Augment, OptimizerKind, ScheduleKind};
 use crate::train::checkpoint::{self, Position};
-use crate::train::data::{DeviceBatch, RealData};
+use crate::train::data::RealData;
 use crate::train::ema::Ema;
 use crate::train::eval::{evaluate, EvalResult};
 use crate::train::keeper::{resolve_resume, Keeper};

@@ -5,8 +5,7 @@ use anyhow::{Context, Result};
 use rn50_pipeline::{Dataset, Epoch, Epochs, Loader, LoaderConfig, Transform};
 use tch::{Device, Kind, Tensor};
 
-use super::host_data::HostBatches;
-use crate::train::data::DeviceBatch;
+use super::{to_device_async, DeviceBatch, HostBatches};
 
 pub enum Source {
     Device {
@@ -92,7 +91,7 @@ impl Source {
                 let batch = batches.next();
                 let keep = if device.is_cuda() {
                     // Queued ahead of this step's kernels; the buffer is recycled once the step is done.
-                    *on_device = batch.to_device_(device, Kind::Uint8, true, false);
+                    *on_device = to_device_async(&batch, device)?;
                     Keep::Pinned(batch)
                 } else {
                     on_device.copy_(&batch);
