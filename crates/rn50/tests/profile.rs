@@ -107,6 +107,14 @@ fn bench_profile_reports_time_per_kind_of_work() {
             .all(|o| o["name"].as_str().is_some_and(|s| !s.is_empty())),
         "{p}"
     );
+    // The report's reader, the one bench record type, reads the same file, profile included.
+    let r: rn50_report::BenchResult = rn50_report::schema::read_json(&json).unwrap();
+    assert_eq!(r.config.profile_steps, Some(2));
+    let profile = r.profile.expect("the profile is read back");
+    assert_eq!(
+        (profile.source, profile.steps, profile.kinds.len()),
+        (rn50_report::schema::ProfileSource::CpuOps, 2, 8)
+    );
 }
 
 #[test]
