@@ -29,7 +29,8 @@ enum Command {
     /// Tables (Markdown, CSV) and PNG plots from bench, sweep and train results.
     Report(rn50_report::ReportArgs),
     /// Predict throughput and scaling efficiency at N workers from a measured single-worker step.
-    Predict(Box<rn50_report::PredictArgs>),
+    #[command(visible_alias = "predict")]
+    Scaling(Box<rn50_report::scaling::ScalingArgs>),
     /// Check this node: libtorch, CPU features, GPUs, cuDNN/NCCL, Gloo, launcher environment.
     Doctor(rn50::doctor::DoctorArgs),
 }
@@ -69,7 +70,7 @@ fn main() -> ExitCode {
                 }
             }),
         Command::Report(a) => rn50_report::report_command(a),
-        Command::Predict(a) => rn50_report::predict_command(a),
+        Command::Scaling(a) => rn50_report::scaling::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

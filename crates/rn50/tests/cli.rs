@@ -118,3 +118,31 @@ fn doctor_reports_json_checks() {
         .iter()
         .all(|c| ["OK", "WARN", "FAIL"].contains(&c["status"].as_str().unwrap())));
 }
+
+/// `rn50 scaling` is the scaling model; `predict`, its old name, is a visible alias that does the same.
+#[test]
+fn predict_is_an_alias_of_scaling() {
+    let args = ["--step-ms", "100", "--gpus", "1,8"];
+    let scaling = rn50(&[&["scaling"], &args[..]].concat());
+    let predict = rn50(&[&["predict"], &args[..]].concat());
+    assert!(
+        scaling.status.success(),
+        "{}",
+        String::from_utf8_lossy(&scaling.stderr)
+    );
+    assert!(String::from_utf8_lossy(&scaling.stdout).contains("one worker: 100.0 ms/step"));
+    assert_eq!(scaling.stdout, predict.stdout);
+    let help = String::from_utf8(rn50(&["--help"]).stdout).unwrap();
+    let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    let (_, entry) = flat
+        .split_once(" scaling ")
+        .unwrap_or_else(|| panic!("{help}"));
+    assert!(
+        entry
+            .split(" doctor ")
+            .next()
+            .unwrap()
+            .ends_with("[alias: predict]"),
+        "{help}"
+    );
+}
