@@ -23,6 +23,7 @@ pub mod run_report;
 pub mod scaling;
 pub mod schema;
 pub mod table;
+pub mod tensorboard;
 
 pub use cli::{report_command, ReportArgs};
 pub use io::{IoDelta, IoMonitor, IoSample};
