@@ -22,6 +22,8 @@ enum Command {
     Train(rn50::train::run::TrainArgs),
     /// Evaluate saved weights: top-1/top-5 over every validation image once.
     Eval(rn50::train::eval::EvalArgs),
+    /// Top-5 classes of images under saved weights, with their WordNet names.
+    Classify(rn50::classify::ClassifyArgs),
     /// Input-pipeline throughput: decode + augment + batch, without the model.
     BenchLoader(rn50_pipeline::cli::BenchLoaderCmd),
     /// Start N data-parallel workers on this node (like torchrun): `rn50 launch --nproc-per-node 2 -- train …`.
@@ -59,6 +61,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => rn50::bench::command(a),
         Command::Train(a) => rn50::train::run::command(a),
         Command::Eval(a) => rn50::train::eval::command(a),
+        Command::Classify(a) => rn50::classify::run(a),
         Command::BenchLoader(a) => rn50_pipeline::cli::run_bench_loader(a),
         Command::Doctor(a) => rn50::doctor::command(a),
         Command::Launch(a) => std::env::current_exe()
