@@ -45,7 +45,8 @@ pub struct LaunchArgs {
     /// Pass worker output through unchanged instead of prefixing lines with "[rank]".
     #[arg(long)]
     pub no_prefix: bool,
-    /// The rn50 command each worker runs, e.g. `-- train --data /imagenet`.
+    /// The rn50 command each worker runs, after `--`: e.g.
+    /// `rn50 launch --nproc-per-node 8 -- train /data/imagenet --out runs/r50`.
     #[arg(
         trailing_var_arg = true,
         allow_hyphen_values = true,

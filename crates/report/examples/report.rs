@@ -1,5 +1,5 @@
-//! `rn50 report` and `rn50 predict` without libtorch, for trying the crate alone:
-//! `cargo run -p rn50-report --example report -- predict --images-per-sec 1252`.
+//! `rn50 report` and `rn50 scaling` without libtorch, for trying the crate alone:
+//! `cargo run -p rn50-report --example report -- scaling --images-per-sec 1252`.
 
 use clap::{Parser, Subcommand};
 
@@ -14,7 +14,7 @@ enum Command {
     /// Tables and plots from bench, sweep and train results.
     Report(rn50_report::ReportArgs),
     /// Predicted data-parallel scaling.
-    Predict(Box<rn50_report::PredictArgs>),
+    Scaling(Box<rn50_report::scaling::ScalingArgs>),
     /// A training run's metrics.csv, summary.md and plots, written into RUN_DIR.
     RunReport { run_dir: std::path::PathBuf },
 }
@@ -22,7 +22,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Report(a) => rn50_report::report_command(&a),
-        Command::Predict(a) => rn50_report::predict_command(&a),
+        Command::Scaling(a) => rn50_report::scaling::run(&a),
         Command::RunReport { run_dir } => {
             for f in rn50_report::write_run_report(&run_dir)? {
                 eprintln!("wrote {}", f.display());

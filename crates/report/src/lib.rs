@@ -1,10 +1,10 @@
 //! rn50's reporting layer, free of libtorch: the schemas of bench, sweep and training results; tables in the
 //! shapes HPC sites publish (hardware × workers × img/s with scaling efficiency; WCT/Acc@1/Acc@5); CSV; PNG
-//! plots; a ring all-reduce scaling model (`rn50 predict`); and an I/O monitor reading /proc.
+//! plots; a ring all-reduce scaling model (`rn50 scaling`); and an I/O monitor reading /proc.
 //!
 //! How rn50 uses it:
-//! - subcommands: `Report(rn50_report::ReportArgs)` → [`report_command`], `Predict(Box<PredictArgs>)` →
-//!   [`predict_command`] (boxed: the args are large next to other variants);
+//! - subcommands: `Report(rn50_report::ReportArgs)` → [`report_command`], `Scaling(Box<ScalingArgs>)` →
+//!   [`scaling::run`] (boxed: the args are large next to other variants);
 //! - `rn50 train`: an [`IoMonitor`] on the dataset path (`start_logging(data, interval, RUN_DIR/io.jsonl)`),
 //!   `snapshot()` at each epoch's start and end, `end.delta(&start)` for the epoch's `disk_read_gbs`,
 //!   `disk_read_iops`, `process_read_gbs` in metrics.jsonl; at the end a [`TrainSummary`] through
@@ -19,14 +19,14 @@ pub mod cli;
 pub mod efficiency;
 pub mod io;
 pub mod plot;
-pub mod predict;
 pub mod run_report;
+pub mod scaling;
 pub mod schema;
 pub mod table;
+pub mod tensorboard;
 
 pub use cli::{report_command, ReportArgs};
 pub use io::{IoDelta, IoMonitor, IoSample};
-pub use predict::{predict_command, PredictArgs};
 pub use run_report::{summary_text, write_run_report, write_summary};
 pub use schema::{BenchConfig, BenchResult, EpochMetrics, SweepPoint, SweepResult, TrainSummary};
 

@@ -4,8 +4,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use rn50_report::predict::{model_from_args, prediction_table, Link};
-use rn50_report::{predict_command, report_command, PredictArgs, ReportArgs};
+use rn50_report::scaling::{model_from_args, prediction_table, Link, ScalingArgs};
+use rn50_report::{report_command, ReportArgs};
 
 #[derive(Parser)]
 struct Report {
@@ -14,9 +14,9 @@ struct Report {
 }
 
 #[derive(Parser)]
-struct Predict {
+struct Scaling {
     #[command(flatten)]
-    args: PredictArgs,
+    args: ScalingArgs,
 }
 
 fn fixtures() -> PathBuf {
@@ -35,9 +35,9 @@ fn report_args_defaults_and_required_runs() {
 }
 
 #[test]
-fn predict_args_parse_presets_and_lists() {
-    let p = Predict::try_parse_from([
-        "predict",
+fn scaling_args_parse_presets_and_lists() {
+    let p = Scaling::try_parse_from([
+        "scaling",
         "--images-per-sec",
         "889.7",
         "--gpus",
@@ -61,15 +61,15 @@ fn predict_args_parse_presets_and_lists() {
     assert_eq!(m.bucket_bytes, 26_214_400);
     // Mutually exclusive speed inputs, unknown presets, missing speed, unknown arch.
     assert!(
-        Predict::try_parse_from(["predict", "--step-ms", "1", "--images-per-sec", "2"]).is_err()
+        Scaling::try_parse_from(["scaling", "--step-ms", "1", "--images-per-sec", "2"]).is_err()
     );
-    assert!(Predict::try_parse_from(["predict", "--interconnect", "carrier-pigeon"]).is_err());
-    let none = Predict::try_parse_from(["predict"]).unwrap().args;
+    assert!(Scaling::try_parse_from(["scaling", "--interconnect", "carrier-pigeon"]).is_err());
+    let none = Scaling::try_parse_from(["scaling"]).unwrap().args;
     assert!(model_from_args(&none)
         .unwrap_err()
         .to_string()
         .contains("--step-ms"));
-    let bad = Predict::try_parse_from(["predict", "--step-ms", "100", "-a", "vgg16"])
+    let bad = Scaling::try_parse_from(["scaling", "--step-ms", "100", "-a", "vgg16"])
         .unwrap()
         .args;
     assert!(model_from_args(&bad)
@@ -77,17 +77,17 @@ fn predict_args_parse_presets_and_lists() {
         .to_string()
         .contains("--grad-bytes"));
     // Numbers out of their range are clap's errors (exit 2), the flag named.
-    let neg = Predict::try_parse_from(["predict", "--step-ms=-5"])
+    let neg = Scaling::try_parse_from(["scaling", "--step-ms=-5"])
         .err()
         .unwrap();
     assert!(neg.to_string().contains("--step-ms"), "{neg}");
-    assert!(Predict::try_parse_from(["predict", "--step-ms", "1", "--overlap", "1.5"]).is_err());
+    assert!(Scaling::try_parse_from(["scaling", "--step-ms", "1", "--overlap", "1.5"]).is_err());
 }
 
 #[test]
-fn predict_from_a_bench_result() {
+fn scaling_from_a_bench_result() {
     let bench = fixtures().join("bench-fixture-a100-1gpu.json");
-    let p = Predict::try_parse_from(["predict", "--bench", bench.to_str().unwrap()])
+    let p = Scaling::try_parse_from(["scaling", "--bench", bench.to_str().unwrap()])
         .unwrap()
         .args;
     let m = model_from_args(&p).unwrap();
@@ -95,7 +95,7 @@ fn predict_from_a_bench_result() {
     assert_eq!(m.batch, 256);
     // A multi-worker result is refused: the model starts from one worker.
     let eight = fixtures().join("bench-fixture-a100-8gpu.json");
-    let p = Predict::try_parse_from(["predict", "--bench", eight.to_str().unwrap()])
+    let p = Scaling::try_parse_from(["scaling", "--bench", eight.to_str().unwrap()])
         .unwrap()
         .args;
     assert!(model_from_args(&p)
@@ -105,10 +105,10 @@ fn predict_from_a_bench_result() {
 }
 
 #[test]
-fn predict_kempner_table_golden() {
+fn scaling_kempner_table_golden() {
     // The docs' Kempner row: 889.7 img/s at batch 256, 4 A100 per node, IB HDR.
-    let p = Predict::try_parse_from([
-        "predict",
+    let p = Scaling::try_parse_from([
+        "scaling",
         "--images-per-sec",
         "889.7",
         "--gpus",
@@ -120,7 +120,7 @@ fn predict_kempner_table_golden() {
     .args;
     let ps = model_from_args(&p).unwrap().predict(&p.gpus);
     let text = prediction_table(&ps).to_text();
-    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/predict-kempner.txt");
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/scaling-kempner.txt");
     if std::env::var_os("RN50_UPDATE_GOLDEN").is_some() {
         fs::write(&golden, &text).unwrap();
     }
@@ -130,7 +130,7 @@ fn predict_kempner_table_golden() {
     let json = dir.path().join("p.json");
     let mut p = p;
     p.json = Some(json.clone());
-    predict_command(&p).unwrap();
+    rn50_report::scaling::run(&p).unwrap();
     let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(json).unwrap()).unwrap();
     assert_eq!(v["predictions"].as_array().unwrap().len(), 7);
     assert_eq!(v["model"]["grad_bytes"], 102_228_128);

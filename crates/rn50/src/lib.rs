@@ -5,6 +5,7 @@
 //! [`shim`] wraps the C++ calls tch lacks; [`machine`] and [`doctor`] describe the node.
 pub mod alloc;
 pub mod bench;
+pub mod classify;
 pub mod device;
 pub mod doctor;
 pub mod input;

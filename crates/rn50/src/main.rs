@@ -22,6 +22,8 @@ enum Command {
     Train(rn50::train::run::TrainArgs),
     /// Evaluate saved weights: top-1/top-5 over every validation image once.
     Eval(rn50::train::eval::EvalArgs),
+    /// Top-5 classes of images under saved weights, with their WordNet names.
+    Classify(rn50::classify::ClassifyArgs),
     /// Input-pipeline throughput: decode + augment + batch, without the model.
     BenchLoader(rn50_pipeline::cli::BenchLoaderCmd),
     /// Start N data-parallel workers on this node (like torchrun): `rn50 launch --nproc-per-node 2 -- train …`.
@@ -29,7 +31,8 @@ enum Command {
     /// Tables (Markdown, CSV) and PNG plots from bench, sweep and train results.
     Report(rn50_report::ReportArgs),
     /// Predict throughput and scaling efficiency at N workers from a measured single-worker step.
-    Predict(Box<rn50_report::PredictArgs>),
+    #[command(visible_alias = "predict")]
+    Scaling(Box<rn50_report::scaling::ScalingArgs>),
     /// Check this node: libtorch, CPU features, GPUs, cuDNN/NCCL, Gloo, launcher environment.
     Doctor(rn50::doctor::DoctorArgs),
 }
@@ -47,6 +50,10 @@ fn negative_numbers_are_values(cmd: clap::Command) -> clap::Command {
 fn main() -> ExitCode {
     let matches = negative_numbers_are_values(Cli::command()).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Stop after parsing: how tests/help_examples.rs checks that every example in `--help` is a valid command line.
+    if std::env::var_os("RN50_PARSE_ONLY").is_some() {
+        return ExitCode::SUCCESS;
+    }
     rn50::alloc::keep_freed_memory();
     let result = match &cli.command {
         Command::Prepare(a) => rn50_data::cli::run(a),
@@ -54,6 +61,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => rn50::bench::command(a),
         Command::Train(a) => rn50::train::run::command(a),
         Command::Eval(a) => rn50::train::eval::command(a),
+        Command::Classify(a) => rn50::classify::run(a),
         Command::BenchLoader(a) => rn50_pipeline::cli::run_bench_loader(a),
         Command::Doctor(a) => rn50::doctor::command(a),
         Command::Launch(a) => std::env::current_exe()
@@ -65,7 +73,7 @@ fn main() -> ExitCode {
                 }
             }),
         Command::Report(a) => rn50_report::report_command(a),
-        Command::Predict(a) => rn50_report::predict_command(a),
+        Command::Scaling(a) => rn50_report::scaling::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

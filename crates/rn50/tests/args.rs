@@ -48,8 +48,8 @@ const BASES: &[(&str, &[&str])] = &[
         &["prepare", "verify", "{dir}/ILSVRC2012_img_val.tar", "--json", "{dir}/verify.json"],
     ),
     ("launch", &["launch", "--nproc-per-node", "1", "--", "--version"]),
-    ("predict", &["predict", "--step-ms", "100", "--json", "{dir}/predict.json"]),
-    ("predict img/s", &["predict", "--json", "{dir}/predict.json"]),
+    ("scaling", &["scaling", "--step-ms", "100", "--json", "{dir}/scaling.json"]),
+    ("scaling img/s", &["scaling", "--json", "{dir}/scaling.json"]),
 ];
 
 /// (base, flags and values replacing or joining the base's, the flag the message must name).
@@ -150,23 +150,23 @@ const CASES: &[(&str, &[&str], &str)] = &[
     ("launch", &["--node-rank", "1"], "--node-rank"),
     ("launch", &["--timeout", "0"], "--timeout"),
     ("launch", &["--grace", "100000000"], "--grace"),
-    // predict
-    ("predict", &["--gpus", "1,0"], "--gpus"),
-    ("predict", &["--step-ms", "0"], "--step-ms"),
-    ("predict", &["--step-ms", "nan"], "--step-ms"),
-    ("predict img/s", &["--images-per-sec", "0"], "--images-per-sec"),
-    ("predict", &["--batch", "0"], "--batch"),
-    ("predict", &["--global-batch", "0"], "--global-batch"),
-    ("predict", &["--grad-bytes", "0"], "--grad-bytes"),
-    ("predict", &["--bytes-per-param", "0"], "--bytes-per-param"),
-    ("predict", &["--bucket-mb", "0"], "--bucket-mb"),
-    ("predict", &["--overlap", "2"], "--overlap"),
-    ("predict", &["--backward-fraction", "-0.5"], "--backward-fraction"),
-    ("predict", &["--gpus-per-node", "0"], "--gpus-per-node"),
-    ("predict", &["--bandwidth-gbs", "0"], "--bandwidth-gbs"),
-    ("predict", &["--latency-us", "-1"], "--latency-us"),
-    ("predict", &["--intra-bandwidth-gbs", "inf"], "--intra-bandwidth-gbs"),
-    ("predict", &["--intra-latency-us", "nan"], "--intra-latency-us"),
+    // scaling
+    ("scaling", &["--gpus", "1,0"], "--gpus"),
+    ("scaling", &["--step-ms", "0"], "--step-ms"),
+    ("scaling", &["--step-ms", "nan"], "--step-ms"),
+    ("scaling img/s", &["--images-per-sec", "0"], "--images-per-sec"),
+    ("scaling", &["--batch", "0"], "--batch"),
+    ("scaling", &["--global-batch", "0"], "--global-batch"),
+    ("scaling", &["--grad-bytes", "0"], "--grad-bytes"),
+    ("scaling", &["--bytes-per-param", "0"], "--bytes-per-param"),
+    ("scaling", &["--bucket-mb", "0"], "--bucket-mb"),
+    ("scaling", &["--overlap", "2"], "--overlap"),
+    ("scaling", &["--backward-fraction", "-0.5"], "--backward-fraction"),
+    ("scaling", &["--gpus-per-node", "0"], "--gpus-per-node"),
+    ("scaling", &["--bandwidth-gbs", "0"], "--bandwidth-gbs"),
+    ("scaling", &["--latency-us", "-1"], "--latency-us"),
+    ("scaling", &["--intra-bandwidth-gbs", "inf"], "--intra-bandwidth-gbs"),
+    ("scaling", &["--intra-latency-us", "nan"], "--intra-latency-us"),
 ];
 
 /// The base command line with `bad` put in: a flag the base has gets the new value, others join before `--`.
@@ -317,7 +317,7 @@ enum Sub {
     Pack(rn50_pipeline::cli::PackCmd),
     Prepare(rn50_data::cli::PrepareCmd),
     Launch(rn50_distributed::launch::LaunchArgs),
-    Predict(rn50_report::PredictArgs),
+    Scaling(rn50_report::scaling::ScalingArgs),
 }
 
 fn parse(args: &[&str]) -> Sub {
@@ -427,7 +427,7 @@ fn every_default_parses_and_is_unchanged() {
         (2, 1, 0, None, 30)
     );
 
-    let Sub::Predict(d) = parse(&["predict"]) else {
+    let Sub::Scaling(d) = parse(&["scaling"]) else {
         unreachable!()
     };
     assert_eq!(d.gpus, vec![1, 2, 4, 8, 16, 32, 64]);

@@ -220,4 +220,31 @@ fn sweep_points_run_with_every_flag() {
         assert!(p.median > 0.0);
     }
     assert_eq!(r.precision.as_deref(), Some("fp32"));
+
+/// `rn50 scaling` is the scaling model; `predict`, its old name, is a visible alias that does the same.
+#[test]
+fn predict_is_an_alias_of_scaling() {
+    let args = ["--step-ms", "100", "--gpus", "1,8"];
+    let scaling = rn50(&[&["scaling"], &args[..]].concat());
+    let predict = rn50(&[&["predict"], &args[..]].concat());
+    assert!(
+        scaling.status.success(),
+        "{}",
+        String::from_utf8_lossy(&scaling.stderr)
+    );
+    assert!(String::from_utf8_lossy(&scaling.stdout).contains("one worker: 100.0 ms/step"));
+    assert_eq!(scaling.stdout, predict.stdout);
+    let help = String::from_utf8(rn50(&["--help"]).stdout).unwrap();
+    let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    let (_, entry) = flat
+        .split_once(" scaling ")
+        .unwrap_or_else(|| panic!("{help}"));
+    assert!(
+        entry
+            .split(" doctor ")
+            .next()
+            .unwrap()
+            .ends_with("[alias: predict]"),
+        "{help}"
+    );
 }

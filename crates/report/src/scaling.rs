@@ -1,4 +1,4 @@
-//! `rn50 predict`: data-parallel throughput and efficiency at N workers from one worker's step time and a ring
+//! `rn50 scaling` (alias `rn50 predict`): data-parallel throughput and efficiency at N workers from one worker's step time and a ring
 //! all-reduce cost model.
 //!
 //! The model (DDP-style bucketed gradient all-reduce, weak scaling: the per-worker batch stays fixed):
@@ -96,7 +96,7 @@ impl Link {
 }
 
 #[derive(clap::Args, Clone, Debug)]
-pub struct PredictArgs {
+pub struct ScalingArgs {
     /// Worker counts to predict, 1 to 1000000 each; efficiency is against the first (smallest).
     #[arg(
         long,
@@ -289,7 +289,7 @@ fn positive(name: &str, x: f64) -> anyhow::Result<f64> {
 }
 
 /// Resolves the command line into a model.
-pub fn model_from_args(a: &PredictArgs) -> anyhow::Result<Model> {
+pub fn model_from_args(a: &ScalingArgs) -> anyhow::Result<Model> {
     let mut batch = a.batch;
     let mut arch = a.arch.clone();
     let step_ms = if let Some(path) = &a.bench {
@@ -401,7 +401,8 @@ struct PredictJson<'a> {
     predictions: &'a [Prediction],
 }
 
-pub fn predict_command(args: &PredictArgs) -> anyhow::Result<()> {
+/// `rn50 scaling`: the model's inputs, the prediction table, and `--json`.
+pub fn run(args: &ScalingArgs) -> anyhow::Result<()> {
     let model = model_from_args(args)?;
     if args.gpus.is_empty() {
         bail!("--gpus: give at least one worker count");

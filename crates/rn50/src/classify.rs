@@ -1,0 +1,113 @@
+//! `rn50 classify`: the top classes of a few images under saved weights, with their WordNet names: the image
+//! resized and center-cropped as `rn50 eval` does, normalised with ImageNet's mean and std, BN in eval mode.
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use rn50_args::usize_in;
+use rn50_pipeline::transform::Augmenter;
+use rn50_pipeline::Transform;
+use tch::{Kind, Tensor};
+
+use crate::device::{Compute, ComputeArgs};
+use crate::model::{weights, Arch, Model, ResNetConfig};
+use crate::step::Normalizer;
+
+/// The ILSVRC2012 classes in class-index order, `WNID name, name, …` a line (what `rn50 prepare` knows them by).
+const SYNSETS_TXT: &str = include_str!("../../data/assets/synsets.txt");
+
+/// Print the top classes of images under saved weights.
+#[derive(Args, Debug, Clone)]
+pub struct ClassifyArgs {
+    /// Images to classify (JPEG or PNG).
+    #[arg(required = true, value_name = "IMG")]
+    pub images: Vec<PathBuf>,
+    /// Weights (safetensors with torchvision's keys, e.g. from `rn50 train` or converted from PyTorch).
+    #[arg(long)]
+    pub weights: PathBuf,
+    /// Model architecture.
+    #[arg(short = 'a', long = "arch", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
+    pub arch: Arch,
+    /// Classes printed per image, 1 to 1000.
+    #[arg(long, default_value_t = 5, value_parser = usize_in(1..=1000))]
+    pub top: usize,
+    /// Resize the shorter side to this, 1 to 4096 pixels, then center-crop `--crop`.
+    #[arg(long, default_value_t = 256, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
+    pub resize: usize,
+    /// Center crop, 1 to --resize pixels.
+    #[arg(long, default_value_t = 224, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
+    pub crop: usize,
+    #[command(flatten)]
+    pub compute: ComputeArgs,
+}
+
+/// Class `i`'s WordNet id and names: ImageNet's for 1,000 classes, `class i` otherwise.
+fn class_name(i: usize, classes: usize) -> String {
+    match SYNSETS_TXT.lines().nth(i) {
+        Some(line) if classes == 1000 => line.to_string(),
+        _ => format!("class {i}"),
+    }
+}
+
+pub fn run(args: &ClassifyArgs) -> Result<()> {
+    if args.crop > args.resize {
+        anyhow::bail!(rn50_args::UsageError::new(format!(
+            "--crop {} is larger than --resize {}: the crop is taken from the resized image",
+            args.crop, args.resize
+        )));
+    }
+    let shape = weights::shape_of(&args.weights)?;
+    let classes = shape.num_classes as usize;
+    let mut cfg = ResNetConfig::new(args.arch);
+    shape.apply(&mut cfg);
+    let Compute {
+        device,
+        precision,
+        channels_last,
+        fused_bn,
+        ..
+    } = args.compute.resolve(0, cfg.narrowest_conv())?;
+    crate::device::setup(device, fused_bn)?;
+    let model = Model::new(cfg, device);
+    weights::load(&model, &args.weights)?;
+    if channels_last {
+        model.to_channels_last();
+    }
+    let mut norm = Normalizer::new(device, channels_last);
+    // Full-resolution decoding (no DCT downscale): the pixels torchvision's Resize would see.
+    let mut augment = Augmenter::new(Transform::val(args.resize, args.crop), false)?;
+    let crop = args.crop;
+    let mut pixels = vec![0u8; crop * crop * 3];
+    let top = args.top.min(classes);
+    for path in &args.images {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        augment
+            .apply(&bytes, &mut rand::rng(), &mut pixels)
+            .with_context(|| format!("decoding {}", path.display()))?;
+        let x = Tensor::from_slice(&pixels)
+            .view([1, crop as i64, crop as i64, 3])
+            .to_device(device);
+        let probs = tch::no_grad(|| -> Result<Tensor> {
+            let _autocast = precision.autocast(device)?;
+            let x = norm.normalize(&x);
+            Ok(model
+                .forward_t(&x, false)
+                .to_kind(Kind::Float)
+                .softmax(-1, Kind::Float))
+        })?;
+        let (p, idx) = probs.topk(top as i64, -1, true, true);
+        let p = Vec::<f32>::try_from(p.view([-1]).to_device(tch::Device::Cpu))?;
+        let idx = Vec::<i64>::try_from(idx.view([-1]).to_device(tch::Device::Cpu))?;
+        println!("{}", path.display());
+        for (rank, (p, i)) in p.iter().zip(&idx).enumerate() {
+            println!(
+                "{:>4}. {:6.2}%  {:>4}  {}",
+                rank + 1,
+                100.0 * p,
+                i,
+                class_name(*i as usize, classes)
+            );
+        }
+    }
+    Ok(())
+}
