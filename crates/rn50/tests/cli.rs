@@ -220,6 +220,7 @@ fn sweep_points_run_with_every_flag() {
         assert!(p.median > 0.0);
     }
     assert_eq!(r.precision.as_deref(), Some("fp32"));
+}
 
 /// `rn50 scaling` is the scaling model; `predict`, its old name, is a visible alias that does the same.
 #[test]
