@@ -19,7 +19,7 @@
 //! of the length, the data, masked CRC-32C of the data; little-endian), each an `Event` protobuf; the first is
 //! `file_version: "brain.Event:2"` (with `source_metadata.writer: "rn50"`), then one `Event{wall_time, step, summary: Summary{value{tag, simple_value}}}`
 //! per scalar. The protobuf fields are encoded here by hand (a few fields; tensorflow/core/util/event.proto,
-//! tensorflow/core/framework/summary.proto) and so is CRC-32C (Castagnoli, a 256-entry table): `tensorboard-rs`
+//! tensorflow/core/framework/summary.proto; CRC-32C comes from the `crc32c` crate): `tensorboard-rs`
 //! is unmaintained, and a protobuf crate with code generation would be more code than the encoder. The bytes are
 //! checked against a file TensorBoard's own writer wrote (tests/tensorboard.rs).
 use std::fs::{File, OpenOptions};
@@ -139,30 +139,9 @@ fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), what TFRecord framing uses.
+/// CRC-32C (Castagnoli), what TFRecord framing uses.
 pub fn crc32c(data: &[u8]) -> u32 {
-    const TABLE: [u32; 256] = {
-        let mut t = [0u32; 256];
-        let mut i = 0;
-        while i < 256 {
-            let mut c = i as u32;
-            let mut k = 0;
-            while k < 8 {
-                c = if c & 1 != 0 {
-                    (c >> 1) ^ 0x82F6_3B78
-                } else {
-                    c >> 1
-                };
-                k += 1;
-            }
-            t[i] = c;
-            i += 1;
-        }
-        t
-    };
-    !data.iter().fold(!0u32, |c, &b| {
-        TABLE[((c ^ b as u32) & 0xff) as usize] ^ (c >> 8)
-    })
+    crc32c::crc32c(data)
 }
 
 /// TFRecord's masked CRC: rotated right by 15 bits plus a constant.
