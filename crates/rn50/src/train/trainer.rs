@@ -49,7 +49,7 @@ pub fn run(args: &TrainArgs) -> Result<Outcome> {
         return Ok(Outcome::Done);
     }
     let mut t = Trainer::new(setup)?;
-    for epoch in t.first_epoch()..args.epochs {
+    for epoch in t.first_epoch..args.epochs {
         // This epoch's batches were queued before; its evaluation and the next epoch's batches queue behind them.
         let passes = t.queue(epoch)?;
         let stats = match t.train_one_epoch(epoch, passes.train)? {
@@ -338,7 +338,9 @@ struct Trainer<'a> {
     io: Option<IoMonitor>,
     /// Optimizer steps per epoch.
     per_epoch: usize,
-    /// Where the resumed epoch starts, in optimizer steps of this run's layout.
+    /// The epoch training starts at (0, or the resumed one), and its first step to train in optimizer steps of
+    /// this run's layout.
+    first_epoch: usize,
     resume_step: usize,
     /// The next epoch's training batches, queued ahead (see `Trainer::queue`).
     next_train: Option<Epoch>,
@@ -505,6 +507,7 @@ impl<'a> Trainer<'a> {
                 position.world_size, position.batch_size, position.epoch
             );
         }
+        let first_epoch = position.epoch as usize;
         let mut t = Trainer {
             setup,
             stop,
@@ -515,25 +518,20 @@ impl<'a> Trainer<'a> {
             keeper,
             io,
             per_epoch,
+            first_epoch,
             resume_step: resume_batch / args.accum_steps,
             next_train: None,
             run_start,
         };
-        let first = t.first_epoch();
-        if first < args.epochs {
-            t.next_train = t.queue_train(first)?;
+        if t.first_epoch < args.epochs {
+            t.next_train = t.queue_train(t.first_epoch)?;
         }
         Ok(t)
     }
 
-    /// The epoch training starts at: 0, or the resumed one.
-    fn first_epoch(&self) -> usize {
-        self.setup.position.epoch as usize
-    }
-
     /// The optimizer step epoch `epoch` starts at: 0, or where the resumed epoch left off.
     fn first_step(&self, epoch: usize) -> usize {
-        if epoch as u64 == self.setup.position.epoch {
+        if epoch == self.first_epoch {
             self.resume_step
         } else {
             0
