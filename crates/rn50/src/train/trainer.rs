@@ -60,7 +60,8 @@ pub fn run(args: &TrainArgs) -> Result<Outcome> {
             }
         };
         let eval = t.setup.evaluate(passes.val)?;
-        // Counted before the checkpoint is written (the I/O of the epoch's reads), logged after it.
+        // Unreadable images summed over ranks, the dataset's disk reads so far; its seconds are taken when it is
+        // logged, after the checkpoint.
         let record = t.epoch_record(epoch, &stats, &eval)?;
         t.save_checkpoint(epoch, &eval)?;
         t.log_epoch(record, &stats)?;
@@ -409,7 +410,8 @@ fn append(dir: &Path, name: &str) -> Result<File> {
         .with_context(|| format!("opening {}", path.display()))
 }
 
-/// Keeps a metric that is a number; NaN and infinities are written as null, and read back as absent.
+/// A metric that is a number; NaN and infinities are written as null and read back as absent, so they are
+/// absent in the records kept in memory too.
 fn finite(x: f64) -> Option<f64> {
     x.is_finite().then_some(x)
 }
