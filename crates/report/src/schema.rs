@@ -290,17 +290,31 @@ pub fn hardware_name(config: &BenchConfig, machine: Option<&Machine>) -> String 
     }
 }
 
-/// One line of a run's `metrics.jsonl`: one finished epoch. Accuracies in percent; NaN is written as null.
+/// One line of a run's `metrics.jsonl`: one finished epoch, as `rn50 train` writes it and the report reads it.
+/// Accuracies in percent; a value that is not a number (no validation set) is written as null and reads as
+/// `None`, as does a field an older rn50 did not write.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct EpochMetrics {
     pub epoch: u64,
+    /// Mean over the epoch's logged steps of the loss averaged over ranks.
     pub train_loss: Option<f64>,
+    /// The epoch's last step's learning rate.
     pub lr: Option<f64>,
+    /// Training images per second over all processes.
     pub images_per_sec: Option<f64>,
     pub acc1: Option<f64>,
     pub acc5: Option<f64>,
-    /// That epoch's wall time (training and evaluation).
+    /// Validation images evaluated (all ranks).
+    #[serde(default)]
+    pub val_images: Option<u64>,
+    /// That epoch's wall time (training, evaluation and its checkpoint).
     pub seconds: Option<f64>,
+    /// Training resolution (pixels), which progressive resizing changes between epochs.
+    #[serde(default)]
+    pub resolution: Option<u64>,
+    /// The share of the training time spent waiting for the loader.
+    #[serde(default)]
+    pub data_wait_share: Option<f64>,
     /// Training images skipped as unreadable that epoch (all ranks).
     pub bad_images: Option<u64>,
     /// The epoch's I/O, from `IoMonitor` snapshots at its start and end (`IoDelta`'s fields of the same names).

@@ -1,6 +1,7 @@
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Subcommand};
+use rn50::train::Outcome;
 
 /// rn50: prepare ImageNet, train ResNet-50 (and 18…152) on one to many accelerators, and measure it.
 #[derive(clap::Parser)]
@@ -19,9 +20,9 @@ enum Command {
     /// Training throughput on synthetic data (images/s, step time, data wait, memory).
     Bench(rn50::bench::BenchArgs),
     /// Train on DATA/train with per-epoch evaluation on DATA/val; checkpoints, resume, preemption-safe.
-    Train(rn50::train::run::TrainArgs),
+    Train(rn50::train::TrainArgs),
     /// Evaluate saved weights: top-1/top-5 over every validation image once.
-    Eval(rn50::train::eval::EvalArgs),
+    Eval(rn50::train::EvalArgs),
     /// Top-5 classes of images under saved weights, with their WordNet names.
     Classify(rn50::classify::ClassifyArgs),
     /// Input-pipeline throughput: decode + augment + batch, without the model.
@@ -59,8 +60,13 @@ fn main() -> ExitCode {
         Command::Prepare(a) => rn50_data::cli::run(a),
         Command::Pack(a) => rn50_pipeline::cli::run_pack(a),
         Command::Bench(a) => rn50::bench::command(a),
-        Command::Train(a) => rn50::train::run::command(a),
-        Command::Eval(a) => rn50::train::eval::command(a),
+        Command::Train(a) => match rn50::train::run(a) {
+            Ok(Outcome::Done) => Ok(()),
+            // Checkpointed on SIGTERM/SIGUSR1: the job script may requeue.
+            Ok(Outcome::Preempted) => return ExitCode::from(rn50::train::EXIT_PREEMPTED),
+            Err(e) => Err(e),
+        },
+        Command::Eval(a) => rn50::train::eval::run(a),
         Command::Classify(a) => rn50::classify::run(a),
         Command::BenchLoader(a) => rn50_pipeline::cli::run_bench_loader(a),
         Command::Doctor(a) => rn50::doctor::command(a),

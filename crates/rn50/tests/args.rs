@@ -310,7 +310,7 @@ struct Cli {
 #[derive(Subcommand)]
 #[allow(clippy::large_enum_variant)]
 enum Sub {
-    Train(rn50::train::run::TrainArgs),
+    Train(rn50::train::TrainArgs),
     Eval(rn50::train::eval::EvalArgs),
     Bench(rn50::bench::BenchArgs),
     BenchLoader(rn50_pipeline::cli::BenchLoaderCmd),

@@ -134,7 +134,8 @@ fn val_dir(data: &Path) -> PathBuf {
     }
 }
 
-pub fn command(args: &EvalArgs) -> Result<()> {
+/// `rn50 eval`.
+pub fn run(args: &EvalArgs) -> Result<()> {
     if args.crop > args.resize {
         bail!(UsageError::new(format!(
             "--crop {} is larger than --resize {}: the crop is taken from the resized image",

@@ -1,5 +1,12 @@
-//! The training loop's parts (`rn50 train` is built from them): learning-rate recipe, checkpoints, EMA,
-//! accuracy, the run directory's claim, and evaluation (`rn50 eval`).
+//! `rn50 train` and `rn50 eval`. The recipe, read top to bottom like pytorch/examples' main.py, is
+//! [`trainer`] ([`run`]); its parts:
+//!
+//! - [`args`]: the flags; [`data`]: the loaders of DATA/train and DATA/val and the hand-over to the device;
+//! - [`schedule`]: learning rate (scaling, warmup, decay) and progressive resizing; [`ema`]: the weights' moving
+//!   average; [`metrics`]: top-1/top-5 counting; [`progress`]: the per-epoch progress bar or log lines;
+//! - [`checkpoint`]: the resumable state in one safetensors file; [`keeper`]: when to save, which to keep, what
+//!   `--resume` means; `rundir`: the run directory's claim and its logs' trimming on resume;
+//! - [`eval`]: one evaluation pass, and `rn50 eval` ([`eval::run`]).
 pub mod args;
 pub mod checkpoint;
 pub mod data;
@@ -8,6 +15,10 @@ pub mod eval;
 pub mod keeper;
 pub mod metrics;
 pub mod progress;
-pub mod run;
 mod rundir;
 pub mod schedule;
+pub mod trainer;
+
+pub use args::TrainArgs;
+pub use eval::EvalArgs;
+pub use trainer::{run, Outcome, EXIT_PREEMPTED};

@@ -14,7 +14,7 @@ pub fn scaled_lr(lr_per_256: f64, global_batch: usize) -> f64 {
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Decay {
-    /// Multiply by `gamma` at each milestone epoch (÷10 at 30, 60, 80 for 90 epochs).
+    /// Multiply by `gamma` at each milestone epoch (÷10 at 30, 60, 80 for 90 epochs: [`Decay::step_for`]).
     Step { milestones: Vec<f64>, gamma: f64 },
     /// Half a cosine from the peak down to `final_lr` at the last epoch.
     Cosine { final_lr: f64 },
@@ -23,9 +23,11 @@ pub enum Decay {
 }
 
 impl Decay {
-    pub fn step_default() -> Self {
+    /// `--lr-schedule step` over `epochs`: ÷10 at 1/3, 2/3 and 8/9 of them (30, 60 and 80 of 90, as in
+    /// pytorch/examples' main.py).
+    pub fn step_for(epochs: f64) -> Self {
         Decay::Step {
-            milestones: vec![30.0, 60.0, 80.0],
+            milestones: vec![epochs / 3.0, epochs * 2.0 / 3.0, epochs * 8.0 / 9.0],
             gamma: 0.1,
         }
     }
@@ -164,7 +166,15 @@ mod tests {
 
     #[test]
     fn step_schedule_of_the_reference_recipe() {
-        let s = LrSchedule::new(0.1, 0.0, 90.0, Decay::step_default()).unwrap();
+        let decay = Decay::step_for(90.0);
+        assert_eq!(
+            decay,
+            Decay::Step {
+                milestones: vec![30.0, 60.0, 80.0],
+                gamma: 0.1
+            }
+        );
+        let s = LrSchedule::new(0.1, 0.0, 90.0, decay).unwrap();
         let want = [
             (0.0, 0.1),
             (29.99, 0.1),

@@ -1,0 +1,838 @@
+//! `rn50 train`: the ImageNet recipe in one place, like pytorch/examples' main.py: data, model, step,
+//! schedule, per-epoch evaluation, checkpoints that survive preemption, metrics and a summary.
+//!
+//! [`run`] is the recipe as a list of steps; `Setup` is what it shares with `-e` (device, ranks, data, model,
+//! EMA, resumed weights, schedule), `Trainer` adds what training needs (signals, logs, checkpoints, epochs).
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use rn50_distributed::{DistContext, WorldInfo};
+use rn50_pipeline::Epoch;
+use rn50_report::{EpochMetrics, IoMonitor, IoSample, TrainSummary};
+use tch::{Kind, Tensor};
+
+use crate::device::{device_name, Compute};
+use crate::input::DeviceBatch;
+use crate::model::{weights, Model, ResNetConfig, Stem};
+use crate::step::{SgdConfig, Skipped, StepConfig, TrainStep};
+use crate::train::args::{Augment, OptimizerKind, ScheduleKind, TrainArgs};
+use crate::train::checkpoint::{self, Position};
+use crate::train::data::RealData;
+use crate::train::ema::Ema;
+use crate::train::eval::{self, EvalResult};
+use crate::train::keeper::{resolve_resume, Keeper};
+use crate::train::progress::EpochProgress;
+use crate::train::rundir::{self, RunDir};
+use crate::train::schedule::{scaled_lr, Decay, LrSchedule, Resolution};
+
+/// Exit code after saving a checkpoint on SIGTERM/SIGUSR1, so job scripts can requeue.
+pub const EXIT_PREEMPTED: u8 = 3;
+
+/// How `rn50 train` ended without an error; `main` turns it into the exit code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every epoch trained (or `-e` evaluated).
+    Done,
+    /// Stopped by SIGTERM/SIGUSR1 after saving a checkpoint: exit [`EXIT_PREEMPTED`].
+    Preempted,
+}
+
+/// `rn50 train`: set up, then for each epoch train, evaluate, checkpoint and log, as main.py does.
+pub fn run(args: &TrainArgs) -> Result<Outcome> {
+    let setup = Setup::new(args)?;
+    if args.evaluate {
+        setup.evaluate_only()?;
+        return Ok(Outcome::Done);
+    }
+    let mut t = Trainer::new(setup)?;
+    for epoch in t.first_epoch..args.epochs {
+        // This epoch's batches were queued before; its evaluation and the next epoch's batches queue behind them.
+        let passes = t.queue(epoch)?;
+        let stats = match t.train_one_epoch(epoch, passes.train)? {
+            Trained::Epoch(stats) => *stats,
+            Trained::Stopped(at) => {
+                t.save_on_signal(&at)?;
+                return t.finish(Outcome::Preempted);
+            }
+        };
+        let eval = t.setup.evaluate(passes.val)?;
+        // Unreadable images summed over ranks, the dataset's disk reads so far; its seconds are taken when it is
+        // logged, after the checkpoint.
+        let record = t.epoch_record(epoch, &stats, &eval)?;
+        t.save_checkpoint(epoch, &eval)?;
+        t.log_epoch(record, &stats)?;
+    }
+    t.finish(Outcome::Done)
+}
+
+/// What training and `-e` share: this process's device and rank, the run directory's claim, the data, the
+/// model with its training step and EMA, resumed from the checkpoint when there is one, and the LR schedule.
+struct Setup<'a> {
+    args: &'a TrainArgs,
+    dist: DistContext,
+    rank0: bool,
+    world: usize,
+    device: tch::Device,
+    compute: Compute,
+    _run_dir: Option<RunDir>,
+    data: Option<RealData>,
+    /// With --dummy: one random batch, trained on at every step.
+    dummy: Option<(Tensor, Tensor)>,
+    step: TrainStep,
+    ema: Option<EmaModel>,
+    /// The flags, as checkpoints record them.
+    config: serde_json::Value,
+    /// Where training goes on (epoch 0 batch 0 for a fresh run), with the best top-1 so far.
+    position: Position,
+    global_batch: usize,
+    peak_lr: f64,
+    schedule: LrSchedule,
+    resolution: Resolution,
+}
+
+/// `--ema`: the average, and the model it is copied into to be evaluated and saved as best.safetensors.
+struct EmaModel {
+    ema: Ema,
+    model: Model,
+}
+
+impl<'a> Setup<'a> {
+    fn new(args: &'a TrainArgs) -> Result<Self> {
+        args.check()?;
+        // torchrun / SLURM / Open MPI / PBS / `rn50 launch` tell each process its rank; one device per process.
+        let world_info = WorldInfo::from_env()?;
+        let mut model_cfg = ResNetConfig::new(args.arch);
+        model_cfg.zero_init_residual = args.zero_init_residual;
+        model_cfg.width = args.width;
+        if args.augment == Augment::Cifar {
+            model_cfg.stem = Stem::Cifar;
+        }
+        let compute = args
+            .compute
+            .resolve(world_info.local_rank, model_cfg.narrowest_conv())?;
+        let device = compute.device;
+        crate::device::setup(device, compute.fused_bn)?;
+        let local_ranks = world_info.local_world_size.max(1);
+        if local_ranks > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
+            // srun does not split the cores between the tasks of a node: do it here.
+            tch::set_num_threads(world_info.threads_per_rank() as i32);
+        }
+        let dist = DistContext::init_with(world_info, device)?;
+        // Ranks started with different flags would drift out of step: an error now. Data path, loader threads and
+        // device may differ (node-local copies, cores, cuda:N).
+        dist.check_same_config(
+            &serde_json::to_value(args)?,
+            &["data", "workers", "compute.device"],
+        )?;
+        let (rank, world) = (dist.rank(), dist.world_size());
+        let rank0 = dist.is_main();
+        // Rank 0 writes the run directory: claim it (or refuse to reuse it) before the model and data are set up.
+        let _run_dir = (rank0 && !args.evaluate)
+            .then(|| RunDir::claim(&args.out, args.resume.is_some(), args.overwrite))
+            .transpose()?;
+        let workers = args
+            .workers
+            .unwrap_or(compute.cpu.logical_cores / local_ranks)
+            .max(1);
+        tch::manual_seed(args.seed as i64);
+
+        let data = match (&args.data, args.dummy) {
+            (Some(root), false) => Some(RealData::open(root, args, workers, rank, world)?),
+            _ => None,
+        };
+        let classes = data.as_ref().map_or(1000, |d| d.classes);
+        model_cfg.num_classes = classes as i64;
+        let step_cfg = StepConfig {
+            precision: compute.precision,
+            channels_last: compute.channels_last,
+            label_smoothing: args.label_smoothing,
+            sgd: SgdConfig {
+                momentum: args.momentum,
+                weight_decay: args.wd,
+                nesterov: args.nesterov,
+                no_bn_bias_decay: args.no_bn_wd,
+                lars_eta: (args.optimizer == OptimizerKind::Lars).then_some(args.lars_eta),
+            },
+        };
+        // The random draws come in this order (weights, dummy batch, EMA model's initial weights, overwritten),
+        // so that a --dummy batch is the same with and without --ema.
+        let mut step = TrainStep::new(Model::new(model_cfg.clone(), device), step_cfg);
+        let dummy = data.is_none().then(|| {
+            let s = args.image_size as i64;
+            let b = args.batch_size as i64;
+            (
+                Tensor::randint(256, [b, s, s, 3], (Kind::Uint8, device)),
+                Tensor::randint(classes as i64, [b], (Kind::Int64, device)),
+            )
+        });
+        let mut ema = args.ema.map(|decay| {
+            let model = Model::new(model_cfg.clone(), device);
+            if compute.channels_last {
+                model.to_channels_last();
+            }
+            EmaModel {
+                ema: Ema::new(&step.model, decay),
+                model,
+            }
+        });
+        let mut position = Position::default();
+        if let Some(resume) = match &args.resume {
+            Some(r) => resolve_resume(r, &args.out)?,
+            None => None,
+        } {
+            if let (Some(w), true) = (&resume.warning, rank0) {
+                eprintln!("warning: {w}");
+            }
+            let ckpt = resume.path;
+            let (p, _) = checkpoint::load(&ckpt, &mut step, ema.as_mut().map(|e| &mut e.ema))
+                .with_context(|| match crate::train::keeper::other_kept(&ckpt) {
+                    Some(older) => format!(
+                        "resuming from {} (another checkpoint is kept: --resume {})",
+                        ckpt.display(),
+                        older.display()
+                    ),
+                    None => format!("resuming from {}", ckpt.display()),
+                })?;
+            if rank0 {
+                eprintln!(
+                    "resumed from {} at epoch {} batch {}",
+                    ckpt.display(),
+                    p.epoch,
+                    p.batch_in_epoch
+                );
+            }
+            position = p;
+        }
+        if world > 1 {
+            // DDP: rank 0's weights everywhere, then gradients averaged in buckets during backward. Built after
+            // the channels_last conversion and the checkpoint load: buckets follow the parameters' strides.
+            let opts = rn50_distributed::DdpOptions {
+                bucket_cap_bytes: (args.bucket_cap_mb * 1024.0 * 1024.0) as usize,
+                ..Default::default()
+            };
+            step.sync_gradients(&dist, &opts)?;
+            // A fresh EMA starts from the broadcast weights; a resumed one is the checkpoint's on every rank.
+            if let (Some(e), None) = (&mut ema, &args.resume) {
+                e.ema = Ema::new(&step.model, e.ema.decay);
+            }
+        }
+
+        let global_batch = args.batch_size * args.accum_steps * world;
+        let peak_lr = scaled_lr(args.lr, global_batch);
+        let schedule = schedule(args, peak_lr)?;
+        let resolution = match args.min_res {
+            None => Resolution::fixed(args.image_size),
+            Some(min) => {
+                Resolution::new(min, args.image_size, args.start_ramp, args.end_ramp_epoch())?
+            }
+        };
+        if rank0 {
+            std::fs::create_dir_all(&args.out)
+                .with_context(|| format!("creating {}", args.out.display()))?;
+            eprintln!(
+                "rn50 train: {} on {} ({}{}), global batch {global_batch} ({} x {} accum x {world} procs), \
+                 lr {} x {global_batch}/256 = {peak_lr}; {schedule}",
+                args.arch,
+                device_name(device),
+                compute.precision,
+                if compute.channels_last { ", channels_last" } else { "" },
+                args.batch_size,
+                args.accum_steps,
+                args.lr
+            );
+        }
+        Ok(Self {
+            args,
+            dist,
+            rank0,
+            world,
+            device,
+            compute,
+            _run_dir,
+            data,
+            dummy,
+            step,
+            ema,
+            config: serde_json::to_value(args)?,
+            position,
+            global_batch,
+            peak_lr,
+            schedule,
+            resolution,
+        })
+    }
+
+    /// The weights that are evaluated and kept as best.safetensors: the EMA's when there is one (copied into
+    /// its model now), else the trained model's.
+    fn scored_model(&self) -> &Model {
+        match &self.ema {
+            Some(e) => {
+                e.ema.copy_to(&e.model);
+                &e.model
+            }
+            None => &self.step.model,
+        }
+    }
+
+    /// Top-1/top-5 of the scored weights over `pass`, one pass of the validation set queued beforehand, all
+    /// ranks together; NaN without a dataset.
+    fn evaluate(&self, pass: Option<Epoch>) -> Result<EvalResult> {
+        let (Some(d), Some(pass)) = (&self.data, pass) else {
+            return Ok(EvalResult {
+                acc1: f64::NAN,
+                acc5: f64::NAN,
+                ..EvalResult::default()
+            });
+        };
+        let (precision, channels_last) = (self.compute.precision, self.compute.channels_last);
+        eval::evaluate(self.scored_model(), &d.val, pass, precision, channels_last)?
+            .all_ranks(&self.dist)
+    }
+
+    /// `-e`: evaluate the resumed (or fresh) weights once and print the accuracy.
+    fn evaluate_only(&self) -> Result<()> {
+        let Some(d) = &self.data else {
+            bail!("-e needs a dataset, not --dummy")
+        };
+        let r = self.evaluate(Some(d.val.epoch(0, 0)))?;
+        if self.rank0 {
+            println!(
+                "Acc@1 {:.3} Acc@5 {:.3} ({} images)",
+                r.acc1, r.acc5, r.images
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The LR schedule of the flags, `peak` after the warmup.
+fn schedule(args: &TrainArgs, peak: f64) -> Result<LrSchedule> {
+    let decay = match args.lr_schedule {
+        ScheduleKind::Step => Decay::step_for(args.epochs as f64),
+        ScheduleKind::Cosine => Decay::Cosine { final_lr: 0.0 },
+        ScheduleKind::Linear => Decay::Linear,
+    };
+    LrSchedule::new(peak, args.warmup_epochs, args.epochs as f64, decay)
+}
+
+/// Training: `Setup` with the stop signal, rank 0's logs and checkpoints, and the epochs' layout.
+struct Trainer<'a> {
+    setup: Setup<'a>,
+    /// Set by SIGTERM/SIGUSR1.
+    stop: Arc<AtomicBool>,
+    /// Rank 0: per-epoch records (metrics.jsonl), and every logged step with its loss at full precision
+    /// (steps.jsonl).
+    metrics: Option<File>,
+    steps_log: Option<File>,
+    /// Rank 0: the records of metrics.jsonl, earlier runs' (when resumed) and this one's, for the summary.
+    epochs: Vec<EpochMetrics>,
+    summary: TrainSummary,
+    keeper: Keeper,
+    /// Rank 0 with a dataset: read bandwidth and IOPS of the dataset's disk and of this process, per epoch and
+    /// as io.jsonl.
+    io: Option<IoMonitor>,
+    /// Optimizer steps per epoch.
+    per_epoch: usize,
+    /// The epoch training starts at (0, or the resumed one), and its first step to train in optimizer steps of
+    /// this run's layout.
+    first_epoch: usize,
+    resume_step: usize,
+    /// The next epoch's training batches, queued ahead (see `Trainer::queue`).
+    next_train: Option<Epoch>,
+    run_start: Instant,
+}
+
+/// One epoch's passes over the data, queued on the loader threads.
+struct Passes {
+    train: Option<Epoch>,
+    val: Option<Epoch>,
+}
+
+/// How `Trainer::train_one_epoch` ended.
+enum Trained {
+    Epoch(Box<EpochStats>),
+    /// A stop signal came: the position of the first step not trained.
+    Stopped(Position),
+}
+
+/// One epoch's training, as its metrics record sums it up.
+struct EpochStats {
+    started: Instant,
+    io_start: Option<IoSample>,
+    /// Mean over the logged steps of the loss averaged over ranks.
+    train_loss: f64,
+    /// The last step's rate.
+    lr: f64,
+    /// Over all processes.
+    images_per_sec: f64,
+    data_wait_share: f64,
+    resolution: usize,
+    /// Unreadable training images this process skipped.
+    bad_images: usize,
+}
+
+/// One micro-batch on the device: a loader's batch is kept whole, since on CPU its tensors view the loader's
+/// buffer.
+enum MicroBatch<'a> {
+    Loaded(DeviceBatch),
+    Dummy(&'a (Tensor, Tensor)),
+}
+
+impl MicroBatch<'_> {
+    fn images(&self) -> &Tensor {
+        match self {
+            MicroBatch::Loaded(b) => &b.images,
+            MicroBatch::Dummy((images, _)) => images,
+        }
+    }
+
+    fn labels(&self) -> &Tensor {
+        match self {
+            MicroBatch::Loaded(b) => &b.labels,
+            MicroBatch::Dummy((_, labels)) => labels,
+        }
+    }
+}
+
+/// Opens the JSON-lines log `name` of `dir` for appending.
+fn append(dir: &Path, name: &str) -> Result<File> {
+    let path = dir.join(name);
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))
+}
+
+/// A metric that is a number; NaN and infinities are written as null and read back as absent, so they are
+/// absent in the records kept in memory too.
+fn finite(x: f64) -> Option<f64> {
+    x.is_finite().then_some(x)
+}
+
+impl<'a> Trainer<'a> {
+    fn new(mut setup: Setup<'a>) -> Result<Self> {
+        let args = setup.args;
+        let (rank0, world, position) = (setup.rank0, setup.world, &setup.position);
+        // SLURM sends SIGTERM (or --signal=USR1) before preemption: checkpoint, then exit EXIT_PREEMPTED.
+        let stop = Arc::new(AtomicBool::new(false));
+        for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGUSR1] {
+            signal_hook::flag::register(sig, Arc::clone(&stop))?;
+        }
+        let metrics_path = args.out.join("metrics.jsonl");
+        let mut epochs = Vec::new();
+        if rank0 && args.resume.is_some() {
+            // What was logged after the resumed position is logged again from here on.
+            let (epoch, step) = (
+                position.epoch,
+                (position.start_batch(args.batch_size, world) / args.accum_steps) as u64,
+            );
+            let at = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap_or(0);
+            rundir::trim_log(&metrics_path, |r| at(r, "epoch") < epoch)?;
+            rundir::trim_log(&args.out.join("steps.jsonl"), |r| {
+                (at(r, "epoch"), at(r, "step")) < (epoch, step)
+            })?;
+            if metrics_path.exists() {
+                epochs = rn50_report::schema::read_metrics(&metrics_path)?;
+            }
+        }
+        let (metrics, steps_log) = if rank0 {
+            (
+                Some(append(&args.out, "metrics.jsonl")?),
+                Some(append(&args.out, "steps.jsonl")?),
+            )
+        } else {
+            (None, None)
+        };
+        let keeper = Keeper::new(&args.out, args.keep_checkpoints, args.checkpoint_minutes)?;
+        if rank0 {
+            keeper.clear_stale();
+        }
+        let micro_per_epoch = match &mut setup.data {
+            Some(d) => d.batches_per_epoch(args)?,
+            None => args.steps_per_epoch.unwrap_or(100) * args.accum_steps,
+        };
+        if micro_per_epoch < args.accum_steps {
+            bail!(
+                "an epoch has {micro_per_epoch} batches, fewer than --accum-steps {}",
+                args.accum_steps
+            );
+        }
+        let per_epoch = args
+            .steps_per_epoch
+            .map_or(micro_per_epoch / args.accum_steps, |s| {
+                s.min(micro_per_epoch / args.accum_steps)
+            })
+            .max(1);
+        let run_start = Instant::now();
+        let summary = TrainSummary {
+            arch: args.arch.to_string(),
+            device: match setup.device {
+                tch::Device::Cpu => format!(
+                    "{} ({} threads)",
+                    setup.compute.cpu.model,
+                    tch::get_num_threads()
+                ),
+                d => device_name(d),
+            },
+            world_size: world as u64,
+            batch_size: args.batch_size as u64,
+            global_batch: setup.global_batch as u64,
+            lr: setup.peak_lr,
+            precision: setup.compute.precision.to_string(),
+            dataset: args
+                .data
+                .as_ref()
+                .filter(|_| !args.dummy)
+                .map_or("dummy".into(), |d| d.display().to_string()),
+            ..Default::default()
+        };
+        let io = match (&args.data, rank0 && setup.data.is_some()) {
+            (Some(root), true) => Some(IoMonitor::start_logging(
+                root,
+                std::time::Duration::from_secs(1),
+                &args.out.join("io.jsonl"),
+            )?),
+            _ => None,
+        };
+        let position = &setup.position;
+        let resume_batch = position.start_batch(args.batch_size, world);
+        if rank0 && resume_batch != position.batch_in_epoch as usize {
+            eprintln!(
+                "checkpoint written by {} processes x batch {}: resuming epoch {} at batch {resume_batch} of this layout",
+                position.world_size, position.batch_size, position.epoch
+            );
+        }
+        let first_epoch = position.epoch as usize;
+        let mut t = Trainer {
+            setup,
+            stop,
+            metrics,
+            steps_log,
+            epochs,
+            summary,
+            keeper,
+            io,
+            per_epoch,
+            first_epoch,
+            resume_step: resume_batch / args.accum_steps,
+            next_train: None,
+            run_start,
+        };
+        if t.first_epoch < args.epochs {
+            t.next_train = t.queue_train(t.first_epoch)?;
+        }
+        Ok(t)
+    }
+
+    /// The optimizer step epoch `epoch` starts at: 0, or where the resumed epoch left off.
+    fn first_step(&self, epoch: usize) -> usize {
+        if epoch == self.first_epoch {
+            self.resume_step
+        } else {
+            0
+        }
+    }
+
+    /// The position after `s` optimizer steps of `epoch`.
+    fn position_at(&self, epoch: usize, s: usize) -> Position {
+        Position {
+            epoch: epoch as u64,
+            batch_in_epoch: (s * self.setup.args.accum_steps) as u64,
+            global_step: (epoch * self.per_epoch + s) as u64,
+            best_acc1: self.setup.position.best_acc1,
+            world_size: self.setup.world as u64,
+            batch_size: self.setup.args.batch_size as u64,
+        }
+    }
+
+    /// Queues the training batches of `epoch` that are still to train (none without a dataset).
+    fn queue_train(&mut self, epoch: usize) -> Result<Option<Epoch>> {
+        let (args, res) = (self.setup.args, self.setup.resolution.at(epoch));
+        let batches = self.first_step(epoch) * args.accum_steps..self.per_epoch * args.accum_steps;
+        match &mut self.setup.data {
+            Some(d) => Ok(Some(d.train_epoch(args, res, epoch, batches)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Epoch `epoch`'s training batches (queued when the epoch before it started) and its evaluation pass.
+    ///
+    /// The loader threads take work in the order it is queued, which is the order it is consumed: an epoch's
+    /// batches, its evaluation, the next epoch's batches. Both are queued as an epoch starts, so they decode as
+    /// soon as the epoch's last batches are handed out (or whenever the steps leave the threads idle): nothing
+    /// waits for a loader to start at an epoch boundary.
+    fn queue(&mut self, epoch: usize) -> Result<Passes> {
+        let train = self.next_train.take();
+        let val = self.setup.data.as_ref().map(|d| d.val.epoch(0, 0));
+        if epoch + 1 < self.setup.args.epochs {
+            self.next_train = self.queue_train(epoch + 1)?;
+        }
+        Ok(Passes { train, val })
+    }
+
+    /// Trains epoch `epoch` from its first step still to train, on `batches` (the dummy batch without a
+    /// dataset), until its last step or a stop signal.
+    fn train_one_epoch(&mut self, epoch: usize, mut batches: Option<Epoch>) -> Result<Trained> {
+        let started = Instant::now();
+        let io_start = self.io.as_ref().map(|m| m.snapshot());
+        let (start, per_epoch) = (self.first_step(epoch), self.per_epoch);
+        let mut prog =
+            EpochProgress::new(epoch, start, per_epoch, self.setup.world, self.setup.rank0);
+        let (mut loss_sum, mut loss_n, mut lr, mut bad_images) = (0.0, 0usize, 0.0, 0);
+        for s in start..per_epoch {
+            if self.stop_requested()? {
+                prog.finish();
+                return Ok(Trained::Stopped(self.position_at(epoch, s)));
+            }
+            self.setup.step.opt.zero_grad();
+            let loss = self.forward_backward(batches.as_mut(), &mut prog, &mut bad_images)?;
+            lr = self
+                .setup
+                .schedule
+                .at(epoch as f64 + (s + 1) as f64 / per_epoch as f64);
+            let skipped = self.setup.step.apply(lr)?;
+            if let Some(e) = &mut self.setup.ema {
+                e.ema.update();
+            }
+            let logged = if (s + 1).is_multiple_of(self.setup.args.print_freq) || s + 1 == per_epoch
+            {
+                let loss = self.log_step(epoch, s, &loss, &skipped, lr)?;
+                loss_sum += loss;
+                loss_n += 1;
+                Some(loss)
+            } else {
+                None
+            };
+            prog.step(s, logged, lr);
+            if self.setup.rank0 && self.keeper.due() && s + 1 < per_epoch {
+                let at = self.position_at(epoch, s + 1);
+                let ema = self.setup.ema.as_ref().map(|e| &e.ema);
+                self.keeper
+                    .save(&self.setup.step, ema, &at, &self.setup.config)?;
+            }
+        }
+        prog.finish();
+        let train_secs = prog.elapsed();
+        Ok(Trained::Epoch(Box::new(EpochStats {
+            started,
+            io_start,
+            train_loss: loss_sum / loss_n.max(1) as f64,
+            lr,
+            images_per_sec: prog.images_per_sec(),
+            data_wait_share: prog.data_wait.as_secs_f64() / train_secs.max(1e-9),
+            resolution: self.setup.resolution.at(epoch),
+            bad_images,
+        })))
+    }
+
+    /// Whether any rank got a stop signal. Every rank must stop at the same step (a signal may reach only some):
+    /// they agree on it each step.
+    fn stop_requested(&self) -> Result<bool> {
+        let here = self.stop.load(Ordering::Relaxed);
+        Ok(self
+            .setup
+            .dist
+            .any_rank(here, "checking for a stop signal")?)
+    }
+
+    /// Forward and backward over the step's `--accum-steps` micro-batches; returns their mean loss (on the
+    /// device).
+    fn forward_backward(
+        &mut self,
+        mut batches: Option<&mut Epoch>,
+        prog: &mut EpochProgress,
+        bad_images: &mut usize,
+    ) -> Result<Tensor> {
+        let accum = self.setup.args.accum_steps;
+        let mut loss = Tensor::zeros([], (Kind::Float, self.setup.device));
+        for micro in 0..accum {
+            let batch = match batches.as_deref_mut() {
+                Some(it) => {
+                    let t = Instant::now();
+                    let b = it
+                        .next()
+                        .context("the loader ended before the epoch's last step")??;
+                    prog.data_wait += t.elapsed();
+                    *bad_images += b.skipped();
+                    MicroBatch::Loaded(DeviceBatch::new(b, self.setup.device)?)
+                }
+                None => MicroBatch::Dummy(
+                    self.setup
+                        .dummy
+                        .as_ref()
+                        .expect("dummy batch without a dataset"),
+                ),
+            };
+            let step = &mut self.setup.step;
+            let x = step.input.normalize(batch.images());
+            let l = step.backward(&x, batch.labels(), micro, accum)?;
+            loss += l / accum as f64;
+            prog.images += batch.labels().size()[0] as usize;
+        }
+        Ok(loss)
+    }
+
+    /// The loss of step `s` as logged: the mean over ranks, which every rank judges (so all stop together),
+    /// and which rank 0 appends to steps.jsonl.
+    fn log_step(
+        &mut self,
+        epoch: usize,
+        s: usize,
+        loss: &Tensor,
+        skipped: &Skipped,
+        lr: f64,
+    ) -> Result<f64> {
+        let mut mean = [f64::try_from(loss)? / self.setup.world as f64];
+        self.setup.dist.sum_f64(&mut mean, "averaging the loss")?;
+        let loss = mean[0];
+        if !loss.is_finite() && !skipped.get()? {
+            bail!("the loss became {loss} at epoch {epoch} step {s}: stopping (the last checkpoint is kept)");
+        }
+        if let Some(f) = &mut self.steps_log {
+            let rec = serde_json::json!({"epoch": epoch, "step": s, "loss": loss, "lr": lr});
+            writeln!(f, "{rec}")?;
+        }
+        Ok(loss)
+    }
+
+    /// After a stop signal: rank 0 saves a checkpoint at `at` to resume from.
+    fn save_on_signal(&mut self, at: &Position) -> Result<()> {
+        if !self.setup.rank0 {
+            return Ok(());
+        }
+        let ema = self.setup.ema.as_ref().map(|e| &e.ema);
+        let path = self
+            .keeper
+            .save(&self.setup.step, ema, at, &self.setup.config)?;
+        eprintln!(
+            "signal received: checkpoint saved to {} (resume with --resume {})",
+            path.display(),
+            self.setup.args.out.display()
+        );
+        Ok(())
+    }
+
+    /// The metrics.jsonl record of `epoch` (its seconds are set when it is logged), with the unreadable images
+    /// summed over ranks.
+    fn epoch_record(
+        &self,
+        epoch: usize,
+        stats: &EpochStats,
+        eval: &EvalResult,
+    ) -> Result<EpochMetrics> {
+        let mut bad = [stats.bad_images as f64];
+        self.setup
+            .dist
+            .sum_f64(&mut bad, "counting unreadable images")?;
+        let io = self
+            .io
+            .as_ref()
+            .zip(stats.io_start.as_ref())
+            .map(|(m, s0)| m.snapshot().delta(s0));
+        Ok(EpochMetrics {
+            epoch: epoch as u64,
+            train_loss: finite(stats.train_loss),
+            lr: finite(stats.lr),
+            images_per_sec: finite(stats.images_per_sec),
+            acc1: finite(eval.acc1),
+            acc5: finite(eval.acc5),
+            val_images: Some(eval.images),
+            seconds: None,
+            resolution: Some(stats.resolution as u64),
+            data_wait_share: finite(stats.data_wait_share),
+            bad_images: Some(bad[0] as u64),
+            disk_read_gbs: io.as_ref().and_then(|d| d.disk_read_gbs),
+            disk_read_iops: io.as_ref().and_then(|d| d.disk_read_iops),
+            process_read_gbs: io.as_ref().and_then(|d| d.process_read_gbs),
+        })
+    }
+
+    /// The end of `epoch`: the position moves to the next epoch, with the best top-1 so far; rank 0 saves the
+    /// checkpoint, and the scored weights as best.safetensors when they scored best.
+    fn save_checkpoint(&mut self, epoch: usize, eval: &EvalResult) -> Result<()> {
+        let is_best = !eval.acc1.is_nan() && eval.acc1 >= self.setup.position.best_acc1;
+        if is_best {
+            self.setup.position.best_acc1 = eval.acc1;
+        }
+        self.setup.position = self.position_at(epoch + 1, 0);
+        if !self.setup.rank0 {
+            return Ok(());
+        }
+        let ema = self.setup.ema.as_ref().map(|e| &e.ema);
+        self.keeper.save(
+            &self.setup.step,
+            ema,
+            &self.setup.position,
+            &self.setup.config,
+        )?;
+        if is_best {
+            weights::save(
+                self.setup.scored_model(),
+                &self.setup.args.out.join("best.safetensors"),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Rank 0 appends `record` to metrics.jsonl, prints the epoch's line, and refreshes summary.json,
+    /// metrics.csv, summary.md and the plots, so a run cut short still has them.
+    fn log_epoch(&mut self, mut record: EpochMetrics, stats: &EpochStats) -> Result<()> {
+        if !self.setup.rank0 {
+            return Ok(());
+        }
+        // The epoch's wall-clock time: training, evaluation and the checkpoint.
+        record.seconds = Some(stats.started.elapsed().as_secs_f64());
+        if let Some(f) = &mut self.metrics {
+            writeln!(f, "{}", serde_json::to_string(&record)?)?;
+        }
+        eprintln!(
+            "epoch {}: loss {:.4}  Acc@1 {:.3}  Acc@5 {:.3}  {:.1} img/s  data wait {:.0}%  ({:.0} s)",
+            record.epoch,
+            stats.train_loss,
+            record.acc1.unwrap_or(f64::NAN),
+            record.acc5.unwrap_or(f64::NAN),
+            stats.images_per_sec,
+            100.0 * stats.data_wait_share,
+            record.seconds.unwrap_or_default()
+        );
+        let bad_images = record.bad_images.unwrap_or(0);
+        if bad_images > 0 {
+            eprintln!(
+                "epoch {}: skipped {bad_images} unreadable training images (they could not be read or decoded)",
+                record.epoch
+            );
+        }
+        self.epochs.push(record);
+        self.summary.fill_from_metrics(&self.epochs);
+        rn50_report::write_summary(&self.setup.args.out, &self.summary)?;
+        rn50_report::write_run_report(&self.setup.args.out)?;
+        Ok(())
+    }
+
+    /// Leaves the process group (rank 0, which serves the rendezvous store, last); when every epoch is done,
+    /// rank 0 saves final.safetensors and prints the summary.
+    fn finish(mut self, outcome: Outcome) -> Result<Outcome> {
+        drop(self.setup.step.grad_sync.take());
+        let setup = self.setup;
+        setup.dist.finish()?;
+        if setup.rank0 && outcome == Outcome::Done {
+            let out = &setup.args.out;
+            weights::save(&setup.step.model, &out.join("final.safetensors"))?;
+            if out.join("metrics.jsonl").exists() {
+                eprint!("{}", rn50_report::summary_text(out)?);
+            }
+            eprintln!(
+                "done in {:.0} s; weights in {}",
+                self.run_start.elapsed().as_secs_f64(),
+                out.display()
+            );
+        }
+        Ok(outcome)
+    }
+}
