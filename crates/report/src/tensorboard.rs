@@ -18,9 +18,9 @@
 //! The format: one file `events.out.tfevents.<unix secs>.<host>.<pid>.<n>` (TensorBoard's own naming) of TFRecords (u64 length, masked CRC-32C
 //! of the length, the data, masked CRC-32C of the data; little-endian), each an `Event` protobuf; the first is
 //! `file_version: "brain.Event:2"` (with `source_metadata.writer: "rn50"`), then one `Event{wall_time, step, summary: Summary{value{tag, simple_value}}}`
-//! per scalar. The protobuf fields are encoded here by hand (a few fields; tensorflow/core/util/event.proto,
-//! tensorflow/core/framework/summary.proto; CRC-32C comes from the `crc32c` crate): `tensorboard-rs`
-//! is unmaintained, and a protobuf crate with code generation would be more code than the encoder. The bytes are
+//! per scalar. The messages are the few fields of tensorflow/core/util/event.proto and
+//! tensorflow/core/framework/summary.proto that rn50 uses, declared with `prost`'s derive (no .proto compiler
+//! at build time); CRC-32C comes from the `crc32c` crate. (`tensorboard-rs` is unmaintained.) The bytes are
 //! checked against a file TensorBoard's own writer wrote (tests/tensorboard.rs).
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use prost::Message;
 
 /// The scalar tags rn50 writes (module documentation: what each one is).
 pub const TAGS: [&str; 7] = [
@@ -160,65 +161,128 @@ pub fn tf_record(data: &[u8]) -> Vec<u8> {
     r
 }
 
-// Protobuf wire types.
-const VARINT: u8 = 0;
-const FIXED64: u8 = 1;
-const LEN: u8 = 2;
-const FIXED32: u8 = 5;
-
-fn key(out: &mut Vec<u8>, field: u8, wire: u8) {
-    out.push(field << 3 | wire);
+/// The fields of TensorBoard's `Event` (tensorflow/core/util/event.proto) that rn50 writes. `file_version` and
+/// `summary` are members of the proto's `oneof what`: at most one is set.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Event {
+    #[prost(double, tag = "1")]
+    pub wall_time: f64,
+    #[prost(int64, tag = "2")]
+    pub step: i64,
+    #[prost(string, optional, tag = "3")]
+    pub file_version: Option<String>,
+    #[prost(message, optional, tag = "5")]
+    pub summary: Option<Summary>,
+    #[prost(message, optional, tag = "10")]
+    pub source_metadata: Option<SourceMetadata>,
 }
 
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
+/// `Summary` (tensorflow/core/framework/summary.proto): its values.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Summary {
+    #[prost(message, repeated, tag = "1")]
+    pub value: Vec<SummaryValue>,
 }
 
-fn bytes_field(out: &mut Vec<u8>, field: u8, data: &[u8]) {
-    key(out, field, LEN);
-    varint(out, data.len() as u64);
-    out.extend_from_slice(data);
+/// `Summary.Value` with a scalar: `simple_value` is a member of the proto's `oneof value`, so it is written even
+/// when it is 0.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SummaryValue {
+    #[prost(string, tag = "1")]
+    pub tag: String,
+    #[prost(float, optional, tag = "2")]
+    pub simple_value: Option<f32>,
 }
 
-/// `Event{wall_time = 1, step = 2}` as proto3 writes them: fields at their default value are left out.
-fn event_header(wall_time: f64, step: i64) -> Vec<u8> {
-    let mut e = Vec::new();
-    if wall_time != 0.0 {
-        key(&mut e, 1, FIXED64);
-        e.extend_from_slice(&wall_time.to_le_bytes());
-    }
-    if step != 0 {
-        key(&mut e, 2, VARINT);
-        varint(&mut e, step as u64); // int64: negative numbers are ten-byte two's complement varints
-    }
-    e
+/// `SourceMetadata`: which program wrote the file.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SourceMetadata {
+    #[prost(string, tag = "1")]
+    pub writer: String,
 }
 
-/// `Event{wall_time, file_version = 3, source_metadata = 10: SourceMetadata{writer = 1: "rn50"}}`.
+/// `Event{wall_time, file_version: "brain.Event:2", source_metadata{writer: "rn50"}}`.
 fn file_version_event(wall_time: f64) -> Vec<u8> {
-    let mut e = event_header(wall_time, 0);
-    bytes_field(&mut e, 3, FILE_VERSION.as_bytes());
-    let mut source = Vec::new();
-    bytes_field(&mut source, 1, WRITER.as_bytes());
-    bytes_field(&mut e, 10, &source);
-    e
+    Event {
+        wall_time,
+        file_version: Some(FILE_VERSION.into()),
+        source_metadata: Some(SourceMetadata {
+            writer: WRITER.into(),
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec()
 }
 
-/// `Event{wall_time, step, summary = 5: Summary{value = 1: Value{tag = 1, simple_value = 2}}}`.
+/// `Event{wall_time, step, summary{value{tag, simple_value}}}`.
 fn scalar_event(tag: &str, step: i64, value: f32, wall_time: f64) -> Vec<u8> {
-    let mut v = Vec::new();
-    bytes_field(&mut v, 1, tag.as_bytes());
-    key(&mut v, 2, FIXED32);
-    v.extend_from_slice(&value.to_le_bytes());
-    let mut summary = Vec::new();
-    bytes_field(&mut summary, 1, &v);
-    let mut e = event_header(wall_time, step);
-    bytes_field(&mut e, 5, &summary);
-    e
+    Event {
+        wall_time,
+        step,
+        summary: Some(Summary {
+            value: vec![SummaryValue {
+                tag: tag.into(),
+                simple_value: Some(value),
+            }],
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// One scalar read back from an event file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scalar {
+    pub tag: String,
+    pub step: i64,
+    pub value: f32,
+    pub wall_time: f64,
+}
+
+/// The events of a TFRecord event file, each record's two masked CRC-32Cs checked: an error names the first
+/// damaged or truncated record.
+pub fn read_events(path: &Path) -> anyhow::Result<Vec<Event>> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut events = Vec::new();
+    let mut rest = &bytes[..];
+    while !rest.is_empty() {
+        let n = events.len();
+        let bad = || anyhow::anyhow!("{}: record {n} is damaged or cut short", path.display());
+        let (len_bytes, tail) = rest.split_at_checked(8).ok_or_else(bad)?;
+        let len = usize::try_from(u64::from_le_bytes(len_bytes.try_into()?))?;
+        let crc = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
+        let end = len
+            .checked_add(8)
+            .filter(|&e| e <= tail.len())
+            .ok_or_else(bad)?;
+        let data = &tail[4..4 + len];
+        if crc(&tail[..4]) != masked_crc32c(len_bytes)
+            || crc(&tail[4 + len..end]) != masked_crc32c(data)
+        {
+            return Err(bad());
+        }
+        events.push(Event::decode(data).map_err(|e| bad().context(e))?);
+        rest = &tail[end..];
+    }
+    Ok(events)
+}
+
+/// Every scalar of an event file, in the order written.
+pub fn read_scalars(path: &Path) -> anyhow::Result<Vec<Scalar>> {
+    let mut out = Vec::new();
+    for e in read_events(path)? {
+        for v in e.summary.into_iter().flat_map(|s| s.value) {
+            if let Some(value) = v.simple_value {
+                out.push(Scalar {
+                    tag: v.tag,
+                    step: e.step,
+                    value,
+                    wall_time: e.wall_time,
+                });
+            }
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -235,15 +299,26 @@ mod tests {
     }
 
     #[test]
-    fn varints_and_negative_steps() {
-        let mut v = Vec::new();
-        varint(&mut v, 300);
-        assert_eq!(v, [0xac, 0x02]);
-        let e = event_header(0.0, -1);
-        assert_eq!(e.len(), 1 + 10);
+    fn events_read_back_as_written_and_damage_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = EventWriter::create(dir.path()).unwrap();
+        w.scalar_at("train/loss", -1, 2.5, 10.0).unwrap();
+        w.scalar_at("val/acc1", 3, 0.0, 11.0).unwrap();
+        w.flush().unwrap();
+        let got = read_scalars(w.path()).unwrap();
         assert_eq!(
-            e[1..],
-            [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]
+            got.iter()
+                .map(|s| (s.tag.as_str(), s.step, s.value))
+                .collect::<Vec<_>>(),
+            [("train/loss", -1, 2.5), ("val/acc1", 3, 0.0)]
         );
+        let mut bytes = std::fs::read(w.path()).unwrap();
+        let n = bytes.len();
+        bytes[n - 6] ^= 1;
+        std::fs::write(w.path(), &bytes[..]).unwrap();
+        let err = read_scalars(w.path()).unwrap_err().to_string();
+        assert!(err.contains("record 2 is damaged"), "{err}");
+        std::fs::write(w.path(), &bytes[..n - 3]).unwrap();
+        assert!(read_scalars(w.path()).is_err());
     }
 }

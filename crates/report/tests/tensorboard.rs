@@ -97,3 +97,20 @@ fn each_writer_gets_its_own_file_with_tensorboards_name() {
     assert!(wall >= fields[3].parse::<f64>().unwrap(), "{wall}");
     assert_eq!(recs[1][9..11], [0x10, 7]);
 }
+
+/// The reader reads the file TensorBoard's own writer wrote: every scalar, with its step and wall time.
+#[test]
+fn tensorboards_own_file_reads_back() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tensorboard/tensorboard-2.21.tfevents");
+    let got = rn50_report::tensorboard::read_scalars(&path).unwrap();
+    let want: Vec<_> = SCALARS
+        .iter()
+        .map(|&(tag, step, value, wall)| (tag.to_string(), step, value as f32, wall))
+        .collect();
+    let got: Vec<_> = got
+        .into_iter()
+        .map(|s| (s.tag, s.step, s.value, s.wall_time))
+        .collect();
+    assert_eq!(got, want);
+}

@@ -30,6 +30,9 @@ const RUN_FILES: &[&str] = &[
     "final.safetensors",
 ];
 
+/// The folder of the TensorBoard event files.
+const TENSORBOARD: &str = "tensorboard";
+
 /// The claim on a run directory: the lock is released when this is dropped (or the process ends, however).
 pub struct RunDir {
     _lock: PidLock,
@@ -102,9 +105,26 @@ fn run_files(out: &Path) -> Result<Vec<PathBuf>> {
         let name = name.to_string_lossy();
         if is_checkpoint(&name) || RUN_FILES.contains(&name.as_ref()) {
             found.push(e.path());
+        } else if name == TENSORBOARD && e.path().is_dir() {
+            found.extend(event_files(&e.path())?);
         }
     }
     found.sort();
+    Ok(found)
+}
+
+/// The TensorBoard event files rn50 wrote in `dir` (`events.out.tfevents.*`); anything else there is the user's.
+fn event_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let e = e.with_context(|| format!("listing {}", dir.display()))?;
+        if e.file_name()
+            .to_string_lossy()
+            .starts_with("events.out.tfevents.")
+        {
+            found.push(e.path());
+        }
+    }
     Ok(found)
 }
 

@@ -13,6 +13,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use rn50_distributed::{DistContext, WorldInfo};
 use rn50_pipeline::Epoch;
+use rn50_report::tensorboard::EventWriter;
 use rn50_report::{EpochMetrics, IoMonitor, IoSample, TrainSummary};
 use tch::{Kind, Tensor};
 
@@ -329,6 +330,8 @@ struct Trainer<'a> {
     /// (steps.jsonl).
     metrics: Option<File>,
     steps_log: Option<File>,
+    /// Rank 0: TensorBoard scalars in RUN_DIR/tensorboard/ (the tags: `rn50_report::tensorboard`).
+    tensorboard: Option<EventWriter>,
     /// Rank 0: the records of metrics.jsonl, earlier runs' (when resumed) and this one's, for the summary.
     epochs: Vec<EpochMetrics>,
     summary: TrainSummary,
@@ -371,6 +374,8 @@ struct EpochStats {
     /// Over all processes.
     images_per_sec: f64,
     data_wait_share: f64,
+    /// Seconds a step waited for the loader, on average.
+    data_wait_per_step: f64,
     resolution: usize,
     /// Unreadable training images this process skipped.
     bad_images: usize,
@@ -441,13 +446,14 @@ impl<'a> Trainer<'a> {
                 epochs = rn50_report::schema::read_metrics(&metrics_path)?;
             }
         }
-        let (metrics, steps_log) = if rank0 {
+        let (metrics, steps_log, tensorboard) = if rank0 {
             (
                 Some(append(&args.out, "metrics.jsonl")?),
                 Some(append(&args.out, "steps.jsonl")?),
+                Some(EventWriter::create(&args.out.join("tensorboard"))?),
             )
         } else {
-            (None, None)
+            (None, None, None)
         };
         let keeper = Keeper::new(&args.out, args.keep_checkpoints, args.checkpoint_minutes)?;
         if rank0 {
@@ -514,6 +520,7 @@ impl<'a> Trainer<'a> {
             stop,
             metrics,
             steps_log,
+            tensorboard,
             epochs,
             summary,
             keeper,
@@ -626,6 +633,7 @@ impl<'a> Trainer<'a> {
             lr,
             images_per_sec: prog.images_per_sec(),
             data_wait_share: prog.data_wait.as_secs_f64() / train_secs.max(1e-9),
+            data_wait_per_step: prog.data_wait.as_secs_f64() / (per_epoch - start).max(1) as f64,
             resolution: self.setup.resolution.at(epoch),
             bad_images,
         })))
@@ -697,6 +705,11 @@ impl<'a> Trainer<'a> {
         if let Some(f) = &mut self.steps_log {
             let rec = serde_json::json!({"epoch": epoch, "step": s, "loss": loss, "lr": lr});
             writeln!(f, "{rec}")?;
+        }
+        if let Some(tb) = &mut self.tensorboard {
+            let global_step = (epoch * self.per_epoch + s + 1) as i64;
+            tb.scalar("train/loss", global_step, loss)?;
+            tb.scalar("train/lr", global_step, lr)?;
         }
         Ok(loss)
     }
@@ -790,6 +803,22 @@ impl<'a> Trainer<'a> {
         record.seconds = Some(stats.started.elapsed().as_secs_f64());
         if let Some(f) = &mut self.metrics {
             writeln!(f, "{}", serde_json::to_string(&record)?)?;
+        }
+        if let Some(tb) = &mut self.tensorboard {
+            // train/* and io/* at the epoch's last optimizer step, val/* at the epoch (as in metrics.jsonl).
+            let step = ((record.epoch as usize + 1) * self.per_epoch) as i64;
+            let epoch = record.epoch as i64;
+            tb.scalar("train/images_per_sec", step, stats.images_per_sec)?;
+            tb.scalar("train/data_wait", step, stats.data_wait_per_step)?;
+            if let Some(gbs) = record.disk_read_gbs.or(record.process_read_gbs) {
+                tb.scalar("io/read_gbps", step, gbs)?;
+            }
+            for (tag, acc) in [("val/acc1", record.acc1), ("val/acc5", record.acc5)] {
+                if let Some(a) = acc {
+                    tb.scalar(tag, epoch, a)?;
+                }
+            }
+            tb.flush()?;
         }
         eprintln!(
             "epoch {}: loss {:.4}  Acc@1 {:.3}  Acc@5 {:.3}  {:.1} img/s  data wait {:.0}%  ({:.0} s)",
