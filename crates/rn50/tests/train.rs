@@ -54,6 +54,20 @@ fn resnet50_trains_evaluates_checkpoints_and_resumes() {
     ] {
         assert!(out.join(f).exists(), "{f}");
     }
+    // TensorBoard: a logged loss and rate per step (steps 1-4), throughput and data wait per epoch at its last
+    // step, top-1/top-5 per epoch as in metrics.jsonl; every record's CRCs check.
+    let tb = tensorboard_scalars(&out);
+    let steps =
+        |tag: &str| -> Vec<i64> { tb.iter().filter(|s| s.tag == tag).map(|s| s.step).collect() };
+    assert_eq!(steps("train/loss"), [1, 2, 3, 4]);
+    assert_eq!(steps("train/lr"), [1, 2, 3, 4]);
+    assert_eq!(steps("train/images_per_sec"), [2, 4]);
+    assert_eq!(steps("train/data_wait"), [2, 4]);
+    assert_eq!(steps("val/acc1"), [0, 1]);
+    assert_eq!(steps("val/acc5"), [0, 1]);
+    for (s, rec) in tb.iter().filter(|s| s.tag == "val/acc1").zip(&m) {
+        assert_eq!(s.value, rec["acc1"].as_f64().unwrap() as f32);
+    }
     // Resume for one more epoch: only epoch 2 runs.
     let ckpt = out.join("checkpoint.safetensors");
     let r = rn50(
@@ -78,6 +92,12 @@ fn resnet50_trains_evaluates_checkpoints_and_resumes() {
             .collect::<Vec<_>>(),
         [0, 1, 2]
     );
+    let acc1_epochs: Vec<i64> = tensorboard_scalars(&out)
+        .iter()
+        .filter(|s| s.tag == "val/acc1")
+        .map(|s| s.step)
+        .collect();
+    assert_eq!(acc1_epochs, [0, 1, 2], "the resumed run adds its epoch");
     // The trained weights evaluate with `rn50 eval` as well.
     let final_w = out.join("final.safetensors");
     let r = rn50(&[
@@ -255,18 +275,37 @@ fn resuming_mid_epoch_reproduces_the_uninterrupted_losses_exactly() {
 }
 
 /// Every file of a run directory with its bytes, but the lock file (which records the pid of the last run).
-fn snapshot(d: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut v: Vec<_> = std::fs::read_dir(d)
+/// The scalars of every TensorBoard event file of run directory `out`, files in name (creation) order.
+fn tensorboard_scalars(out: &Path) -> Vec<rn50_report::tensorboard::Scalar> {
+    let mut files: Vec<_> = std::fs::read_dir(out.join("tensorboard"))
         .unwrap()
-        .map(|e| e.unwrap())
-        .filter(|e| e.file_name() != ".rn50-train.lock")
-        .map(|e| {
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                std::fs::read(e.path()).unwrap(),
-            )
-        })
+        .map(|e| e.unwrap().path())
         .collect();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|f| rn50_report::tensorboard::read_scalars(f).unwrap())
+        .collect()
+}
+
+/// Every file below `d` (but the run lock) with its contents, by path.
+fn snapshot(d: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(d).unwrap().map(|e| e.unwrap()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name == ".rn50-train.lock" {
+            continue;
+        }
+        if e.path().is_dir() {
+            v.extend(
+                snapshot(&e.path())
+                    .into_iter()
+                    .map(|(n, b)| (format!("{name}/{n}"), b)),
+            );
+        } else {
+            v.push((name, std::fs::read(e.path()).unwrap()));
+        }
+    }
     v.sort();
     v
 }

@@ -157,6 +157,10 @@ mod tests {
             std::fs::write(out.join(f), b"x").unwrap();
         }
         std::os::unix::fs::symlink("checkpoint-000000009.safetensors", out.join(LATEST)).unwrap();
+        let tb = out.join(TENSORBOARD);
+        std::fs::create_dir(&tb).unwrap();
+        std::fs::write(tb.join("events.out.tfevents.1700000000.node.1.0"), b"x").unwrap();
+        std::fs::write(tb.join("my-notes.txt"), b"mine").unwrap();
         let err = RunDir::claim(&out, false, false).err().unwrap().to_string();
         assert!(
             err.contains("already holds a run") && err.contains("--resume auto"),
@@ -173,8 +177,17 @@ mod tests {
         left.sort();
         assert_eq!(
             left,
-            [LOCK, "notes.txt"],
+            [LOCK, "notes.txt", TENSORBOARD],
             "--overwrite removes the run's files only"
+        );
+        let left: Vec<_> = std::fs::read_dir(&tb)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            left,
+            ["my-notes.txt"],
+            "and of tensorboard/, its event files"
         );
     }
 
