@@ -32,15 +32,6 @@ impl Progress {
         bar.set_prefix(prefix.to_string());
         bar
     }
-
-    /// Prints a line above the bars (or plainly when there are none).
-    pub fn println(&self, line: &str) {
-        if self.multi.is_hidden() {
-            eprintln!("{line}");
-        } else {
-            let _ = self.multi.println(line);
-        }
-    }
 }
 
 /// Formats "classes 12/1000 · 15234 images (3100 img/s)" for a bar's message.

@@ -3,7 +3,7 @@
 //! plots; a ring all-reduce scaling model (`rn50 predict`); and an I/O monitor reading /proc.
 //!
 //! How rn50 uses it:
-//! - subcommands: `Report(rn50_report::ReportArgs)` → [`report_command`], `Predict(Box<PredictArgs>)` →
+//! - subcommands: `Report(rn50_report::report::ReportArgs)` → [`report::run`], `Predict(Box<PredictArgs>)` →
 //!   [`predict_command`] (boxed: the args are large next to other variants);
 //! - `rn50 train`: an [`IoMonitor`] on the dataset path (`start_logging(data, interval, RUN_DIR/io.jsonl)`),
 //!   `snapshot()` at each epoch's start and end, `end.delta(&start)` for the epoch's `disk_read_gbs`,
@@ -15,16 +15,15 @@
 
 use std::path::PathBuf;
 
-pub mod cli;
 pub mod efficiency;
 pub mod io;
-pub mod plot;
+mod plot;
 pub mod predict;
+pub mod report;
 pub mod run_report;
 pub mod schema;
 pub mod table;
 
-pub use cli::{report_command, ReportArgs};
 pub use io::{IoDelta, IoMonitor, IoSample};
 pub use predict::{predict_command, PredictArgs};
 pub use run_report::{summary_text, write_run_report, write_summary};

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use rn50_report::predict::{model_from_args, prediction_table, Link};
-use rn50_report::{predict_command, report_command, PredictArgs, ReportArgs};
+use rn50_report::report::{self, ReportArgs};
+use rn50_report::{predict_command, PredictArgs};
 
 #[derive(Parser)]
 struct Report {
@@ -137,7 +138,7 @@ fn predict_kempner_table_golden() {
 }
 
 #[test]
-fn report_command_end_to_end() {
+fn report_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("rep");
     let json = dir.path().join("report.json");
@@ -154,7 +155,7 @@ fn report_command_end_to_end() {
     ])
     .unwrap()
     .args;
-    report_command(&args).unwrap();
+    report::run(&args).unwrap();
     let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(v["throughput"].as_array().unwrap().len(), 2);
     assert_eq!(v["train"][0]["run"], "fixture-r50-1gpu");
@@ -170,7 +171,7 @@ fn report_command_end_to_end() {
     ])
     .unwrap()
     .args;
-    let e = report_command(&bad).unwrap_err().to_string();
+    let e = report::run(&bad).unwrap_err().to_string();
     assert!(e.contains("malformed.json:3:"), "{e}");
     assert!(!out2.exists());
 }
