@@ -170,23 +170,19 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let dead = child.id();
         child.wait().unwrap();
-        let live = std::process::id();
-        let files = [
-            (format!(".a.json.tmp{dead}"), false),
-            (format!(".latest.link{dead}"), false),
-            (format!(".b.json.tmp{live}"), true),
-            (".notes.tmpfile".to_string(), true),
-            (format!("c.tmp{dead}"), true),
-            ("a.json".to_string(), true),
+        let ours = temp_path(&dir.path().join("b.json")).unwrap();
+        let stale = [format!(".a.json.tmp{dead}"), format!(".latest.link{dead}")];
+        let kept = [
+            ".b.json.tmp".to_string() + &std::process::id().to_string(),
+            ".notes.tmpfile".to_string(),
+            "a.json".to_string(),
+            format!("c.tmp{dead}"),
         ];
-        for (f, _) in &files {
+        for f in stale.iter().chain(&kept) {
             std::fs::write(dir.path().join(f), b"x").unwrap();
         }
         remove_stale_temps(dir.path());
-        for (f, kept) in &files {
-            assert_eq!(dir.path().join(f).exists(), *kept, "{f}");
-        }
-        let own = temp_path(&dir.path().join("b.json")).unwrap();
-        assert_eq!(own, dir.path().join(format!(".b.json.tmp{live}")));
+        assert_eq!(names(dir.path()), kept);
+        assert_eq!(ours, dir.path().join(&kept[0]));
     }
 }
