@@ -115,15 +115,16 @@ fn sync_dir(path: &Path) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
-    fn names(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
+    /// The names in `dir`, in order.
+    fn names(dir: &Path) -> BTreeSet<String> {
+        let entries = std::fs::read_dir(dir).unwrap();
+        entries
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect()
     }
 
     #[test]
@@ -144,7 +145,7 @@ mod tests {
             b"new",
             "a failed write keeps the old file"
         );
-        assert_eq!(names(dir.path()), ["a.json"]);
+        assert_eq!(names(dir.path()), BTreeSet::from(["a.json".to_string()]));
         assert!(atomic_write(Path::new("/nonexistent-dir/x"), b"x").is_err());
         assert!(
             atomic_write(Path::new("/"), b"x").is_err(),
@@ -161,7 +162,10 @@ mod tests {
             atomic_symlink(Path::new(target), &link).unwrap();
             assert_eq!(std::fs::read_to_string(&link).unwrap(), target);
         }
-        assert_eq!(names(dir.path()), ["latest", "one", "two"]);
+        assert_eq!(
+            names(dir.path()),
+            BTreeSet::from(["latest", "one", "two"].map(String::from))
+        );
     }
 
     #[test]
@@ -182,7 +186,7 @@ mod tests {
             std::fs::write(dir.path().join(f), b"x").unwrap();
         }
         remove_stale_temps(dir.path());
-        assert_eq!(names(dir.path()), kept);
+        assert_eq!(names(dir.path()), BTreeSet::from(kept.clone()));
         assert_eq!(ours, dir.path().join(&kept[0]));
     }
 }
