@@ -4,13 +4,13 @@
 //!     cargo run --release -p rn50-data --example prepare -- --train-tar T --out DIR -j 2
 
 use clap::Parser;
-use rn50_data::cli::{run, PrepareCmd};
+use rn50_data::cli::{run, PrepareArgs};
 
 #[derive(Parser)]
 #[command(name = "prepare")]
 struct Cli {
     #[command(flatten)]
-    cmd: PrepareCmd,
+    cmd: PrepareArgs,
 }
 
 fn main() {

@@ -109,10 +109,6 @@ impl Input {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -126,10 +122,6 @@ impl Input {
     /// more, which a well-formed archive (ending in zero blocks) never does.
     pub fn hit_eof(&self) -> bool {
         self.hit_eof
-    }
-
-    pub fn bytes_read(&self) -> u64 {
-        self.bytes_read
     }
 
     /// Reads (and hashes) the rest of the file (the tar's zero padding), then returns the bytes

@@ -25,7 +25,7 @@ use crate::verify::{verify_files, ArchiveTable};
 /// in DIR/train or DIR/val that prepare did not write stop it (see --force).
 #[derive(Args, Debug, Clone)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
-pub struct PrepareCmd {
+pub struct PrepareArgs {
     #[command(subcommand)]
     pub action: Option<PrepareAction>,
 
@@ -161,7 +161,7 @@ fn table(path: &Option<PathBuf>) -> Result<ArchiveTable> {
 }
 
 /// Runs `rn50 prepare` as the command line asked.
-pub fn run(cmd: &PrepareCmd) -> Result<()> {
+pub fn run(cmd: &PrepareArgs) -> Result<()> {
     match &cmd.action {
         Some(PrepareAction::Verify(a)) => {
             let ok = verify_files(&a.files, &table(&a.checksums)?, threads(a.jobs))?;
@@ -257,10 +257,10 @@ mod tests {
     #[derive(Parser, Debug)]
     struct Top {
         #[command(flatten)]
-        cmd: PrepareCmd,
+        cmd: PrepareArgs,
     }
 
-    fn parse(args: &[&str]) -> Result<PrepareCmd, clap::Error> {
+    fn parse(args: &[&str]) -> Result<PrepareArgs, clap::Error> {
         Top::try_parse_from(std::iter::once("prepare").chain(args.iter().copied())).map(|t| t.cmd)
     }
 

@@ -1,27 +1,31 @@
 //! `rn50 prepare`: verify and extract the ILSVRC2012 archives into the ImageFolder layout
 //! (`DIR/train/<wnid>/*.JPEG`, `DIR/val/<wnid>/*.JPEG`) fast, safely and resumably.
 //!
-//! Pure Rust, no libtorch. See `docs/prepare.md` for what it guarantees.
+//! Pure Rust, no libtorch. See `docs/prepare.md` for what it guarantees. The command is
+//! [`cli::run`]`(&`[`cli::PrepareArgs`]`)`; the library, [`prepare`], [`check`] and [`verify_files`];
+//! the modules behind them are private.
 
-pub mod archive;
-pub mod check;
-pub mod chunks;
+mod archive;
+mod check;
+mod chunks;
 pub mod cli;
-pub mod extract;
-pub mod labels;
-pub mod lock;
-pub mod odd;
-pub mod output;
-pub mod prepare;
-pub mod progress;
-pub mod summary;
-pub mod train;
-pub mod tree;
-pub mod val;
-pub mod verify;
+mod extract;
+mod labels;
+mod lock;
+mod odd;
+mod output;
+mod prepare;
+mod progress;
+mod summary;
+mod train;
+mod tree;
+mod val;
+mod verify;
 
+pub use check::{check, CheckReport, Expect};
 pub use extract::ExtractOptions;
 pub use labels::ValLabels;
+pub use odd::{detect as detect_odd, OddKind};
 pub use prepare::{prepare, PrepareOptions};
 pub use summary::Summary;
-pub use verify::ArchiveTable;
+pub use verify::{hex, verify_files, ArchiveTable, Verified};

@@ -2,59 +2,25 @@
 //!
 //! Two runs on one `--out` delete each other's partial classes (each redoes a class folder it
 //! finds without a marker) and can leave a marker for a folder the other emptied. So `prepare`
-//! holds an exclusive `flock` (std's `File::try_lock`) on `DIR/.rn50-prepare/lock` for the whole
-//! run, and a second run refuses at once, naming the holder. The kernel drops the lock when the
-//! process ends, however it ends, so a killed run never leaves a stale lock; the PID written
-//! into the file is only for the message.
-
-use std::fs::{File, OpenOptions, TryLockError};
-use std::io::{Read, Write};
-use std::path::Path;
+//! holds [`rn50_util::lock`]'s PID lock on `DIR/.rn50-prepare/lock` for the whole run, and a
+//! second run refuses at once, naming the holder.
 
 use anyhow::{bail, Result};
+use rn50_util::{lock_holder, remove_stale_temps, try_lock_pid, Locked, PidLock};
 
 use crate::output::{create_dir_all, io_error, Layout};
-
-/// An exclusive `flock` on a file, held for as long as this lives (or the process does).
-#[derive(Debug)]
-pub struct PidLock {
-    _file: File,
-}
-
-/// What [`try_lock_pid`] found.
-pub enum Locked {
-    Ours(PidLock),
-    /// Another process holds it: "PID n", or "PID unknown" when it has not written its PID yet.
-    HeldBy(String),
-}
-
-/// Takes an exclusive lock on `path` (created if missing) and writes this process's PID into it, for the
-/// message another process that finds it held prints. Used for every folder one rn50 process at a time may
-/// write: `prepare`'s `--out`, `train`'s run directory.
-pub fn try_lock_pid(path: &Path) -> std::io::Result<Locked> {
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false) // the holder's PID is in it until the lock is ours
-        .open(path)?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(TryLockError::WouldBlock) => return Ok(Locked::HeldBy(holder_pid(&mut file))),
-        Err(TryLockError::Error(e)) => return Err(e),
-    }
-    let pid = format!("{}\n", std::process::id());
-    file.set_len(0)
-        .and_then(|()| file.write_all(pid.as_bytes()))?;
-    Ok(Locked::Ours(PidLock { _file: file }))
-}
 
 /// Takes the lock on `layout.out`, or says who holds it.
 pub fn lock_output(layout: &Layout) -> Result<PidLock> {
     create_dir_all(&layout.state())?;
     let path = layout.lock();
     match try_lock_pid(&path) {
-        Ok(Locked::Ours(lock)) => Ok(lock),
+        Ok(Locked::Ours(lock)) => {
+            // Markers a killed run was writing: theirs, now that no other prepare can be writing here.
+            remove_stale_temps(&layout.state());
+            remove_stale_temps(&layout.class_markers());
+            Ok(lock)
+        }
         Ok(Locked::HeldBy(holder)) => bail!(
             "{}: another rn50 prepare ({holder}) is writing this folder; wait for it to finish (or \
              stop it), then run this again. Two runs on one --out would delete each other's work",
@@ -67,24 +33,10 @@ pub fn lock_output(layout: &Layout) -> Result<PidLock> {
     }
 }
 
-fn holder_pid(file: &mut File) -> String {
-    let mut text = String::new();
-    match file.read_to_string(&mut text) {
-        Ok(_) if text.trim().parse::<u32>().is_ok() => format!("PID {}", text.trim()),
-        // It has the lock but has not written its PID yet.
-        _ => "PID unknown".to_string(),
-    }
-}
-
 /// For `check`: the PID of the `prepare` writing `layout.out` right now, if one is. Never
 /// creates or takes anything for longer than the test.
 pub fn running_prepare(layout: &Layout) -> Option<String> {
-    let path = layout.lock();
-    let mut file = File::open(&path).ok()?;
-    match file.try_lock_shared() {
-        Err(TryLockError::WouldBlock) => Some(holder_pid(&mut file)),
-        _ => None,
-    }
+    lock_holder(&layout.lock())
 }
 
 #[cfg(test)]

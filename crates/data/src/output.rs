@@ -1,7 +1,7 @@
 //! The output tree, its completion markers, and file writing with clear errors.
 //!
 //! Markers live in `DIR/.rn50-prepare/`, outside `train/` and `val/`, so ImageFolder never
-//! mistakes them for classes. A marker is written (temp file + rename) only after everything
+//! mistakes them for classes. A marker is written (atomically: temp file, fsync, rename) only after everything
 //! it vouches for has been written and the folder re-read to match, so an interrupted run never
 //! leaves a marker for a partial folder. The markers are also the archive's index: each lists
 //! every file written, with its size and CRC-32, which is what `check` (and a re-run) compare
@@ -134,12 +134,10 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
     }
 }
 
-/// Writes JSON atomically: a temp file in the same folder, then a rename.
+/// Writes JSON atomically and durably ([`rn50_util::atomic_write`]).
 pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let tmp = path.with_extension("json.tmp");
     let bytes = serde_json::to_vec_pretty(value).context("serialising a marker")?;
-    write_file(&tmp, &bytes)?;
-    std::fs::rename(&tmp, path).map_err(|e| io_error(e, "renaming into", path))
+    rn50_util::atomic_write(path, &bytes).map_err(|e| io_error(e, "writing", path))
 }
 
 /// Creates (or replaces) a file with the given contents.

@@ -145,7 +145,7 @@ fn settle(layout: &Layout, audit: &Audit, force: bool) -> Result<()> {
 }
 
 /// With `--fix-odd-files` on a tree extracted without it, re-encodes the odd files recorded in
-/// the markers in place (temp file + rename) instead of extracting anything again; the
+/// the markers in place (temp file, fsync, rename) instead of extracting anything again; the
 /// manifests are updated to the new files.
 fn fix_left_over(layout: &Layout, stats: &mut ArchiveStats, done_marker: &Path) -> Result<()> {
     let mut changed = false;
@@ -161,7 +161,8 @@ fn fix_left_over(layout: &Layout, stats: &mut ArchiveStats, done_marker: &Path) 
         // kill is never taken for a user's file in the class folder.
         let tmp = layout.state().join("fix.rn50-tmp");
         write_file(&tmp, &fixed)?;
-        std::fs::rename(&tmp, &path).with_context(|| format!("replacing {}", path.display()))?;
+        rn50_util::atomic::persist(&tmp, &path)
+            .with_context(|| format!("replacing {}", path.display()))?;
         rec.fixed = true;
         changed = true;
         let written = FileRecord::of(&fixed);

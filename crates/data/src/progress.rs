@@ -1,9 +1,9 @@
 //! Progress bars on stderr (drawn only when stderr is a terminal).
 
-use std::io::IsTerminal;
 use std::time::Instant;
 
-use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar};
+use rn50_util::{progress_bar, progress_target};
 
 pub struct Progress {
     multi: MultiProgress,
@@ -17,37 +17,20 @@ impl Default for Progress {
 
 impl Progress {
     pub fn new() -> Progress {
-        let target = if std::io::stderr().is_terminal() {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::hidden()
-        };
         Progress {
-            multi: MultiProgress::with_draw_target(target),
+            multi: MultiProgress::with_draw_target(progress_target(true)),
         }
     }
 
     /// A bar over the bytes of one archive; its message carries classes and images/s.
     pub fn bytes_bar(&self, prefix: &str, len: u64) -> ProgressBar {
-        let bar = self.multi.add(ProgressBar::new(len));
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{prefix:>12} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}",
-            )
-            .expect("valid template")
-            .progress_chars("=> "),
-        );
+        let bar = self.multi.add(progress_bar(
+            len,
+            "{prefix:>12} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}",
+            true,
+        ));
         bar.set_prefix(prefix.to_string());
         bar
-    }
-
-    /// Prints a line above the bars (or plainly when there are none).
-    pub fn println(&self, line: &str) {
-        if self.multi.is_hidden() {
-            eprintln!("{line}");
-        } else {
-            let _ = self.multi.println(line);
-        }
     }
 }
 

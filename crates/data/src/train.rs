@@ -35,7 +35,6 @@ pub struct ArchiveStats {
     pub odd: Vec<OddRecord>,
     /// Classes extracted by this run (the rest were already complete).
     pub extracted_classes: u64,
-    pub extracted_images: u64,
     /// Classes found complete from an earlier run and skipped.
     pub skipped_classes: u64,
     pub bytes_read: u64,
@@ -213,7 +212,6 @@ pub fn extract_train(
     // Totals from the markers of this archive's classes: this run's and earlier runs'.
     let mut stats = ArchiveStats {
         extracted_classes: shared.classes.load(Ordering::Relaxed),
-        extracted_images: shared.images.load(Ordering::Relaxed),
         bytes_written: shared.bytes_written.load(Ordering::Relaxed),
         skipped_classes: skipped,
         bytes_read,

@@ -160,7 +160,6 @@ pub fn extract_val(
     remove_file_if_any(&layout.val_started())?;
     Ok(ArchiveStats {
         extracted_classes: classes.len() as u64,
-        extracted_images: images,
         classes,
         odd,
         bytes_read,

@@ -8,9 +8,9 @@ use std::path::Path;
 use clap::Parser;
 use common::*;
 use md5::{Digest, Md5};
-use rn50_data::check::{check, Expect};
-use rn50_data::cli::{run, PrepareCmd};
-use rn50_data::verify::{hex, verify_files};
+use rn50_data::cli::{run, PrepareArgs};
+use rn50_data::{check, Expect};
+use rn50_data::{hex, verify_files};
 use rn50_data::{prepare, ArchiveTable, ValLabels};
 
 fn file_size(p: &Path) -> u64 {
@@ -107,7 +107,7 @@ fn fix_odd_files_reencodes_them_as_rgb_jpeg() {
     let tree = read_tree(&out);
     for rel in &fx.odd {
         let data = &tree[rel];
-        assert_eq!(rn50_data::odd::detect(data), None, "{rel} still odd");
+        assert_eq!(rn50_data::detect_odd(data), None, "{rel} still odd");
         let orig = rn50_pipeline::decode::decode_rgb(&fx.expected[rel]).unwrap();
         let fixed = rn50_pipeline::decode::decode_rgb(data).unwrap();
         assert_eq!((fixed.width, fixed.height), (orig.width, orig.height));
@@ -134,7 +134,7 @@ fn fix_odd_files_on_a_finished_tree_fixes_in_place_without_reading_the_archive()
     assert_eq!((s.odd_files, s.odd_fixed), (2, 2));
     for rel in &fx.odd {
         assert_eq!(
-            rn50_data::odd::detect(&std::fs::read(out.join(rel)).unwrap()),
+            rn50_data::detect_odd(&std::fs::read(out.join(rel)).unwrap()),
             None
         );
     }
@@ -433,7 +433,7 @@ fn val_labels_from_a_valprep_script() {
 #[derive(Parser)]
 struct Cli {
     #[command(flatten)]
-    cmd: PrepareCmd,
+    cmd: PrepareArgs,
 }
 
 fn cli(args: &[&str]) -> anyhow::Result<()> {

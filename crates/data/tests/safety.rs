@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use common::*;
-use rn50_data::check::{check, Expect};
-use rn50_data::cli::{run, PrepareCmd};
+use rn50_data::cli::{run, PrepareArgs};
 use rn50_data::prepare;
+use rn50_data::{check, Expect};
 
 #[derive(Parser)]
 struct Cli {
     #[command(flatten)]
-    cmd: PrepareCmd,
+    cmd: PrepareArgs,
 }
 
 fn cli(args: &[&str]) -> anyhow::Result<()> {

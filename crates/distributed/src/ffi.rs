@@ -1,4 +1,11 @@
-//! The C ABI of shim/c10d.cpp. Handles are opaque pointers owned by the Rust wrappers in this crate.
+//! The C ABI of shim/c10d.cpp, and the only helpers that touch its raw pointers.
+//!
+//! The conventions, the same as rn50's `shim.rs` (whose module doc has them in full): every entry point returns 0
+//! on success and non-zero on failure with the C++ message kept per thread ([`last_error`]); [`check`] turns a
+//! return code into `Err(message)`, which each wrapper maps to its error ([`crate::CommError`],
+//! [`crate::StoreError`]); tensors go in as borrowed `at::Tensor*` handles ([`handles`]); buffers the shim
+//! `malloc`s are copied and freed at once ([`take_bytes`]); opaque C++ objects (store, process group, work,
+//! reducer) belong to one Rust value whose `Drop` calls their `*_free`.
 use std::ffi::{c_char, c_int, c_void, CStr};
 use torch_sys::C_tensor;
 
@@ -113,7 +120,7 @@ extern "C" {
 
 /// The shim's message for the last failed call on this thread.
 pub fn last_error() -> String {
-    // SAFETY: the shim returns a pointer to a thread-local NUL-terminated string that lives until the next call.
+    // SAFETY: the shim returns a thread-local NUL-terminated string that lives until the next call.
     unsafe {
         let p = rn50d_last_error();
         if p.is_null() {
@@ -121,6 +128,19 @@ pub fn last_error() -> String {
         }
         CStr::from_ptr(p).to_string_lossy().into_owned()
     }
+}
+
+/// A buffer of `len` bytes the shim `malloc`ed, copied and freed.
+///
+/// # Safety
+/// `data` is a buffer the shim allocated, of at least `len` bytes, not used again by the caller.
+pub unsafe fn take_bytes(data: *mut u8, len: usize) -> Vec<u8> {
+    if data.is_null() {
+        return Vec::new();
+    }
+    let v = std::slice::from_raw_parts(data, len).to_vec();
+    rn50d_free(data.cast());
+    v
 }
 
 /// Turns a shim return code into a Result carrying the C++ message.

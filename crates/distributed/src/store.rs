@@ -228,9 +228,7 @@ impl Store {
             // bytes.
             unsafe {
                 check(ffi::rn50d_store_get(raw, k.as_ptr(), &mut data, &mut len))?;
-                let v = std::slice::from_raw_parts(data, len).to_vec();
-                ffi::rn50d_free(data.cast());
-                Ok(v)
+                Ok(ffi::take_bytes(data, len))
             }
         })
     }

@@ -7,12 +7,12 @@ use clap::Parser;
 #[command(name = "bench-loader")]
 struct Args {
     #[command(flatten)]
-    cmd: rn50_pipeline::cli::BenchLoaderCmd,
+    cmd: rn50_pipeline::cli::bench_loader::BenchLoaderArgs,
 }
 
 fn main() {
     let args = Args::parse();
-    if let Err(e) = rn50_pipeline::cli::run_bench_loader(&args.cmd) {
+    if let Err(e) = rn50_pipeline::cli::bench_loader::run(&args.cmd) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }

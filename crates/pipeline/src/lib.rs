@@ -48,11 +48,11 @@
 //! Shared helpers: [`decode::decode_rgb`] (any supported bytes → RGB8) and
 //! [`decode::encode_jpeg`]; [`synthetic`] makes ImageNet-sized JPEGs for benchmarks.
 
-pub mod bench;
+mod bench;
 pub mod cli;
 pub mod crop;
 pub mod decode;
-pub mod loader;
+mod loader;
 pub mod pack;
 pub mod sampler;
 pub mod source;

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
-use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
 
 use crate::crop::resize_shorter;
@@ -72,16 +71,10 @@ pub fn pack(dataset: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<Pac
         .num_threads(opts.workers.max(1))
         .build()
         .context("cannot start worker threads")?;
-    let bar = if opts.progress {
-        ProgressBar::new(dataset.len() as u64)
-    } else {
-        ProgressBar::hidden()
-    };
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{msg} [{elapsed_precise}] {wide_bar} {pos}/{len} ({per_sec}, eta {eta})",
-        )
-        .expect("valid template"),
+    let bar = rn50_util::progress_bar(
+        dataset.len() as u64,
+        "{msg} [{elapsed_precise}] [{wide_bar}] {pos}/{len} ({per_sec}, eta {eta})",
+        opts.progress,
     );
     bar.set_message("packing");
     let meta = ShardMeta {

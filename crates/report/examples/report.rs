@@ -12,7 +12,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Tables and plots from bench, sweep and train results.
-    Report(rn50_report::ReportArgs),
+    Report(rn50_report::report::ReportArgs),
     /// Predicted data-parallel scaling.
     Scaling(Box<rn50_report::scaling::ScalingArgs>),
     /// A training run's metrics.csv, summary.md and plots, written into RUN_DIR.
@@ -21,7 +21,7 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Report(a) => rn50_report::report_command(&a),
+        Command::Report(a) => rn50_report::report::run(&a),
         Command::Scaling(a) => rn50_report::scaling::run(&a),
         Command::RunReport { run_dir } => {
             for f in rn50_report::write_run_report(&run_dir)? {

@@ -3,7 +3,7 @@
 //! plots; a ring all-reduce scaling model (`rn50 scaling`); and an I/O monitor reading /proc.
 //!
 //! How rn50 uses it:
-//! - subcommands: `Report(rn50_report::ReportArgs)` → [`report_command`], `Scaling(Box<ScalingArgs>)` →
+//! - subcommands: `Report(rn50_report::report::ReportArgs)` → [`report::run`], `Scaling(Box<ScalingArgs>)` →
 //!   [`scaling::run`] (boxed: the args are large next to other variants);
 //! - `rn50 train`: an [`IoMonitor`] on the dataset path (`start_logging(data, interval, RUN_DIR/io.jsonl)`),
 //!   `snapshot()` at each epoch's start and end, `end.delta(&start)` for the epoch's `disk_read_gbs`,
@@ -15,17 +15,16 @@
 
 use std::path::PathBuf;
 
-pub mod cli;
 pub mod efficiency;
 pub mod io;
-pub mod plot;
+mod plot;
+pub mod report;
 pub mod run_report;
 pub mod scaling;
 pub mod schema;
 pub mod table;
 pub mod tensorboard;
 
-pub use cli::{report_command, ReportArgs};
 pub use io::{IoDelta, IoMonitor, IoSample};
 pub use run_report::{summary_text, write_run_report, write_summary};
 pub use schema::{BenchConfig, BenchResult, EpochMetrics, SweepPoint, SweepResult, TrainSummary};

@@ -1,7 +1,5 @@
 //! One training run's report, written into its RUN_DIR: metrics.csv, summary.md, loss/accuracy/lr plots.
 
-use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::plot::{self, Chart, Legend, Series};
@@ -16,14 +14,10 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ReportError + '_ {
     }
 }
 
-/// Writes `contents` to `path` through a temporary file and a rename, so a reader never sees half a file.
+/// Writes `contents` to `path` atomically and durably ([`rn50_util::atomic_write`]), so a reader never sees half a
+/// file.
 pub(crate) fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), ReportError> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-    let tmp = path.with_file_name(format!(".{}.tmp", name.unwrap_or_default()));
-    let mut f = fs::File::create(&tmp).map_err(io_err(&tmp))?;
-    f.write_all(contents).map_err(io_err(&tmp))?;
-    f.sync_all().map_err(io_err(&tmp))?;
-    fs::rename(&tmp, path).map_err(io_err(path))
+    rn50_util::atomic_write(path, contents).map_err(io_err(path))
 }
 
 /// Writes `RUN_DIR/summary.json`.

@@ -4,8 +4,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
+use rn50_report::report::{self, ReportArgs};
 use rn50_report::scaling::{model_from_args, prediction_table, Link, ScalingArgs};
-use rn50_report::{report_command, ReportArgs};
 
 #[derive(Parser)]
 struct Report {
@@ -137,7 +137,7 @@ fn scaling_kempner_table_golden() {
 }
 
 #[test]
-fn report_command_end_to_end() {
+fn report_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("rep");
     let json = dir.path().join("report.json");
@@ -154,7 +154,7 @@ fn report_command_end_to_end() {
     ])
     .unwrap()
     .args;
-    report_command(&args).unwrap();
+    report::run(&args).unwrap();
     let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(v["throughput"].as_array().unwrap().len(), 2);
     assert_eq!(v["train"][0]["run"], "fixture-r50-1gpu");
@@ -170,7 +170,7 @@ fn report_command_end_to_end() {
     ])
     .unwrap()
     .args;
-    let e = report_command(&bad).unwrap_err().to_string();
+    let e = report::run(&bad).unwrap_err().to_string();
     assert!(e.contains("malformed.json:3:"), "{e}");
     assert!(!out2.exists());
 }

@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use rn50_report::cli::{collect, json, markdown, write_report};
+use rn50_report::report::{collect, json, markdown, write_report};
 use rn50_report::run_report::{metrics_table, summary_markdown};
 use rn50_report::schema::{read_input, read_inputs, read_train_run, Input};
 use rn50_report::table::{throughput_table, train_row, train_table, TrainRow};

@@ -1,8 +1,10 @@
 //! rn50: ImageNet training and measurement on libtorch.
 //!
 //! The flow, one module per stage: [`model`] (ResNets with torchvision's names and init) →
-//! [`step`] (one training step: precision, loss, SGD) → [`bench`] (throughput on synthetic data).
-//! [`shim`] wraps the C++ calls tch lacks; [`machine`] and [`doctor`] describe the node.
+//! [`step`] (one training step: precision, loss, SGD) → [`train`] (`rn50 train` and `rn50 eval`) and
+//! [`bench`] (throughput on synthetic or real data). [`device`] chooses and sets up the compute device;
+//! [`shim`] wraps the C++ calls tch lacks; [`machine`] and [`doctor`] describe the node; [`alloc`] keeps
+//! glibc from returning freed memory each step.
 pub mod alloc;
 pub mod bench;
 pub mod classify;

@@ -14,9 +14,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Verify and extract the ILSVRC2012 archives into an ImageFolder tree (parallel, resumable).
-    Prepare(rn50_data::cli::PrepareCmd),
+    Prepare(rn50_data::cli::PrepareArgs),
     /// Pack an image folder into a few large shard files for fast sequential reading.
-    Pack(rn50_pipeline::cli::PackCmd),
+    Pack(rn50_pipeline::cli::pack::PackArgs),
     /// Training throughput on synthetic data (images/s, step time, data wait, memory).
     Bench(rn50::bench::BenchArgs),
     /// Train on DATA/train with per-epoch evaluation on DATA/val; checkpoints, resume, preemption-safe.
@@ -26,11 +26,11 @@ enum Command {
     /// Top-5 classes of images under saved weights, with their WordNet names.
     Classify(rn50::classify::ClassifyArgs),
     /// Input-pipeline throughput: decode + augment + batch, without the model.
-    BenchLoader(rn50_pipeline::cli::BenchLoaderCmd),
+    BenchLoader(rn50_pipeline::cli::bench_loader::BenchLoaderArgs),
     /// Start N data-parallel workers on this node (like torchrun): `rn50 launch --nproc-per-node 2 -- train …`.
     Launch(rn50_distributed::launch::LaunchArgs),
     /// Tables (Markdown, CSV) and PNG plots from bench, sweep and train results.
-    Report(rn50_report::ReportArgs),
+    Report(rn50_report::report::ReportArgs),
     /// Predict throughput and scaling efficiency at N workers from a measured single-worker step.
     #[command(visible_alias = "predict")]
     Scaling(Box<rn50_report::scaling::ScalingArgs>),
@@ -58,7 +58,7 @@ fn main() -> ExitCode {
     rn50::alloc::keep_freed_memory();
     let result = match &cli.command {
         Command::Prepare(a) => rn50_data::cli::run(a),
-        Command::Pack(a) => rn50_pipeline::cli::run_pack(a),
+        Command::Pack(a) => rn50_pipeline::cli::pack::run(a),
         Command::Bench(a) => rn50::bench::command(a),
         Command::Train(a) => match rn50::train::run(a) {
             Ok(Outcome::Done) => Ok(()),
@@ -68,7 +68,7 @@ fn main() -> ExitCode {
         },
         Command::Eval(a) => rn50::train::eval::run(a),
         Command::Classify(a) => rn50::classify::run(a),
-        Command::BenchLoader(a) => rn50_pipeline::cli::run_bench_loader(a),
+        Command::BenchLoader(a) => rn50_pipeline::cli::bench_loader::run(a),
         Command::Doctor(a) => rn50::doctor::command(a),
         Command::Launch(a) => std::env::current_exe()
             .map_err(anyhow::Error::from)
@@ -78,7 +78,7 @@ fn main() -> ExitCode {
                     std::process::exit(code)
                 }
             }),
-        Command::Report(a) => rn50_report::report_command(a),
+        Command::Report(a) => rn50_report::report::run(a),
         Command::Scaling(a) => rn50_report::scaling::run(a),
     };
     match result {

@@ -1,14 +1,30 @@
 //! Safe wrappers over `shim/shim.cpp`: the libtorch calls tch 0.26 lacks (CPU autocast, foreach SGD, AMP
 //! unscale, TF32 and cuDNN autotuning, pinning without the deprecated device argument, build facts, CUDA
 //! allocator statistics) and the fused cuDNN batch norm + ReLU of `shim/fused_bn.cpp`.
-use std::ffi::{c_char, c_int, CStr};
+//!
+//! The conventions of rn50's two FFI layers (this one and `rn50_distributed`'s `ffi.rs`), the same in both:
+//! - the `extern "C"` declarations sit in a private `ffi` module with the only helpers that touch raw
+//!   pointers: `last_error`, `check`, `handles`, and the copy-and-free of what the shim allocated;
+//! - every entry point returns 0 on success and non-zero on failure, the C++ exception's message kept per
+//!   thread until the next call (`*_last_error()`); `ffi::check(rc)` turns that into `Err(message)` and each
+//!   wrapper maps it to its crate's error, here `anyhow` naming what was attempted;
+//! - ownership: tensors go in as borrowed `at::Tensor*` handles, valid for the call; a tensor the shim returns
+//!   through an out-pointer is a new heap tensor owned by the returned `Tensor`; strings and buffers it
+//!   `malloc`s are copied and freed at once by the shim's `*_free`; opaque C++ objects (in the distributed
+//!   layer: store, process group, work, reducer) belong to one Rust value whose `Drop` frees them;
+//! - every `unsafe` block says why it is sound.
+use std::ffi::c_int;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use tch::{Device, Kind, Tensor};
 use torch_sys::C_tensor;
 
 mod ffi {
-    use super::*;
+    use std::ffi::{c_char, c_int, CStr};
+
+    use tch::Tensor;
+    use torch_sys::C_tensor;
+
     extern "C" {
         pub fn rn50_last_error() -> *const c_char;
         pub fn rn50_free(p: *mut c_char);
@@ -79,31 +95,59 @@ mod ffi {
             out: *mut *mut C_tensor,
         ) -> c_int;
     }
+
+    /// The shim's message for the last failed call on this thread.
+    pub fn last_error() -> String {
+        // SAFETY: the shim returns a thread-local NUL-terminated string that lives until the next call.
+        unsafe { message(rn50_last_error()) }
+    }
+
+    /// The same for `shim/fused_bn.cpp`, which keeps its own.
+    pub fn fused_last_error() -> String {
+        // SAFETY: as in `last_error`.
+        unsafe { message(rn50_fused_last_error()) }
+    }
+
+    /// # Safety
+    /// `p` is null or a NUL-terminated string that stays alive during the call.
+    unsafe fn message(p: *const c_char) -> String {
+        if p.is_null() {
+            return "unknown error".into();
+        }
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+
+    /// Turns a shim return code into a Result carrying the C++ message.
+    pub fn check(rc: c_int) -> Result<(), String> {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(last_error())
+        }
+    }
+
+    /// A string the shim `malloc`ed (null: none), copied and freed.
+    pub fn take_string(p: *mut c_char) -> Option<String> {
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: p is a malloc'd NUL-terminated string from the shim, freed once, right after copying.
+        unsafe {
+            let s = CStr::from_ptr(p).to_string_lossy().into_owned();
+            rn50_free(p);
+            Some(s)
+        }
+    }
+
+    /// tch tensors as the `at::Tensor*` handles the shim takes. The tensors must outlive the call.
+    pub fn handles(ts: &[Tensor]) -> Vec<*const C_tensor> {
+        ts.iter().map(|t| t.as_ptr()).collect()
+    }
 }
 
+/// [`ffi::check`], the message prefixed with what was attempted.
 fn check(rc: c_int, what: &str) -> Result<()> {
-    if rc == 0 {
-        return Ok(());
-    }
-    // SAFETY: the shim keeps a thread-local NUL-terminated message alive until the next call on this thread.
-    let msg = unsafe { CStr::from_ptr(ffi::rn50_last_error()) }
-        .to_string_lossy()
-        .into_owned();
-    bail!("{what}: {msg}")
-}
-
-fn owned_string(p: *mut c_char) -> Option<String> {
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: p is a malloc'd NUL-terminated string from the shim, freed right after copying.
-    let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
-    unsafe { ffi::rn50_free(p) };
-    Some(s)
-}
-
-fn ptrs(ts: &[Tensor]) -> Vec<*const C_tensor> {
-    ts.iter().map(|t| t.as_ptr()).collect()
+    ffi::check(rc).map_err(|msg| anyhow!("{what}: {msg}"))
 }
 
 fn device_code(device: Device) -> c_int {
@@ -154,20 +198,24 @@ impl Drop for Autocast {
 }
 
 pub fn autocast_enabled(device: Device) -> bool {
+    // SAFETY: no pointers; reads a flag.
     unsafe { ffi::rn50_autocast_is_enabled(device_code(device)) != 0 }
 }
 
 /// Allow TF32 in cuBLAS matmuls and cuDNN convolutions (Ampere and newer GPUs; no effect on CPU).
 pub fn set_tf32(on: bool) -> Result<()> {
+    // SAFETY: no pointers; sets two flags.
     check(unsafe { ffi::rn50_set_tf32(on as c_int) }, "set TF32")
 }
 
 pub fn tf32() -> bool {
+    // SAFETY: no pointers; reads a flag.
     unsafe { ffi::rn50_get_tf32() != 0 }
 }
 
 /// Whether cuDNN autotuning (`torch.backends.cudnn.benchmark`) is on.
 pub fn cudnn_benchmark() -> bool {
+    // SAFETY: no pointers; reads a flag.
     unsafe { ffi::rn50_get_cudnn_benchmark() != 0 }
 }
 
@@ -182,6 +230,7 @@ pub fn pin_memory(t: &Tensor) -> Result<Tensor> {
         unsafe { ffi::rn50_pin_memory(t.as_ptr(), &mut out) },
         "pin_memory",
     )?;
+    // SAFETY: see above.
     Ok(unsafe { Tensor::from_ptr(out) })
 }
 
@@ -224,16 +273,11 @@ pub fn bn_relu(
             &mut out,
         )
     };
-    // SAFETY: as in `check`, the fused shim's own thread-local message.
-    let msg = || {
-        unsafe { CStr::from_ptr(ffi::rn50_fused_last_error()) }
-            .to_string_lossy()
-            .into_owned()
-    };
     match rc {
+        // SAFETY: on success `out` is a new heap tensor, owned from here on by the returned Tensor.
         0 => Ok(Fused::Done(unsafe { Tensor::from_ptr(out) })),
-        2 => Ok(Fused::NotApplicable(msg())),
-        _ => bail!("fused batch norm + ReLU: {}", msg()),
+        2 => Ok(Fused::NotApplicable(ffi::fused_last_error())),
+        _ => bail!("fused batch norm + ReLU: {}", ffi::fused_last_error()),
     }
 }
 
@@ -306,7 +350,11 @@ fn sgd(
             bufs.len()
         );
     }
-    let (p, g, b) = (ptrs(params), ptrs(grads), ptrs(bufs));
+    let (p, g, b) = (
+        ffi::handles(params),
+        ffi::handles(grads),
+        ffi::handles(bufs),
+    );
     let nesterov = nesterov as c_int;
     // SAFETY: arrays of live tensor handles of the stated length; found_inf a live handle or null.
     let rc = unsafe {
@@ -339,7 +387,8 @@ fn sgd(
 
 /// GradScaler.unscale_: multiply grads by `inv_scale`; set `found_inf` to 1 if any is inf/NaN.
 pub fn amp_unscale(grads: &[Tensor], found_inf: &Tensor, inv_scale: &Tensor) -> Result<()> {
-    let g = ptrs(grads);
+    let g = ffi::handles(grads);
+    // SAFETY: an array of live tensor handles of the stated length, and two live handles.
     let rc = unsafe {
         ffi::rn50_amp_unscale(g.as_ptr(), g.len(), found_inf.as_ptr(), inv_scale.as_ptr())
     };
@@ -355,6 +404,7 @@ pub fn amp_update_scale(
     backoff: f64,
     interval: i64,
 ) -> Result<()> {
+    // SAFETY: live tensor handles.
     let rc = unsafe {
         ffi::rn50_amp_update_scale(
             scale.as_ptr(),
@@ -371,6 +421,7 @@ pub fn amp_update_scale(
 /// The libtorch version the shim was compiled against, e.g. "2.13.0".
 pub fn torch_version() -> String {
     let (mut a, mut b, mut c) = (0, 0, 0);
+    // SAFETY: plain out-parameters; cannot fail.
     unsafe { ffi::rn50_torch_version(&mut a, &mut b, &mut c) };
     format!("{a}.{b}.{c}")
 }
@@ -390,27 +441,32 @@ pub fn torch_supported(version: &str) -> bool {
 
 /// libtorch's own build summary (`torch.__config__.show()`).
 pub fn show_config() -> Option<String> {
-    owned_string(unsafe { ffi::rn50_show_config() })
+    // SAFETY: no arguments; returns a malloc'd string or null.
+    ffi::take_string(unsafe { ffi::rn50_show_config() })
 }
 
 /// The libtorch_cpu.so file this process actually loaded.
 pub fn libtorch_path() -> Option<String> {
-    owned_string(unsafe { ffi::rn50_libtorch_path() })
+    // SAFETY: no arguments; returns a malloc'd string or null.
+    ffi::take_string(unsafe { ffi::rn50_libtorch_path() })
 }
 
 /// Whether this binary was built with the `cuda` feature (NCCL process groups).
 pub fn cuda_compiled() -> bool {
+    // SAFETY: no arguments, returns a constant.
     unsafe { ffi::rn50_cuda_compiled() != 0 }
 }
 
 /// (peak, current) bytes allocated by the CUDA caching allocator on `device`; None where there is no CUDA.
 pub fn cuda_memory(device: usize) -> Option<(i64, i64)> {
     let (mut peak, mut current) = (0, 0);
+    // SAFETY: plain out-parameters.
     let rc = unsafe { ffi::rn50_cuda_memory(device as c_int, &mut peak, &mut current) };
     (rc == 0).then_some((peak, current))
 }
 
 pub fn cuda_reset_peak(device: usize) {
+    // SAFETY: no pointers; an error (no CUDA) leaves nothing to reset.
     unsafe { ffi::rn50_cuda_reset_peak(device as c_int) };
 }
 

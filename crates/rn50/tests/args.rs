@@ -313,9 +313,9 @@ enum Sub {
     Train(rn50::train::TrainArgs),
     Eval(rn50::train::eval::EvalArgs),
     Bench(rn50::bench::BenchArgs),
-    BenchLoader(rn50_pipeline::cli::BenchLoaderCmd),
-    Pack(rn50_pipeline::cli::PackCmd),
-    Prepare(rn50_data::cli::PrepareCmd),
+    BenchLoader(rn50_pipeline::cli::bench_loader::BenchLoaderArgs),
+    Pack(rn50_pipeline::cli::pack::PackArgs),
+    Prepare(rn50_data::cli::PrepareArgs),
     Launch(rn50_distributed::launch::LaunchArgs),
     Scaling(rn50_report::scaling::ScalingArgs),
 }

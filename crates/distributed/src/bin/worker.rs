@@ -3,7 +3,11 @@
 //! - `train`: a small conv+linear net (no batch norm, fp32) trained with DDP for a few SGD steps on data that
 //!   depends only on the step, each rank taking its slice of the global batch; writes the final parameters;
 //! - `sleep`: waits (exits 3 on SIGTERM/SIGUSR1 like rn50 train, or fails on purpose on one rank);
+//! - `out-of-step`: rank 0 asks for a stop while the others sum evaluation counts;
+//! - `allreduce-bench`: the time of one all-reduce of a ResNet-50-sized gradient in DDP-like buckets;
 //! - `launch`: `rn50 launch` with this program as the worker.
+//!
+//! Training throughput with DDP is `rn50 bench` under `rn50 launch` (rn50's own model and step).
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rn50_distributed::{
@@ -13,7 +17,7 @@ use rn50_distributed::{
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
-use tch::nn::{Module, ModuleT, OptimizerConfig};
+use tch::nn::Module;
 use tch::{nn, Device, Kind, Tensor};
 
 #[derive(Parser)]
@@ -53,21 +57,6 @@ enum Cmd {
         bucket_mb: f64,
         #[arg(long, default_value_t = 10)]
         iters: usize,
-    },
-    /// ResNet-50 (tch's torchvision port, fp32, synthetic data) training throughput with DDP: every rank trains
-    /// `--batch` images per step; rank 0 prints global img/s and the all-reduce wait.
-    Bench {
-        #[arg(long, default_value_t = 16)]
-        batch: i64,
-        #[arg(long, default_value_t = 4)]
-        steps: usize,
-        #[arg(long, default_value_t = 1)]
-        warmup: usize,
-        /// Intra-op threads per rank (default: the cores split between the local ranks).
-        #[arg(long)]
-        threads: Option<usize>,
-        #[arg(long, default_value_t = 224)]
-        image_size: i64,
     },
     /// Rank 0 asks whether any rank wants to stop while the others sum evaluation counts: the ranks out of step,
     /// as rn50 train's were when one rank's epoch ended earlier. Exits 3 if rank 0 took that for a stop request.
@@ -290,76 +279,6 @@ fn out_of_step() -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
-fn bench(
-    batch: i64,
-    steps: usize,
-    warmup: usize,
-    threads: Option<usize>,
-    size: i64,
-) -> anyhow::Result<()> {
-    let dist = DistContext::init(Device::Cpu)?;
-    let threads = threads.unwrap_or_else(|| dist.world.threads_per_rank());
-    tch::set_num_threads(threads as i32);
-    tch::manual_seed(0);
-    let vs = nn::VarStore::new(Device::Cpu);
-    let model = tch::vision::resnet::resnet50(&vs.root(), 1000);
-    let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
-    vars.sort_by(|a, b| a.0.cmp(&b.0));
-    let (params, buffers): (Vec<Tensor>, Vec<Tensor>) = {
-        let (p, b): (Vec<_>, Vec<_>) = vars
-            .into_iter()
-            .map(|(_, t)| t)
-            .partition(|t| t.requires_grad());
-        (p, b)
-    };
-    let mut sync = dist.gradient_sync(&params, &buffers, &DdpOptions::default())?;
-    let mut opt = nn::Sgd {
-        momentum: 0.9,
-        wd: 1e-4,
-        ..Default::default()
-    }
-    .build(&vs, 0.1)?;
-    let x = Tensor::randn([batch, 3, size, size], (Kind::Float, Device::Cpu));
-    let y = Tensor::randint(1000, [batch], (Kind::Int64, Device::Cpu));
-    let (mut step_ms, mut wait_ms, mut first_ms, mut bwd_ms, mut buckets) =
-        (vec![], vec![], vec![], vec![], 0);
-    for i in 0..warmup + steps {
-        let t0 = std::time::Instant::now();
-        opt.zero_grad();
-        let loss = model.forward_t(&x, true).cross_entropy_for_logits(&y);
-        let comm = sync.backward(&loss)?;
-        opt.step();
-        let mut m = [loss.double_value(&[])];
-        dist.sum_f64(&mut m, "loss")?;
-        if i >= warmup {
-            step_ms.push(t0.elapsed().as_secs_f64() * 1e3);
-            wait_ms.push(comm.allreduce_wait_ms);
-            first_ms.push(comm.first_bucket_ms);
-            bwd_ms.push(comm.backward_ms);
-            buckets = comm.buckets;
-        }
-    }
-    if dist.is_main() {
-        let (w, ms) = (dist.world_size(), median(step_ms));
-        println!(
-            "resnet50 fp32 {size}px: {w} rank(s) x {threads} thread(s), batch {batch}/rank: {:.2} img/s, step {ms:.0} ms, \
-             backward {:.0} ms, all-reduce wait {:.1} ms (first bucket at {:.0} ms, {buckets} buckets)",
-            (batch as f64 * w as f64) / (ms / 1e3),
-            median(bwd_ms),
-            median(wait_ms),
-            median(first_ms),
-        );
-    }
-    drop(sync);
-    dist.finish()?;
-    Ok(())
-}
-
 fn allreduce_bench(floats: i64, bucket_mb: f64, iters: usize) -> anyhow::Result<()> {
     let world = WorldInfo::from_env()?;
     let pg = ProcessGroup::init(&world, &init_options_from_env(Backend::Gloo))?;
@@ -409,13 +328,6 @@ fn main() {
             bucket_bytes,
         } => train(steps, batch, out, sleep_ms, bucket_bytes).map(|()| 0),
         Cmd::Sleep { fail_rank } => sleep(fail_rank),
-        Cmd::Bench {
-            batch,
-            steps,
-            warmup,
-            threads,
-            image_size,
-        } => bench(batch, steps, warmup, threads, image_size).map(|()| 0),
         Cmd::AllreduceBench {
             floats,
             bucket_mb,

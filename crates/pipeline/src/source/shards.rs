@@ -281,7 +281,8 @@ impl Source for ShardSet {
 }
 
 /// Streams records into one shard file; [`ShardWriter::finish`] writes index, metadata and
-/// footer, then renames the `.partial` file into place.
+/// footer, then puts the temporary file in place ([`rn50_util::atomic::persist`]: fsync, rename,
+/// fsync of the folder).
 pub struct ShardWriter {
     path: PathBuf,
     partial: PathBuf,
@@ -293,7 +294,7 @@ pub struct ShardWriter {
 
 impl ShardWriter {
     pub fn create(path: &Path, meta: ShardMeta) -> Result<ShardWriter> {
-        let partial = path.with_extension(format!("{EXTENSION}.partial"));
+        let partial = rn50_util::atomic::temp_path(path)?;
         let file = File::create(&partial)
             .with_context(|| format!("cannot create {}", partial.display()))?;
         let mut out = BufWriter::with_capacity(4 << 20, file);
@@ -352,9 +353,9 @@ impl ShardWriter {
             .into_inner()
             .map_err(|e| e.into_error())
             .with_context(|| format!("cannot write {}", self.partial.display()))?;
-        file.sync_all()?;
-        std::fs::rename(&self.partial, &self.path)
-            .with_context(|| format!("cannot rename to {}", self.path.display()))?;
+        drop(file);
+        rn50_util::atomic::persist(&self.partial, &self.path)
+            .with_context(|| format!("cannot write {}", self.path.display()))?;
         Ok(self.path)
     }
 }

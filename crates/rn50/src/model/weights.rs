@@ -13,45 +13,18 @@ fn ignorable(key: &str) -> bool {
     key.ends_with(".num_batches_tracked")
 }
 
-/// Writes the model's state (NCHW-contiguous, fp32 as trained) to `path` atomically: a temporary file in
-/// the same directory, fsync, rename. A crash leaves either the old file or the new one.
+/// Writes the model's state (NCHW-contiguous, fp32 as trained) to `path` atomically ([`rn50_util::atomic`]): a
+/// crash leaves either the old file or the new one.
 pub fn save(model: &Model, path: &Path) -> Result<()> {
     let tensors: Vec<(String, Tensor)> = model
         .state()
         .into_iter()
         .map(|(k, t)| (k, t.detach().to_device(tch::Device::Cpu).contiguous()))
         .collect();
-    write_atomic(path, |tmp| {
-        Tensor::write_safetensors(&tensors, tmp).map_err(Into::into)
+    rn50_util::atomic_write_with(path, |tmp| -> Result<()> {
+        Ok(Tensor::write_safetensors(&tensors, tmp)?)
     })
-}
-
-/// Runs `write` on a temporary path next to `path`, syncs it, and renames it over `path`.
-pub fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .with_context(|| format!("{} is not a file path", path.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| -> Result<()> {
-        write(&tmp)?;
-        std::fs::File::open(&tmp)?.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        // Make the rename itself durable.
-        std::fs::File::open(dir)?.sync_all()?;
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.with_context(|| format!("writing {}", path.display()))
+    .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Loads `path` into the model. Every model tensor must be present with the same shape; extra keys other

@@ -12,7 +12,7 @@ use safetensors::tensor::{Dtype, View};
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::model::weights::{copy_into, write_atomic};
+use crate::model::weights::copy_into;
 use crate::step::TrainStep;
 use crate::train::ema::Ema;
 
@@ -149,7 +149,7 @@ pub fn save(
         config: config.clone(),
     };
     let info = HashMap::from([(META_KEY.to_string(), serde_json::to_string(&meta)?)]);
-    write_atomic(path, |tmp| {
+    rn50_util::atomic_write_with(path, |tmp| -> Result<()> {
         safetensors::serialize_to_file(
             tensors.iter().map(|(k, v)| (k.as_str(), v)),
             &Some(info),
@@ -157,6 +157,7 @@ pub fn save(
         )
         .map_err(|e| anyhow::anyhow!("{e:?}"))
     })
+    .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Reads only the header: position and configuration (to rebuild the run before loading its tensors).
@@ -320,7 +321,7 @@ mod tests {
         };
         save(&path, &a, None, &pos, &serde_json::json!({})).unwrap();
         // A writer killed half way: its temporary file is left behind, torn, and never renamed.
-        let err = write_atomic(&path, |tmp| {
+        let err = rn50_util::atomic_write_with(&path, |tmp| -> Result<()> {
             std::fs::write(tmp, b"partial")?;
             bail!("killed")
         });

@@ -40,18 +40,12 @@ impl Keeper {
     }
 
     /// Removes the temporary files that writers killed mid-write (kill -9, node failure) left in the run
-    /// directory: `write_atomic`'s `.NAME.tmpPID` (checkpoints, and best/final weights: a 33 MB
-    /// `.best.safetensors.tmpPID` was seen after a kill) and the latest link's `.NAME.linkPID`, of processes no
-    /// longer running, so that one writing here right now keeps its own. Call it from the one process that
-    /// writes checkpoints, before it writes any.
+    /// directory: [`rn50_util::atomic`]'s `.NAME.tmpPID` (checkpoints, the latest link, and best/final
+    /// weights: a 33 MB `.best.safetensors.tmpPID` was seen after a kill), of processes no longer running, so
+    /// that one writing here right now keeps its own. Call it from the one process that writes checkpoints,
+    /// before it writes any.
     pub fn clear_stale(&self) {
-        if let Ok(entries) = std::fs::read_dir(&self.dir) {
-            for e in entries.flatten() {
-                if is_stale_temp(&e.file_name().to_string_lossy()) {
-                    let _ = std::fs::remove_file(e.path());
-                }
-            }
-        }
+        rn50_util::remove_stale_temps(&self.dir);
     }
 
     /// A timed checkpoint is due.
@@ -70,13 +64,8 @@ impl Keeper {
         let name = format!("checkpoint-{:09}.safetensors", position.global_step);
         let path = self.dir.join(&name);
         checkpoint::save(&path, step, ema, position, config)?;
-        // A new link under a temporary name, renamed over the old one: readers see old or new, never none.
-        let tmp = self
-            .dir
-            .join(format!(".{LATEST}.link{}", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
-        std::os::unix::fs::symlink(&name, &tmp)
-            .and_then(|()| std::fs::rename(&tmp, self.dir.join(LATEST)))
+        // Readers see the old link or the new one, never none.
+        rn50_util::atomic_symlink(Path::new(&name), &self.dir.join(LATEST))
             .with_context(|| format!("linking {LATEST} to {}", path.display()))?;
         let others = self.list()?.into_iter().filter(|p| *p != path);
         for old in others.rev().skip(self.keep - 1) {
@@ -183,25 +172,6 @@ pub fn resolve_resume(arg: &Path, out: &Path) -> Result<Option<Resume>> {
         dir.display(),
         failed.join("; ")
     )
-}
-
-/// Whether `name` is a temporary file of rn50's (`.NAME.tmpPID`, `.NAME.linkPID`) whose process is gone.
-fn is_stale_temp(name: &str) -> bool {
-    let Some(rest) = name.strip_prefix('.') else {
-        return false;
-    };
-    let pid = rest
-        .rsplit_once(".tmp")
-        .or_else(|| rest.rsplit_once(".link"))
-        .and_then(|(_, pid)| pid.parse::<i32>().ok());
-    match pid {
-        Some(pid) if pid > 0 => {
-            // SAFETY: signal 0 only asks whether the process exists (EPERM: it does, as another user's).
-            let rc = unsafe { libc::kill(pid, 0) };
-            rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-        }
-        _ => false,
-    }
 }
 
 #[cfg(test)]
@@ -325,7 +295,7 @@ mod tests {
         );
     }
 
-    /// kill -9 leaves `write_atomic`'s temporary files behind: a new start removes those of dead processes,
+    /// kill -9 leaves `rn50_util::atomic`'s temporary files behind: a new start removes those of dead processes,
     /// not a running writer's, nor files of the user's.
     #[test]
     fn clears_temporary_files_of_dead_writers_only() {

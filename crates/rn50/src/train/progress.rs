@@ -3,7 +3,7 @@
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 
 pub struct EpochProgress {
     bar: Option<ProgressBar>,
@@ -22,14 +22,12 @@ impl EpochProgress {
     pub fn new(epoch: usize, start: usize, per_epoch: usize, world: usize, show: bool) -> Self {
         let tty = show && std::io::stderr().is_terminal();
         let bar = tty.then(|| {
-            let bar = ProgressBar::new(per_epoch as u64).with_position(start as u64);
-            bar.set_style(
-                ProgressStyle::with_template(
-                    "epoch {prefix:>3} {bar:30.cyan/blue} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
-                )
-                .expect("valid template")
-                .progress_chars("=> "),
-            );
+            let bar = rn50_util::progress_bar(
+                per_epoch as u64,
+                "epoch {prefix:>3} {bar:30.cyan/blue} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}",
+                true,
+            )
+            .with_position(start as u64);
             bar.set_prefix(epoch.to_string());
             bar
         });

@@ -6,9 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use rn50_data::lock::{try_lock_pid, Locked, PidLock};
+use rn50_util::{try_lock_pid, Locked, PidLock};
 
-use crate::model::weights::write_atomic;
 use crate::train::keeper::{is_checkpoint, LATEST};
 
 const LOCK: &str = ".rn50-train.lock";
@@ -91,7 +90,8 @@ pub fn trim_log(path: &Path, keep: impl Fn(&serde_json::Value) -> bool) -> Resul
         .map(|l| format!("{l}\n"))
         .collect();
     if kept != text {
-        write_atomic(path, |tmp| Ok(std::fs::write(tmp, &kept)?))?;
+        rn50_util::atomic_write(path, kept.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }

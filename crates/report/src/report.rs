@@ -1,4 +1,5 @@
-//! `rn50 report RUN…`: bench, sweep and training results → Markdown, CSV, PNG (and JSON).
+//! `rn50 report RUN…` ([`ReportArgs`], [`run`]): bench, sweep and training results → Markdown, CSV, PNG (and
+//! JSON).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -336,7 +337,8 @@ const TERMINAL_COLUMNS: [&str; 11] = [
     "allreduce_ms",
 ];
 
-pub fn report_command(args: &ReportArgs) -> anyhow::Result<()> {
+/// `rn50 report`.
+pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
     let c = collect(&args.runs)?;
     let files = write_report(&c, &args.out)?;
     if !c.throughput.is_empty() {

@@ -1,0 +1,16 @@
+//! What every rn50 crate does one way, so that no crate grows its own variant:
+//!
+//! - [`atomic`]: replacing a file so that a crash leaves the old file or the new one, never half of one
+//!   ([`atomic_write`], [`atomic_write_with`], [`atomic_symlink`]), and removing the temporary files of writers
+//!   that were killed ([`remove_stale_temps`]);
+//! - [`lock`]: one process at a time per folder ([`try_lock_pid`]: `flock` + the holder's PID for the message);
+//! - [`progress`]: progress bars on stderr in one style, drawn only on a terminal ([`progress_bar`]).
+//!
+//! Pure std, libc and indicatif: every crate of the workspace can depend on it.
+pub mod atomic;
+pub mod lock;
+pub mod progress;
+
+pub use atomic::{atomic_symlink, atomic_write, atomic_write_with, remove_stale_temps};
+pub use lock::{lock_holder, try_lock_pid, Locked, PidLock};
+pub use progress::{progress_bar, progress_target};
