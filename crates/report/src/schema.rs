@@ -436,22 +436,13 @@ impl SweepPoint {
             batch_size,
             global_batch: world_size * batch_size,
             lr,
-            median: median_sorted(&v),
+            median: rn50_util::stats::median(&v),
             min: v.first().copied().unwrap_or(f64::NAN),
             max: v.last().copied().unwrap_or(f64::NAN),
             images_per_sec,
             allreduce_ms,
             config: None,
         }
-    }
-}
-
-/// Median of sorted values (mean of the middle two for an even count); NaN when empty.
-pub fn median_sorted(v: &[f64]) -> f64 {
-    match v.len() {
-        0 => f64::NAN,
-        n if !n.is_multiple_of(2) => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 

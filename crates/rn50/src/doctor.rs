@@ -335,7 +335,7 @@ pub fn checks(m: &MachineInfo) -> Vec<Check> {
     out
 }
 
-pub fn command(args: &DoctorArgs) -> Result<()> {
+pub fn run(args: &DoctorArgs) -> Result<()> {
     let m = machine::machine_info();
     let checks = checks(&m);
     if args.json {

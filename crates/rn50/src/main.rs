@@ -59,7 +59,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Prepare(a) => rn50_data::cli::run(a),
         Command::Pack(a) => rn50_pipeline::cli::pack::run(a),
-        Command::Bench(a) => rn50::bench::command(a),
+        Command::Bench(a) => rn50::bench::run(a),
         Command::Train(a) => match rn50::train::run(a) {
             Ok(Outcome::Done) => Ok(()),
             // Checkpointed on SIGTERM/SIGUSR1: the job script may requeue.
@@ -69,7 +69,7 @@ fn main() -> ExitCode {
         Command::Eval(a) => rn50::train::eval::run(a),
         Command::Classify(a) => rn50::classify::run(a),
         Command::BenchLoader(a) => rn50_pipeline::cli::bench_loader::run(a),
-        Command::Doctor(a) => rn50::doctor::command(a),
+        Command::Doctor(a) => rn50::doctor::run(a),
         Command::Launch(a) => std::env::current_exe()
             .map_err(anyhow::Error::from)
             .and_then(|exe| rn50_distributed::launch::run(a, &exe))

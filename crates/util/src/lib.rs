@@ -4,12 +4,14 @@
 //!   ([`atomic_write`], [`atomic_write_with`], [`atomic_symlink`]), and removing the temporary files of writers
 //!   that were killed ([`remove_stale_temps`]);
 //! - [`lock`]: one process at a time per folder ([`try_lock_pid`]: `flock` + the holder's PID for the message);
-//! - [`progress`]: progress bars on stderr in one style, drawn only on a terminal ([`progress_bar`]).
+//! - [`progress`]: progress bars on stderr in one style, drawn only on a terminal ([`progress_bar`]);
+//! - [`stats`]: quantile (numpy's default interpolation), median and mean of measurements.
 //!
 //! Pure std, libc and indicatif: every crate of the workspace can depend on it.
 pub mod atomic;
 pub mod lock;
 pub mod progress;
+pub mod stats;
 
 pub use atomic::{atomic_symlink, atomic_write, atomic_write_with, remove_stale_temps};
 pub use lock::{lock_holder, try_lock_pid, Locked, PidLock};

@@ -11,7 +11,6 @@
 //! `--profile` adds a few steps after the measured ones, recorded by libtorch's profiler, and shows where their
 //! time goes by kind of work ([`profile`]).
 pub mod profile;
-pub mod stats;
 pub mod sweep;
 
 use std::path::PathBuf;
@@ -277,7 +276,7 @@ fn source(cfg: &BenchConfig, plan: &Plan, device: Device, dist: &DistContext) ->
 
 /// Runs the benchmark described by `cfg` on `device`: this rank's part when `dist` spans several processes.
 /// `progress` gets (steps done, steps in all, seconds of the last step), profiled steps included.
-pub fn run(
+pub fn measure(
     cfg: &BenchConfig,
     device: Device,
     dist: &DistContext,
@@ -368,14 +367,14 @@ pub fn run(
     }
     let b = plan.batch as f64;
     let ips: Vec<f64> = step_ms.iter().map(|ms| b / (ms / 1e3)).collect();
-    let data_wait_ms = stats::mean(&wait_ms);
-    let mean_step = stats::mean(&step_ms);
+    let data_wait_ms = rn50_util::stats::mean(&wait_ms);
+    let mean_step = rn50_util::stats::mean(&step_ms);
     let compute_ms = mean_step - data_wait_ms;
     // Totals over the ranks (each measured its own steps; they run in lockstep).
     let mut totals = [
-        stats::median(&ips),
-        stats::quantile(&ips, 0.1),
-        stats::quantile(&ips, 0.9),
+        rn50_util::stats::median(&ips),
+        rn50_util::stats::quantile(&ips, 0.1),
+        rn50_util::stats::quantile(&ips, 0.9),
         b / (compute_ms / 1e3),
         src.bad_images() as f64,
     ];
@@ -384,12 +383,12 @@ pub fn run(
     Ok(BenchResult {
         images_per_sec: totals[0],
         compute_images_per_sec: Some(totals[3]),
-        allreduce_ms: (dist.world_size() > 1).then(|| stats::mean(&comm_ms)),
+        allreduce_ms: (dist.world_size() > 1).then(|| rn50_util::stats::mean(&comm_ms)),
         bad_images: Some(totals[4] as u64),
         io,
         images_per_sec_p10: Some(totals[1]),
         images_per_sec_p90: Some(totals[2]),
-        step_ms: Some(stats::median(&step_ms)),
+        step_ms: Some(rn50_util::stats::median(&step_ms)),
         data_wait_ms: Some(data_wait_ms),
         compute_ms: Some(compute_ms),
         data_wait_share: Some(data_wait_ms / mean_step),
@@ -492,11 +491,11 @@ pub fn render(r: &BenchResult) -> String {
     s
 }
 
-/// `rn50 bench` as a command: resolve, run with a progress line, print, write JSON.
-pub fn command(args: &BenchArgs) -> Result<()> {
+/// `rn50 bench`: resolve, measure with a progress line, print, write JSON (or run the sweep).
+pub fn run(args: &BenchArgs) -> Result<()> {
     args.check()?;
     if args.sweep {
-        return sweep::command(args);
+        return sweep::run(args);
     }
     let world = WorldInfo::from_env()?;
     let (cfg, device) = args.resolve(&world)?;
@@ -516,21 +515,13 @@ pub fn command(args: &BenchArgs) -> Result<()> {
     )?;
     let main = dist.is_main();
     // Drawn on stderr, hidden when it is not a terminal (logs, CI).
-    let bar = indicatif::ProgressBar::new(
+    let bar = rn50_util::progress_bar(
         cfg.warmup.unwrap_or(0) + cfg.steps.unwrap_or(0) + cfg.profile_steps.unwrap_or(0),
-    )
-    .with_style(
-        indicatif::ProgressStyle::with_template(
-            "{prefix} [{bar:30}] {pos}/{len} steps {msg} (ETA {eta})",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
+        "{prefix} [{bar:30}] {pos}/{len} steps {msg} (ETA {eta})",
+        main,
     );
     bar.set_prefix(format!("bench {} b{}", cfg.arch, cfg.batch_size));
-    if !main {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    let r = run(&cfg, device, &dist, |i, n, secs| {
+    let r = measure(&cfg, device, &dist, |i, n, secs| {
         bar.set_position(i as u64);
         let (warmup, steps) = (cfg.warmup.unwrap_or(0), cfg.steps.unwrap_or(0));
         let phase = if i as u64 <= warmup {
@@ -554,7 +545,7 @@ pub fn command(args: &BenchArgs) -> Result<()> {
         Some(p) if p.as_os_str() == "-" => println!("{}", serde_json::to_string_pretty(&r)?),
         Some(p) => {
             print!("{}", render(&r));
-            std::fs::write(p, serde_json::to_string_pretty(&r)?)
+            rn50_util::atomic_write(p, serde_json::to_string_pretty(&r)?.as_bytes())
                 .with_context(|| format!("writing {}", p.display()))?;
         }
         None => print!("{}", render(&r)),

@@ -95,7 +95,7 @@ pub fn point_command(
     v
 }
 
-pub fn command(args: &BenchArgs) -> Result<()> {
+pub fn run(args: &BenchArgs) -> Result<()> {
     if args.world_sizes.is_empty() {
         bail!("--world-sizes needs at least one size");
     }

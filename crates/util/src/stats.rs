@@ -1,4 +1,4 @@
-//! Summary statistics over per-step measurements.
+//! Summary statistics over measurements (per-step times, repeated runs): one quantile, median and mean.
 
 /// The q-quantile (0..=1) with linear interpolation between order statistics (numpy's default).
 pub fn quantile(values: &[f64], q: f64) -> f64 {
