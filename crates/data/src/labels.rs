@@ -22,6 +22,15 @@ pub fn imagenet_wnids() -> Vec<&'static str> {
         .collect()
 }
 
+/// The 1,000 ILSVRC2012 classes in ImageFolder's order, each as its synset line: the WordNet id, then its
+/// names (`n01440764 tench, Tinca tinca`).
+pub fn imagenet_classes() -> Vec<&'static str> {
+    SYNSETS_TXT
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect()
+}
+
 /// Maps a validation file name to its class.
 #[derive(Debug, Clone)]
 pub enum ValLabels {

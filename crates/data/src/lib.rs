@@ -24,7 +24,7 @@ mod verify;
 
 pub use check::{check, CheckReport, Expect};
 pub use extract::ExtractOptions;
-pub use labels::ValLabels;
+pub use labels::{imagenet_classes, ValLabels};
 pub use odd::{detect as detect_odd, OddKind};
 pub use prepare::{prepare, PrepareOptions};
 pub use summary::Summary;

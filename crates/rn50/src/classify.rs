@@ -13,9 +13,6 @@ use crate::device::{Compute, ComputeArgs};
 use crate::model::{weights, Arch, Model, ResNetConfig};
 use crate::step::Normalizer;
 
-/// The ILSVRC2012 classes in class-index order, `WNID name, name, …` a line (what `rn50 prepare` knows them by).
-const SYNSETS_TXT: &str = include_str!("../../data/assets/synsets.txt");
-
 /// Print the top classes of images under saved weights.
 #[derive(Args, Debug, Clone)]
 pub struct ClassifyArgs {
@@ -43,7 +40,7 @@ pub struct ClassifyArgs {
 
 /// Class `i`'s WordNet id and names: ImageNet's for 1,000 classes, `class i` otherwise.
 fn class_name(i: usize, classes: usize) -> String {
-    match SYNSETS_TXT.lines().nth(i) {
+    match rn50_data::imagenet_classes().get(i) {
         Some(line) if classes == 1000 => line.to_string(),
         _ => format!("class {i}"),
     }
