@@ -10,8 +10,9 @@ use rn50_pipeline::Transform;
 use tch::{Kind, Tensor};
 
 use crate::device::{Compute, ComputeArgs};
-use crate::model::{weights, Arch, Model, ResNetConfig};
+use crate::model::{weights, Arch};
 use crate::step::Normalizer;
+use crate::train::eval::{check_crop, load_for_inference};
 
 /// Print the top classes of images under saved weights.
 #[derive(Args, Debug, Clone)]
@@ -47,29 +48,17 @@ fn class_name(i: usize, classes: usize) -> String {
 }
 
 pub fn run(args: &ClassifyArgs) -> Result<()> {
-    if args.crop > args.resize {
-        anyhow::bail!(rn50_args::UsageError::new(format!(
-            "--crop {} is larger than --resize {}: the crop is taken from the resized image",
-            args.crop, args.resize
-        )));
-    }
-    let shape = weights::shape_of(&args.weights)?;
-    let classes = shape.num_classes as usize;
-    let mut cfg = ResNetConfig::new(args.arch);
-    shape.apply(&mut cfg);
-    let Compute {
-        device,
-        precision,
-        channels_last,
-        fused_bn,
-        ..
-    } = args.compute.resolve(0, cfg.narrowest_conv())?;
-    crate::device::setup(device, fused_bn)?;
-    let model = Model::new(cfg, device);
-    weights::load(&model, &args.weights)?;
-    if channels_last {
-        model.to_channels_last();
-    }
+    check_crop(args.resize, args.crop)?;
+    let classes = weights::shape_of(&args.weights)?.num_classes as usize;
+    let (
+        model,
+        Compute {
+            device,
+            precision,
+            channels_last,
+            ..
+        },
+    ) = load_for_inference(args.arch, &args.weights, &args.compute)?;
     let mut norm = Normalizer::new(device, channels_last);
     // Full-resolution decoding (no DCT downscale): the pixels torchvision's Resize would see.
     let mut augment = Augmenter::new(Transform::val(args.resize, args.crop), false)?;

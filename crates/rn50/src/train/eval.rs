@@ -134,14 +134,38 @@ fn val_dir(data: &Path) -> PathBuf {
     }
 }
 
-/// `rn50 eval`.
-pub fn run(args: &EvalArgs) -> Result<()> {
-    if args.crop > args.resize {
-        bail!(UsageError::new(format!(
-            "--crop {} is larger than --resize {}: the crop is taken from the resized image",
-            args.crop, args.resize
+/// `--resize` then a center crop of `--crop`: the crop must fit (exit 2 otherwise).
+pub(crate) fn check_crop(resize: usize, crop: usize) -> Result<(), UsageError> {
+    if crop > resize {
+        return Err(UsageError::new(format!(
+            "--crop {crop} is larger than --resize {resize}: the crop is taken from the resized image"
         )));
     }
+    Ok(())
+}
+
+/// A model of `arch` with the saved weights `path` (whose class count and width it takes), on the device
+/// `compute` resolves, in the memory format it picks: what `rn50 eval` and `rn50 classify` run.
+pub(crate) fn load_for_inference(
+    arch: Arch,
+    path: &Path,
+    compute: &ComputeArgs,
+) -> Result<(Model, Compute)> {
+    let mut cfg = ResNetConfig::new(arch);
+    weights::shape_of(path)?.apply(&mut cfg);
+    let c = compute.resolve(0, cfg.narrowest_conv())?;
+    crate::device::setup(c.device, c.fused_bn)?;
+    let model = Model::new(cfg, c.device);
+    weights::load(&model, path)?;
+    if c.channels_last {
+        model.to_channels_last();
+    }
+    Ok((model, c))
+}
+
+/// `rn50 eval`.
+pub fn run(args: &EvalArgs) -> Result<()> {
+    check_crop(args.resize, args.crop)?;
     check_batch_bytes(
         "--batch-size",
         args.batch_size as u64,
@@ -160,21 +184,16 @@ pub fn run(args: &EvalArgs) -> Result<()> {
             args.weights.display()
         );
     }
-    let mut cfg = ResNetConfig::new(args.arch);
-    shape.apply(&mut cfg);
-    let Compute {
-        device,
-        precision,
-        channels_last,
-        fused_bn,
-        cpu,
-    } = args.compute.resolve(0, cfg.narrowest_conv())?;
-    crate::device::setup(device, fused_bn)?;
-    let model = Model::new(cfg, device);
-    weights::load(&model, &args.weights)?;
-    if channels_last {
-        model.to_channels_last();
-    }
+    let (
+        model,
+        Compute {
+            device,
+            precision,
+            channels_last,
+            cpu,
+            ..
+        },
+    ) = load_for_inference(args.arch, &args.weights, &args.compute)?;
     let workers = args.workers.unwrap_or(cpu.logical_cores).max(1);
     let loader_cfg = LoaderConfig {
         transform: Transform::val(args.resize, args.crop),
