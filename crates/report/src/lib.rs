@@ -27,7 +27,9 @@ pub mod tensorboard;
 
 pub use io::{IoDelta, IoMonitor, IoSample};
 pub use run_report::{summary_text, write_run_report, write_summary};
-pub use schema::{BenchConfig, BenchResult, EpochMetrics, SweepPoint, SweepResult, TrainSummary};
+pub use schema::{
+    BenchConfig, BenchResult, EpochMetrics, StepRecord, SweepPoint, SweepResult, TrainSummary,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {

@@ -290,6 +290,16 @@ pub fn hardware_name(config: &BenchConfig, machine: Option<&Machine>) -> String 
     }
 }
 
+/// One line of a run's `steps.jsonl`: a logged optimizer step (`-p`), its loss averaged over the ranks at full
+/// precision and its learning rate. `step` counts from 0 within the epoch.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct StepRecord {
+    pub epoch: u64,
+    pub step: u64,
+    pub loss: f64,
+    pub lr: f64,
+}
+
 /// One line of a run's `metrics.jsonl`: one finished epoch, as `rn50 train` writes it and the report reads it.
 /// Accuracies in percent; a value that is not a number (no validation set) is written as null and reads as
 /// `None`, as does a field an older rn50 did not write.

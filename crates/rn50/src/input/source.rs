@@ -1,4 +1,4 @@
-//! Where a bench step's batch comes from, by data mode: a constant batch on the device (compute only), random
+//! Where a bench step's batch comes from, by data mode (and `train --dummy`'s batch): a constant batch on the device (compute only), random
 //! bytes made on the host and copied (transfer), or the real decode/augment loader over synthetic JPEGs of
 //! ImageNet's size distribution or over a dataset on disk (the whole input pipeline).
 use anyhow::{Context, Result};
@@ -41,7 +41,19 @@ enum Keep {
     },
 }
 
+impl From<DeviceBatch> for Staged {
+    /// A loader's batch on the device, kept whole: on CPU its tensors view the loader's buffer.
+    fn from(b: DeviceBatch) -> Staged {
+        Staged {
+            images: b.images.shallow_clone(),
+            labels: b.labels.shallow_clone(),
+            _keep: Keep::Loader { _batch: b },
+        }
+    }
+}
+
 impl Source {
+    /// One random batch made on the device (random bytes, labels below 1000), handed out at every step.
     pub fn device(b: usize, s: usize, device: Device) -> Source {
         let (b, s) = (b as i64, s as i64);
         Source::Device {
@@ -111,12 +123,7 @@ impl Source {
                         None => **it = epochs.next().expect("epochs never end"),
                     }
                 };
-                let b = DeviceBatch::new(batch, device)?;
-                Ok(Staged {
-                    images: b.images.shallow_clone(),
-                    labels: b.labels.shallow_clone(),
-                    _keep: Keep::Loader { _batch: b },
-                })
+                Ok(Staged::from(DeviceBatch::new(batch, device)?))
             }
         }
     }

@@ -14,11 +14,11 @@ use anyhow::{bail, Context, Result};
 use rn50_distributed::{DistContext, WorldInfo};
 use rn50_pipeline::Epoch;
 use rn50_report::tensorboard::EventWriter;
-use rn50_report::{EpochMetrics, IoMonitor, IoSample, TrainSummary};
+use rn50_report::{EpochMetrics, IoMonitor, IoSample, StepRecord, TrainSummary};
 use tch::{Kind, Tensor};
 
 use crate::device::{device_name, Compute};
-use crate::input::DeviceBatch;
+use crate::input::{DeviceBatch, Source, Staged};
 use crate::model::{weights, Model, ResNetConfig, Stem};
 use crate::step::{SgdConfig, Skipped, StepConfig, TrainStep};
 use crate::train::args::{Augment, OptimizerKind, ScheduleKind, TrainArgs};
@@ -83,7 +83,7 @@ struct Setup<'a> {
     _run_dir: Option<RunDir>,
     data: Option<RealData>,
     /// With --dummy: one random batch, trained on at every step.
-    dummy: Option<(Tensor, Tensor)>,
+    dummy: Option<Source>,
     step: TrainStep,
     ema: Option<EmaModel>,
     /// The flags, as checkpoints record them.
@@ -118,10 +118,11 @@ impl<'a> Setup<'a> {
             .resolve(world_info.local_rank, model_cfg.narrowest_conv())?;
         let device = compute.device;
         crate::device::setup(device, compute.fused_bn)?;
-        let local_ranks = world_info.local_world_size.max(1);
-        if local_ranks > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
+        // The CPUs this process may use, split between the ranks of this node (as bench does).
+        let per_rank = world_info.threads_per_rank();
+        if world_info.local_world_size > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
             // srun does not split the cores between the tasks of a node: do it here.
-            tch::set_num_threads(world_info.threads_per_rank() as i32);
+            tch::set_num_threads(per_rank as i32);
         }
         let dist = DistContext::init_with(world_info, device)?;
         // Ranks started with different flags would drift out of step: an error now. Data path, loader threads and
@@ -136,10 +137,7 @@ impl<'a> Setup<'a> {
         let _run_dir = (rank0 && !args.evaluate)
             .then(|| RunDir::claim(&args.out, args.resume.is_some(), args.overwrite))
             .transpose()?;
-        let workers = args
-            .workers
-            .unwrap_or(compute.cpu.logical_cores / local_ranks)
-            .max(1);
+        let workers = args.workers.unwrap_or(per_rank);
         tch::manual_seed(args.seed as i64);
 
         let data = match (&args.data, args.dummy) {
@@ -163,14 +161,10 @@ impl<'a> Setup<'a> {
         // The random draws come in this order (weights, dummy batch, EMA model's initial weights, overwritten),
         // so that a --dummy batch is the same with and without --ema.
         let mut step = TrainStep::new(Model::new(model_cfg.clone(), device), step_cfg);
-        let dummy = data.is_none().then(|| {
-            let s = args.image_size as i64;
-            let b = args.batch_size as i64;
-            (
-                Tensor::randint(256, [b, s, s, 3], (Kind::Uint8, device)),
-                Tensor::randint(classes as i64, [b], (Kind::Int64, device)),
-            )
-        });
+        // Without a dataset there are 1000 classes, as the dummy batch's labels.
+        let dummy = data
+            .is_none()
+            .then(|| Source::device(args.batch_size, args.image_size, device));
         let mut ema = args.ema.map(|decay| {
             let model = Model::new(model_cfg.clone(), device);
             if compute.channels_last {
@@ -381,28 +375,6 @@ struct EpochStats {
     bad_images: usize,
 }
 
-/// One micro-batch on the device: a loader's batch is kept whole, since on CPU its tensors view the loader's
-/// buffer.
-enum MicroBatch<'a> {
-    Loaded(DeviceBatch),
-    Dummy(&'a (Tensor, Tensor)),
-}
-
-impl MicroBatch<'_> {
-    fn images(&self) -> &Tensor {
-        match self {
-            MicroBatch::Loaded(b) => &b.images,
-            MicroBatch::Dummy((images, _)) => images,
-        }
-    }
-
-    fn labels(&self) -> &Tensor {
-        match self {
-            MicroBatch::Loaded(b) => &b.labels,
-            MicroBatch::Dummy((_, labels)) => labels,
-        }
-    }
-}
 
 /// Opens the JSON-lines log `name` of `dir` for appending.
 fn append(dir: &Path, name: &str) -> Result<File> {
@@ -668,20 +640,20 @@ impl<'a> Trainer<'a> {
                         .context("the loader ended before the epoch's last step")??;
                     prog.data_wait += t.elapsed();
                     *bad_images += b.skipped();
-                    MicroBatch::Loaded(DeviceBatch::new(b, self.setup.device)?)
+                    Staged::from(DeviceBatch::new(b, self.setup.device)?)
                 }
-                None => MicroBatch::Dummy(
-                    self.setup
-                        .dummy
-                        .as_ref()
-                        .expect("dummy batch without a dataset"),
-                ),
+                None => self
+                    .setup
+                    .dummy
+                    .as_mut()
+                    .expect("dummy batch without a dataset")
+                    .next(self.setup.device)?,
             };
             let step = &mut self.setup.step;
-            let x = step.input.normalize(batch.images());
-            let l = step.backward(&x, batch.labels(), micro, accum)?;
+            let x = step.input.normalize(&batch.images);
+            let l = step.backward(&x, &batch.labels, micro, accum)?;
             loss += l / accum as f64;
-            prog.images += batch.labels().size()[0] as usize;
+            prog.images += batch.labels.size()[0] as usize;
         }
         Ok(loss)
     }
@@ -703,8 +675,13 @@ impl<'a> Trainer<'a> {
             bail!("the loss became {loss} at epoch {epoch} step {s}: stopping (the last checkpoint is kept)");
         }
         if let Some(f) = &mut self.steps_log {
-            let rec = serde_json::json!({"epoch": epoch, "step": s, "loss": loss, "lr": lr});
-            writeln!(f, "{rec}")?;
+            let rec = StepRecord {
+                epoch: epoch as u64,
+                step: s as u64,
+                loss,
+                lr,
+            };
+            writeln!(f, "{}", serde_json::to_string(&rec)?)?;
         }
         if let Some(tb) = &mut self.tensorboard {
             let global_step = (epoch * self.per_epoch + s + 1) as i64;
