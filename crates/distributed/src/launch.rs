@@ -52,8 +52,9 @@ pub struct LaunchArgs {
     /// After a worker fails (exits non-zero other than 3, or is killed by a signal the launcher did not send),
     /// stop the others and start all of them again, up to N times (0 to 100, default 0: the job fails), as
     /// torchrun's elastic agent does. Workers see the attempt in RN50_RESTART_COUNT (0 first). An rn50 train
-    /// run continues from its last checkpoint only with `--resume auto`: without it a restarted train refuses
-    /// its used --out. SIGINT/SIGTERM/SIGUSR1 sent to the launcher, and exit 3, never restart. With several
+    /// run continues from its last checkpoint only with `--resume auto`
+    /// (`rn50 launch --nproc-per-node 8 --max-restarts 3 -- train /data/imagenet --out runs/r50 --resume auto`):
+    /// without it a restarted train refuses its used --out. SIGINT/SIGTERM/SIGUSR1 sent to the launcher, and exit 3, never restart. With several
     /// nodes each node's launcher restarts its own workers, which meet again at --master.
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = usize_in(0..=100))]
     pub max_restarts: usize,
