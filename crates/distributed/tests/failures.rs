@@ -3,7 +3,6 @@
 //! out of step, a worker failing or frozen under `launch`.
 mod common;
 use common::*;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const GUARD: Duration = Duration::from_secs(120);
@@ -154,46 +153,6 @@ fn a_rank_that_never_starts_is_named() {
     }
 }
 
-fn launcher(args: &[&str], up_dir: &std::path::Path) -> std::process::Child {
-    Command::new(WORKER)
-        .arg("launch")
-        .args(args)
-        .env("RN50_TEST_UP_DIR", up_dir)
-        .env_remove("OMP_NUM_THREADS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn finish(child: std::process::Child) -> (std::process::ExitStatus, String, String) {
-    // wait_with_output has no timeout: a watchdog kills the launcher if it hangs.
-    let pid = child.id();
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = done.clone();
-    let watchdog = std::thread::spawn(move || {
-        let start = Instant::now();
-        while !flag.load(std::sync::atomic::Ordering::SeqCst) {
-            if start.elapsed() > GUARD {
-                // SAFETY: kill(2) on our own child's pid.
-                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        false
-    });
-    let out = child.wait_with_output().unwrap();
-    done.store(true, std::sync::atomic::Ordering::SeqCst);
-    assert!(!watchdog.join().unwrap(), "launcher hung");
-    (
-        out.status,
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
-
 #[test]
 fn launch_stops_everyone_when_a_worker_fails() {
     let _serial = serial();
@@ -338,23 +297,6 @@ fn a_frozen_store_server_is_named_not_waited_for() {
         l1.contains("rank 1/2: ") && l1.contains("rank 0 (the store server at 127.0.0.1:"),
         "rank 1's error does not name itself and the frozen rank 0:\n{l1}"
     );
-}
-
-/// The pid of worker `rank` among the children of `launcher` (from /proc: their RANK variable).
-fn worker_pid(launcher: u32, rank: usize) -> Option<u32> {
-    let children =
-        std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children")).ok()?;
-    children
-        .split_whitespace()
-        .filter_map(|p| p.parse::<u32>().ok())
-        .find(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .map(|env| {
-                    env.split(|&b| b == 0)
-                        .any(|kv| kv == format!("RANK={rank}").as_bytes())
-                })
-                .unwrap_or(false)
-        })
 }
 
 #[test]

@@ -3,6 +3,8 @@
 //! - `train`: a small conv+linear net (no batch norm, fp32) trained with DDP for a few SGD steps on data that
 //!   depends only on the step, each rank taking its slice of the global batch; writes the final parameters;
 //! - `sleep`: waits (exits 3 on SIGTERM/SIGUSR1 like rn50 train, or fails on purpose on one rank);
+//! - `attempt`: prints RN50_RESTART_COUNT and exits at once, one rank with a chosen status on the first attempts
+//!   (for `launch --max-restarts`);
 //! - `out-of-step`: rank 0 asks for a stop while the others sum evaluation counts;
 //! - `allreduce-bench`: the time of one all-reduce of a ResNet-50-sized gradient in DDP-like buckets;
 //! - `launch`: `rn50 launch` with this program as the worker.
@@ -47,6 +49,17 @@ enum Cmd {
         /// This rank exits with status 7 after a moment.
         #[arg(long)]
         fail_rank: Option<usize>,
+    },
+    /// Prints the attempt (RN50_RESTART_COUNT) on stdout and stderr, then exits: 0, or on rank --fail-rank
+    /// --code while fewer than --fail-attempts restarts were made.
+    Attempt {
+        #[arg(long)]
+        fail_rank: Option<usize>,
+        #[arg(long, default_value_t = 7)]
+        code: i32,
+        /// Attempts that fail (default: all).
+        #[arg(long, default_value_t = usize::MAX)]
+        fail_attempts: usize,
     },
     /// All-reduce time of a gradient-sized buffer in buckets, like DDP's (rank 0 prints the median).
     AllreduceBench {
@@ -267,6 +280,22 @@ fn sleep(fail_rank: Option<usize>) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+fn attempt(fail_rank: Option<usize>, code: i32, fail_attempts: usize) -> anyhow::Result<i32> {
+    let world = WorldInfo::from_env()?;
+    let restarts: usize = std::env::var("RN50_RESTART_COUNT")
+        .context("RN50_RESTART_COUNT not set")?
+        .parse()?;
+    println!("rank {} stdout: RN50_RESTART_COUNT={restarts}", world.rank);
+    eprintln!("rank {} stderr: RN50_RESTART_COUNT={restarts}", world.rank);
+    Ok(
+        if fail_rank == Some(world.rank) && restarts < fail_attempts {
+            code
+        } else {
+            0
+        },
+    )
+}
+
 fn out_of_step() -> anyhow::Result<i32> {
     let dist = DistContext::init(Device::Cpu)?;
     if dist.is_main() {
@@ -328,6 +357,11 @@ fn main() {
             bucket_bytes,
         } => train(steps, batch, out, sleep_ms, bucket_bytes).map(|()| 0),
         Cmd::Sleep { fail_rank } => sleep(fail_rank),
+        Cmd::Attempt {
+            fail_rank,
+            code,
+            fail_attempts,
+        } => attempt(fail_rank, code, fail_attempts),
         Cmd::AllreduceBench {
             floats,
             bucket_mb,

@@ -103,3 +103,65 @@ pub fn read_f32(path: &Path) -> Vec<f32> {
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
 }
+
+/// How long a launcher may take before a test kills it as hung.
+pub const LAUNCH_GUARD: Duration = Duration::from_secs(120);
+
+/// `rn50-dist-worker launch ARGS…` (the workers are rn50-dist-worker too), its output piped.
+pub fn launcher(args: &[&str], up_dir: &std::path::Path) -> std::process::Child {
+    Command::new(WORKER)
+        .arg("launch")
+        .args(args)
+        .env("RN50_TEST_UP_DIR", up_dir)
+        .env_remove("OMP_NUM_THREADS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for a launcher (killing it if it hangs): its status, stdout and stderr.
+pub fn finish(child: std::process::Child) -> (std::process::ExitStatus, String, String) {
+    // wait_with_output has no timeout: a watchdog kills the launcher if it hangs.
+    let pid = child.id();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    let watchdog = std::thread::spawn(move || {
+        let start = Instant::now();
+        while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+            if start.elapsed() > LAUNCH_GUARD {
+                // SAFETY: kill(2) on our own child's pid.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    });
+    let out = child.wait_with_output().unwrap();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(!watchdog.join().unwrap(), "launcher hung");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// The pid of worker `rank` among the children of `launcher` (from /proc: their RANK variable).
+pub fn worker_pid(launcher: u32, rank: usize) -> Option<u32> {
+    let children =
+        std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children")).ok()?;
+    children
+        .split_whitespace()
+        .filter_map(|p| p.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .map(|env| {
+                    env.split(|&b| b == 0)
+                        .any(|kv| kv == format!("RANK={rank}").as_bytes())
+                })
+                .unwrap_or(false)
+        })
+}
