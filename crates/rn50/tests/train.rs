@@ -310,8 +310,15 @@ fn snapshot(d: &Path) -> Vec<(String, Vec<u8>)> {
     v
 }
 
+/// Runs `rn50 args` in an empty folder (where the default `--out runs/train` lands, not in the source tree) and
+/// checks it fails with `want`.
 fn fails_with(args: &[&str], want: &str) {
-    let r = rn50(args);
+    let cwd = tempfile::tempdir().unwrap();
+    let r = std::process::Command::new(env!("CARGO_BIN_EXE_rn50"))
+        .args(args)
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(!r.status.success(), "{args:?} succeeded");
     assert!(err.contains(want), "{args:?}: expected '{want}' in: {err}");

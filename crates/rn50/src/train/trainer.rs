@@ -375,7 +375,6 @@ struct EpochStats {
     bad_images: usize,
 }
 
-
 /// Opens the JSON-lines log `name` of `dir` for appending.
 fn append(dir: &Path, name: &str) -> Result<File> {
     let path = dir.join(name);
