@@ -20,7 +20,7 @@ enum Command {
     /// Training throughput on synthetic data (images/s, step time, data wait, memory).
     Bench(rn50::bench::BenchArgs),
     /// Train on DATA/train with per-epoch evaluation on DATA/val; checkpoints, resume, preemption-safe.
-    Train(rn50::train::TrainArgs),
+    Train(Box<rn50::train::TrainArgs>),
     /// Evaluate saved weights: top-1/top-5 over every validation image once.
     Eval(rn50::train::EvalArgs),
     /// Top-5 classes of images under saved weights, with their WordNet names.
