@@ -64,7 +64,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 90, value_parser = usize_in(1..))]
     pub epochs: usize,
     /// The learning rate itself, whatever the batch (pytorch/examples' main.py, timm and NVIDIA's scripts take
-    /// --lr this way). Above 0. Or --lr-base.
+    /// --lr this way). Above 0. Not with --lr-base.
     #[arg(long, value_parser = positive(), conflicts_with = "lr_base")]
     pub lr: Option<f64>,
     /// Learning rate per --lr-base-size images (timm's name): the effective rate is
