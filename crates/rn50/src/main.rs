@@ -20,7 +20,7 @@ enum Command {
     /// Training throughput on synthetic data (images/s, step time, data wait, memory).
     Bench(rn50::bench::BenchArgs),
     /// Train on DATA/train with per-epoch evaluation on DATA/val; checkpoints, resume, preemption-safe.
-    Train(rn50::train::TrainArgs),
+    Train(Box<rn50::train::TrainArgs>),
     /// Evaluate saved weights: top-1/top-5 over every validation image once.
     Eval(rn50::train::EvalArgs),
     /// Top-5 classes of images under saved weights, with their WordNet names.
@@ -49,10 +49,32 @@ fn negative_numbers_are_values(cmd: clap::Command) -> clap::Command {
 }
 
 fn main() -> ExitCode {
-    let matches = negative_numbers_are_values(Cli::command()).get_matches();
-    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // `train --config FILE.toml`: the file's flags go before the command line's, which override them.
+    let argv = match rn50::train::config::expand(std::env::args_os().collect()) {
+        Ok(argv) => argv,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let matches = negative_numbers_are_values(Cli::command())
+        .mut_subcommand("train", |c| c.args_override_self(true))
+        .get_matches_from(argv);
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let (Command::Train(a), Some(m)) = (&mut cli.command, matches.subcommand_matches("train")) {
+        a.resolved_config = Some(rn50::train::config::resolved_toml(m));
+    }
     // Stop after parsing: how tests/help_examples.rs checks that every example in `--help` is a valid command line.
+    // For train, the rules between flags are checked too, and the resolved flags (the run directory's config.toml)
+    // go to stdout.
     if std::env::var_os("RN50_PARSE_ONLY").is_some() {
+        if let Command::Train(a) = &cli.command {
+            if let Err(e) = a.check() {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+            print!("{}", a.resolved_config.as_deref().unwrap_or_default());
+        }
         return ExitCode::SUCCESS;
     }
     rn50::alloc::keep_freed_memory();

@@ -75,6 +75,9 @@ const CASES: &[(&str, &[&str], &str)] = &[
     ("train", &["--epochs", "0"], "--epochs"),
     ("train", &["--lr", "0"], "--lr"),
     ("train", &["--lr", "inf"], "--lr"),
+    ("train", &["--lr-base", "0"], "--lr-base"),
+    ("train", &["--lr-base-size", "0"], "--lr-base-size"),
+    ("train", &["--lr-milestones", "nan"], "--lr-milestones"),
     ("train", &["--momentum", "nan"], "--momentum"),
     ("train", &["--wd", "inf"], "--wd"),
     ("train", &["--lars-eta", "0"], "--lars-eta"),
@@ -346,7 +349,11 @@ fn every_default_parses_and_is_unchanged() {
     );
     assert_eq!(
         (t.lr, t.momentum, t.wd, t.lars_eta, t.warmup_epochs),
-        (0.1, 0.9, 1e-4, 0.001, 0.0)
+        (None, 0.9, 1e-4, 0.001, 0.0)
+    );
+    assert_eq!(
+        (t.lr_base, t.lr_base_size, t.lr_milestones),
+        (0.1, 256, None)
     );
     assert_eq!(
         (t.label_smoothing, t.ema, t.workers, t.min_res),

@@ -65,7 +65,7 @@ fn cifar10_subset_beats_the_linear_baseline() {
         "128",
         "--epochs",
         "6",
-        "--lr",
+        "--lr-base",
         "0.4",
         "--warmup-epochs",
         "1",

@@ -31,6 +31,7 @@ use crate::input::Source;
 use crate::machine::{self, MachineInfo};
 use crate::model::{Arch, Model, ResNetConfig};
 use crate::step::{Precision, SgdConfig, StepConfig, TrainStep};
+use crate::train::args::{DEFAULT_LR_BASE, DEFAULT_LR_BASE_SIZE};
 use crate::train::schedule::scaled_lr;
 pub use rn50_report::schema::{BenchConfig, BenchResult, Machine};
 
@@ -172,7 +173,12 @@ impl BenchArgs {
                 tf32: Some(settings.tf32),
                 fused_bn: Some(settings.fused_bn),
                 optimizer: Some(SgdConfig::default()),
-                lr: Some(scaled_lr(0.1, global_batch)),
+                // train's default rate (--lr-base 0.1 per 256 images) at this global batch.
+                lr: Some(scaled_lr(
+                    DEFAULT_LR_BASE,
+                    global_batch,
+                    DEFAULT_LR_BASE_SIZE,
+                )),
                 world_size: Some(world.world_size as u64),
                 global_batch: Some(global_batch as u64),
                 profile_steps: self.profile.then_some(self.profile_steps as u64),

@@ -9,6 +9,7 @@ use rn50_args::{check_batch_bytes, finite_in, positive, usize_in, UsageError};
 
 use crate::device::ComputeArgs;
 use crate::model::Arch;
+use crate::train::schedule::scaled_lr;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -62,9 +63,17 @@ pub struct TrainArgs {
     /// Epochs to train, at least 1.
     #[arg(long, default_value_t = 90, value_parser = usize_in(1..))]
     pub epochs: usize,
-    /// Learning rate per 256 images; the effective rate is lr·global_batch/256. Above 0.
-    #[arg(long, default_value_t = 0.1, value_parser = positive())]
-    pub lr: f64,
+    /// The learning rate itself, whatever the batch (pytorch/examples' main.py, timm and NVIDIA's scripts take
+    /// --lr this way). Above 0. Not with --lr-base.
+    #[arg(long, value_parser = positive(), conflicts_with = "lr_base")]
+    pub lr: Option<f64>,
+    /// Learning rate per --lr-base-size images (timm's name): the effective rate is
+    /// lr_base·global_batch/lr_base_size (Goyal et al.'s linear scaling); not used with --lr. Above 0.
+    #[arg(long, default_value_t = DEFAULT_LR_BASE, value_parser = positive())]
+    pub lr_base: f64,
+    /// The batch size --lr-base is given for, 1 to 1048576.
+    #[arg(long, default_value_t = DEFAULT_LR_BASE_SIZE, value_parser = usize_in(1..=1 << 20))]
+    pub lr_base_size: usize,
     /// Momentum, 0 or more (torch.optim.SGD's range).
     #[arg(long, default_value_t = 0.9, value_parser = finite_in(0.0..))]
     pub momentum: f64,
@@ -79,9 +88,13 @@ pub struct TrainArgs {
     /// Linear warmup from 0 to the peak LR over this many epochs (fractions allowed), 0 to below --epochs.
     #[arg(long, default_value_t = 0.0, value_parser = finite_in(0.0..))]
     pub warmup_epochs: f64,
-    /// LR decay after warmup: step (÷10 at 30, 60, 80 epochs, scaled to --epochs), cosine or linear.
+    /// LR decay after warmup: step (÷10 at --lr-milestones), cosine or linear.
     #[arg(long, value_enum, default_value_t = ScheduleKind::Step)]
     pub lr_schedule: ScheduleKind,
+    /// Epochs where --lr-schedule step divides the rate by 10, comma-separated, increasing, above 0 and at most
+    /// --epochs (main.py: 30,60) [default: 1/3, 2/3 and 8/9 of --epochs: 30,60,80 for 90].
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, value_parser = finite_in(0.0..))]
+    pub lr_milestones: Option<Vec<f64>>,
     /// Label smoothing of the cross-entropy loss, 0 to 1 (torch.nn.CrossEntropyLoss's range).
     #[arg(long, default_value_t = 0.0, value_parser = finite_in(0.0..=1.0))]
     pub label_smoothing: f64,
@@ -162,12 +175,41 @@ pub struct TrainArgs {
     /// Log every N steps.
     #[arg(short = 'p', long = "print-freq", default_value_t = 10, value_parser = usize_in(1..))]
     pub print_freq: usize,
+    /// Take flags from this TOML file, its keys the long flag names (`batch-size = 256`, `no-bn-wd = true`,
+    /// `data = "/path"`); flags on the command line override it. See recipes/ and the run directory's config.toml.
+    #[arg(long, value_name = "FILE.toml")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Every flag's value as TOML (set by the binary from what it parsed), written to --out as config.toml.
+    #[arg(skip)]
+    #[serde(skip)]
+    pub resolved_config: Option<String>,
 }
+
+/// --lr-base's default, the rate when neither --lr nor --lr-base is given: 0.1 per 256 images (main.py's 0.1 at
+/// batch 256).
+pub const DEFAULT_LR_BASE: f64 = 0.1;
+/// --lr-base-size's default: the batch of pytorch/examples' main.py and Goyal et al.'s reference.
+pub const DEFAULT_LR_BASE_SIZE: usize = 256;
 
 impl TrainArgs {
     /// The epoch where progressive resizing reaches --image-size: --end-ramp, else 85% of --epochs.
     pub fn end_ramp_epoch(&self) -> f64 {
         self.end_ramp.unwrap_or(0.85 * self.epochs as f64)
+    }
+
+    /// The peak learning rate at `global_batch` images per step, and how it came about, for the start line:
+    /// "lr 0.4 (--lr)" or "lr 0.1 x 1024/256 = 0.4 (--lr-base)".
+    pub fn peak_lr(&self, global_batch: usize) -> (f64, String) {
+        if let Some(lr) = self.lr {
+            return (lr, format!("lr {lr} (--lr)"));
+        }
+        let (base, size) = (self.lr_base, self.lr_base_size);
+        let lr = scaled_lr(base, global_batch, size);
+        (
+            lr,
+            format!("lr {base} x {global_batch}/{size} = {lr} (--lr-base)"),
+        )
     }
 
     /// The rules between flags (each flag's own range is clap's): checked first, before anything is allocated
@@ -179,6 +221,20 @@ impl TrainArgs {
                 "--warmup-epochs {} must be below --epochs {}",
                 self.warmup_epochs, self.epochs
             ));
+        }
+        if let Some(m) = &self.lr_milestones {
+            if self.lr_schedule != ScheduleKind::Step {
+                return usage("--lr-milestones is for --lr-schedule step".into());
+            }
+            let epochs = self.epochs as f64;
+            if m.is_empty()
+                || m.iter().any(|&e| e <= 0.0 || e > epochs)
+                || m.windows(2).any(|w| w[0] >= w[1])
+            {
+                return usage(format!(
+                    "--lr-milestones {m:?} must be increasing epochs above 0 and at most --epochs {epochs}"
+                ));
+            }
         }
         if self.val_crop > self.val_resize {
             return usage(format!(

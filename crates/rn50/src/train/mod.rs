@@ -1,7 +1,7 @@
 //! `rn50 train` and `rn50 eval`. The recipe, read top to bottom like pytorch/examples' main.py, is
 //! [`trainer`] ([`run`]); its parts:
 //!
-//! - [`args`]: the flags; [`data`]: the loaders of DATA/train and DATA/val and the hand-over to the device;
+//! - [`args`]: the flags, [`config`]: `--config FILE.toml` and the run's config.toml; [`data`]: the loaders of DATA/train and DATA/val and the hand-over to the device;
 //! - [`schedule`]: learning rate (scaling, warmup, decay) and progressive resizing; [`ema`]: the weights' moving
 //!   average; [`metrics`]: top-1/top-5 counting; [`progress`]: the per-epoch progress bar or log lines;
 //! - [`checkpoint`]: the resumable state in one safetensors file; [`keeper`]: when to save, which to keep, what
@@ -9,6 +9,7 @@
 //! - [`eval`]: one evaluation pass, and `rn50 eval` ([`eval::run`]).
 pub mod args;
 pub mod checkpoint;
+pub mod config;
 pub mod data;
 pub mod ema;
 pub mod eval;

@@ -6,9 +6,10 @@ use std::fmt;
 
 use anyhow::{bail, Result};
 
-/// `--lr` is per 256 images: the effective rate scales with the global batch.
-pub fn scaled_lr(lr_per_256: f64, global_batch: usize) -> f64 {
-    lr_per_256 * global_batch as f64 / 256.0
+/// `--lr-base` is per `base_size` images (`--lr-base-size`, 256 by default): the effective rate scales with the
+/// global batch (Goyal et al.'s linear scaling rule).
+pub fn scaled_lr(lr_base: f64, global_batch: usize, base_size: usize) -> f64 {
+    lr_base * global_batch as f64 / base_size as f64
 }
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -23,11 +24,14 @@ pub enum Decay {
 }
 
 impl Decay {
-    /// `--lr-schedule step` over `epochs`: ÷10 at 1/3, 2/3 and 8/9 of them (30, 60 and 80 of 90, as in
-    /// pytorch/examples' main.py).
-    pub fn step_for(epochs: f64) -> Self {
+    /// `--lr-schedule step` over `epochs`: ÷10 at `milestones` (`--lr-milestones`), by default at 1/3, 2/3 and
+    /// 8/9 of the epochs (30, 60 and 80 of 90: pytorch/examples' main.py decays at 30 and 60, Goyal et al. add 80).
+    pub fn step_for(epochs: f64, milestones: Option<&[f64]>) -> Self {
         Decay::Step {
-            milestones: vec![epochs / 3.0, epochs * 2.0 / 3.0, epochs * 8.0 / 9.0],
+            milestones: match milestones {
+                Some(m) => m.to_vec(),
+                None => vec![epochs / 3.0, epochs * 2.0 / 3.0, epochs * 8.0 / 9.0],
+            },
             gamma: 0.1,
         }
     }
@@ -156,17 +160,30 @@ mod tests {
 
     #[test]
     fn linear_scaling_rule() {
-        assert_eq!(scaled_lr(0.1, 256), 0.1);
+        assert_eq!(scaled_lr(0.1, 256, 256), 0.1);
         assert!(
-            close(scaled_lr(0.1, 8192), 3.2),
+            close(scaled_lr(0.1, 8192, 256), 3.2),
             "Goyal et al.: 8k batch, lr 3.2"
         );
-        assert!(close(scaled_lr(0.1, 32), 0.0125));
+        assert!(close(scaled_lr(0.1, 32, 256), 0.0125));
+        assert!(
+            close(scaled_lr(0.2, 1024, 512), 0.4),
+            "timm's --lr-base-size"
+        );
+    }
+
+    #[test]
+    fn step_schedule_with_given_milestones() {
+        let decay = Decay::step_for(90.0, Some(&[30.0, 60.0]));
+        let s = LrSchedule::new(0.1, 0.0, 90.0, decay).unwrap();
+        for (t, lr) in [(29.99, 0.1), (30.0, 0.01), (60.0, 0.001), (89.99, 0.001)] {
+            assert!(close(s.at(t), lr), "epoch {t}: {} != {lr}", s.at(t));
+        }
     }
 
     #[test]
     fn step_schedule_of_the_reference_recipe() {
-        let decay = Decay::step_for(90.0);
+        let decay = Decay::step_for(90.0, None);
         assert_eq!(
             decay,
             Decay::Step {

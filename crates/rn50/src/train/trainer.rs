@@ -29,7 +29,7 @@ use crate::train::eval::{self, EvalResult};
 use crate::train::keeper::{resolve_resume, Keeper};
 use crate::train::progress::EpochProgress;
 use crate::train::rundir::{self, RunDir};
-use crate::train::schedule::{scaled_lr, Decay, LrSchedule, Resolution};
+use crate::train::schedule::{Decay, LrSchedule, Resolution};
 
 /// Exit code after saving a checkpoint on SIGTERM/SIGUSR1, so job scripts can requeue.
 pub const EXIT_PREEMPTED: u8 = 3;
@@ -218,7 +218,7 @@ impl<'a> Setup<'a> {
         }
 
         let global_batch = args.batch_size * args.accum_steps * world;
-        let peak_lr = scaled_lr(args.lr, global_batch);
+        let (peak_lr, lr_line) = args.peak_lr(global_batch);
         let schedule = schedule(args, peak_lr)?;
         let resolution = match args.min_res {
             None => Resolution::fixed(args.image_size),
@@ -231,15 +231,20 @@ impl<'a> Setup<'a> {
                 .with_context(|| format!("creating {}", args.out.display()))?;
             eprintln!(
                 "rn50 train: {} on {} ({}{}), global batch {global_batch} ({} x {} accum x {world} procs), \
-                 lr {} x {global_batch}/256 = {peak_lr}; {schedule}",
+                 {lr_line}; {schedule}",
                 args.arch,
                 device_name(device),
                 compute.precision,
                 if compute.channels_last { ", channels_last" } else { "" },
                 args.batch_size,
                 args.accum_steps,
-                args.lr
             );
+            // What was run, every flag's value: reusable with --config.
+            if let (Some(toml), false) = (&args.resolved_config, args.evaluate) {
+                let path = args.out.join("config.toml");
+                std::fs::write(&path, toml)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
         }
         Ok(Self {
             args,
@@ -308,7 +313,7 @@ impl<'a> Setup<'a> {
 /// The LR schedule of the flags, `peak` after the warmup.
 fn schedule(args: &TrainArgs, peak: f64) -> Result<LrSchedule> {
     let decay = match args.lr_schedule {
-        ScheduleKind::Step => Decay::step_for(args.epochs as f64),
+        ScheduleKind::Step => Decay::step_for(args.epochs as f64, args.lr_milestones.as_deref()),
         ScheduleKind::Cosine => Decay::Cosine { final_lr: 0.0 },
         ScheduleKind::Linear => Decay::Linear,
     };

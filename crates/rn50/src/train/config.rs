@@ -1,0 +1,231 @@
+//! `rn50 train --config FILE.toml`: a recipe as a file whose keys are train's long flag names (`batch-size = 256`,
+//! `no-bn-wd = true`, `lr-milestones = [30, 60]`, `data = "/path"` for DATA). The file becomes command-line flags
+//! put before the user's own, then clap parses everything once: the values go through the flags' own parsers and
+//! ranges, and a flag given on the command line wins over the file's ([`expand`]). [`resolved_toml`] writes every
+//! flag's value back in the same form: the run directory's config.toml, reusable with `--config`.
+use std::collections::HashSet;
+use std::ffi::{OsStr, OsString};
+
+use clap::parser::ValueSource;
+use clap::{Arg, ArgMatches, Args, Command};
+use rn50_args::UsageError;
+
+use crate::train::TrainArgs;
+
+/// Flags that are about this invocation, not the recipe: left out of the written config.toml.
+const NOT_RECIPE: &[&str] = &["config", "resume", "overwrite"];
+
+/// Flags that exclude each other: one given on the command line drops the other from the file.
+const EXCLUSIVE: &[(&str, &str)] = &[("lr", "lr_base"), ("resume", "overwrite")];
+
+fn train_command() -> Command {
+    TrainArgs::augment_args(Command::new("train"))
+}
+
+fn find<'a>(cmd: &'a Command, long: &str) -> Option<&'a Arg> {
+    cmd.get_arguments().find(|a| {
+        a.get_long() == Some(long) || a.get_all_aliases().is_some_and(|al| al.contains(&long))
+    })
+}
+
+fn find_short(cmd: &Command, short: char) -> Option<&Arg> {
+    cmd.get_arguments().find(|a| a.get_short() == Some(short))
+}
+
+/// What the user's own `train` arguments set: the flags' ids, whether DATA is there, and --config's value.
+#[derive(Default)]
+struct Given {
+    ids: HashSet<String>,
+    data: bool,
+    config: Option<OsString>,
+}
+
+fn scan(cmd: &Command, args: &[OsString]) -> Given {
+    let mut given = Given::default();
+    let mut i = 0;
+    while i < args.len() {
+        let Some(t) = args[i].to_str() else {
+            given.data = true;
+            i += 1;
+            continue;
+        };
+        let (arg, inline) = if t == "--" {
+            given.data |= i + 1 < args.len();
+            break;
+        } else if let Some(long) = t.strip_prefix("--") {
+            let (name, value) = match long.split_once('=') {
+                Some((n, v)) => (n, Some(v)),
+                None => (long, None),
+            };
+            (find(cmd, name), value.is_some())
+        } else if let Some(short) = t.strip_prefix('-').and_then(|s| s.chars().next()) {
+            (find_short(cmd, short), t.len() > 2)
+        } else {
+            given.data = true;
+            (None, false)
+        };
+        if let Some(a) = arg {
+            let id = a.get_id().as_str();
+            given.ids.insert(id.to_string());
+            if a.get_action().takes_values() && !inline {
+                i += 1;
+            }
+            if id == "config" {
+                given.config = match t.split_once('=') {
+                    Some((_, v)) => Some(v.into()),
+                    None => args.get(i).cloned(),
+                };
+            }
+        }
+        i += 1;
+    }
+    given
+}
+
+/// `argv` (the whole command line, program name first) with the flags of `train --config FILE` inserted before the
+/// user's own `train` arguments; any other command line as it is. An unreadable file, a key that is no long flag
+/// of train, or a value of the wrong shape is a [`UsageError`] (exit 2) naming the file and the key.
+pub fn expand(argv: Vec<OsString>) -> Result<Vec<OsString>, UsageError> {
+    if argv.get(1).map(OsString::as_os_str) != Some(OsStr::new("train")) {
+        return Ok(argv);
+    }
+    let cmd = train_command();
+    let given = scan(&cmd, &argv[2..]);
+    let Some(path) = given.config.as_ref() else {
+        return Ok(argv);
+    };
+    let shown = std::path::Path::new(path).display();
+    let text =
+        std::fs::read_to_string(path).map_err(|e| UsageError(format!("--config {shown}: {e}")))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e| UsageError(format!("--config {shown}: {e}")))?;
+    let mut file_args: Vec<OsString> = Vec::new();
+    for (key, value) in &table {
+        let bad = |why: &str| UsageError(format!("--config {shown}: key `{key}`: {why}"));
+        if key == "data" {
+            let toml::Value::String(data) = value else {
+                return Err(bad("DATA must be a string"));
+            };
+            if !given.data {
+                file_args.push(data.into());
+            }
+            continue;
+        }
+        let arg = find(&cmd, key)
+            .filter(|a| !a.is_positional() && a.get_id() != "config")
+            .ok_or_else(|| {
+                bad("no such flag (the keys are `rn50 train`'s long flag names, and `data`)")
+            })?;
+        let id = arg.get_id().as_str();
+        let overridden = given.ids.contains(id)
+            || EXCLUSIVE.iter().any(|&(a, b)| {
+                (id == a && given.ids.contains(b)) || (id == b && given.ids.contains(a))
+            });
+        if overridden {
+            continue;
+        }
+        let flag = format!("--{}", arg.get_long().unwrap_or(key));
+        if !arg.get_action().takes_values() {
+            match value {
+                toml::Value::Boolean(true) => file_args.push(flag.into()),
+                toml::Value::Boolean(false) => {}
+                _ => return Err(bad("a switch: true or false")),
+            }
+            continue;
+        }
+        let text = match value {
+            toml::Value::Array(items) => items
+                .iter()
+                .map(scalar)
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| bad("a list of numbers or strings"))?
+                .join(","),
+            v => scalar(v).ok_or_else(|| bad("a number, string or true/false"))?,
+        };
+        file_args.push(format!("{flag}={text}").into());
+    }
+    let mut out = argv[..2].to_vec();
+    out.extend(file_args);
+    out.extend_from_slice(&argv[2..]);
+    Ok(out)
+}
+
+fn scalar(v: &toml::Value) -> Option<String> {
+    match v {
+        toml::Value::String(s) => Some(s.clone()),
+        toml::Value::Integer(i) => Some(i.to_string()),
+        toml::Value::Float(f) => Some(f.to_string()),
+        toml::Value::Boolean(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// A flag's value as TOML: integers and floats as numbers, true/false as booleans, the rest (and integers beyond
+/// i64) as strings.
+fn typed(raw: &str) -> toml::Value {
+    if let Ok(i) = raw.parse::<i64>() {
+        return toml::Value::Integer(i);
+    }
+    let looks_numeric = raw
+        .chars()
+        .all(|c| c.is_ascii_digit() || "+-.eE".contains(c));
+    match raw.parse::<f64>() {
+        Ok(f) if looks_numeric && raw.parse::<u64>().is_err() => toml::Value::Float(f),
+        _ => match raw {
+            "true" => toml::Value::Boolean(true),
+            "false" => toml::Value::Boolean(false),
+            _ => toml::Value::String(raw.to_string()),
+        },
+    }
+}
+
+/// Every `train` flag's value in `matches` (defaults included, unset optional flags left out) as a TOML document
+/// that `--config` reads back to the same flags.
+pub fn resolved_toml(matches: &ArgMatches) -> String {
+    let cmd = train_command();
+    let mut table = toml::Table::new();
+    for arg in cmd.get_arguments() {
+        let id = arg.get_id().as_str();
+        if NOT_RECIPE.contains(&id) {
+            continue;
+        }
+        let key = match arg.get_long() {
+            Some(long) => long,
+            None if arg.is_positional() => "data",
+            None => continue,
+        };
+        // --lr-base's default when --lr is given: left out, as the file could not give both.
+        let excluded = EXCLUSIVE.iter().any(|&(a, b)| {
+            let partner = if id == a {
+                b
+            } else if id == b {
+                a
+            } else {
+                return false;
+            };
+            matches.value_source(id) == Some(ValueSource::DefaultValue)
+                && matches
+                    .value_source(partner)
+                    .is_some_and(|s| s != ValueSource::DefaultValue)
+        });
+        let Some(raw) = matches.get_raw(id).filter(|_| !excluded) else {
+            continue;
+        };
+        let values: Vec<toml::Value> = raw.map(|v| typed(&v.to_string_lossy())).collect();
+        let value = if arg.get_value_delimiter().is_some() {
+            toml::Value::Array(values)
+        } else {
+            match values.into_iter().next() {
+                Some(v) => v,
+                None => continue,
+            }
+        };
+        table.insert(key.to_string(), value);
+    }
+    let mut text = String::from(
+        "# rn50 train: every flag's value (`rn50 train --config config.toml` runs it again)\n",
+    );
+    text.push_str(&toml::to_string(&table).expect("a table of scalars and arrays is TOML"));
+    text
+}

@@ -1,0 +1,313 @@
+//! `rn50 train --config FILE.toml` and the learning-rate flags (issue 14): the file's keys are the long flag names,
+//! the command line wins over the file, an unknown key is a usage error naming it, the run directory's config.toml
+//! gives the same flags back, every recipe in recipes/ parses, and `--lr` is the rate itself while `--lr-base` is
+//! scaled with the global batch (the start line says which, and the rate).
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// `rn50 ARGS…`, only parsed (RN50_PARSE_ONLY: train prints its resolved flags as TOML and stops) or run.
+fn rn50(args: &[&str], parse_only: bool) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rn50"));
+    cmd.args(args);
+    if parse_only {
+        cmd.env("RN50_PARSE_ONLY", "1");
+    } else {
+        cmd.env_remove("RN50_PARSE_ONLY");
+    }
+    cmd.output().expect("run rn50")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The resolved flags of `rn50 train ARGS…`, which must parse.
+fn resolved(args: &[&str]) -> toml::Table {
+    let mut all = vec!["train"];
+    all.extend_from_slice(args);
+    let out = rn50(&all, true);
+    assert!(
+        out.status.success(),
+        "rn50 {}: {}",
+        all.join(" "),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+        .parse()
+        .expect("train's resolved flags are TOML")
+}
+
+/// `rn50 train ARGS…` must be refused as a usage error (exit 2) whose message contains every one of `names`.
+fn refused(args: &[&str], names: &[&str]) {
+    let mut all = vec!["train"];
+    all.extend_from_slice(args);
+    let out = rn50(&all, true);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "rn50 {}: {err}", all.join(" "));
+    for n in names {
+        assert!(
+            err.contains(n),
+            "rn50 {}: the message should name {n}: {err}",
+            all.join(" ")
+        );
+    }
+}
+
+fn write(dir: &Path, name: &str, body: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, body).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+fn number(v: &toml::Value) -> Option<f64> {
+    match v {
+        toml::Value::Integer(i) => Some(*i as f64),
+        toml::Value::Float(f) => Some(*f),
+        _ => None,
+    }
+}
+
+/// Same value, 90 and 90.0 alike.
+fn same(a: &toml::Value, b: &toml::Value) -> bool {
+    match (a, b) {
+        (toml::Value::Array(x), toml::Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same(a, b))
+        }
+        _ => match (number(a), number(b)) {
+            (Some(x), Some(y)) => x == y,
+            _ => a == b,
+        },
+    }
+}
+
+#[test]
+fn command_line_overrides_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "r.toml",
+        "batch-size = 64\nepochs = 5\nno-bn-wd = true\nlr-milestones = [2, 4]\ndata = \"/from/file\"\n",
+    );
+    let r = resolved(&["--config", &file]);
+    assert_eq!(r["batch-size"].as_integer(), Some(64));
+    assert_eq!(r["epochs"].as_integer(), Some(5));
+    assert_eq!(r["no-bn-wd"].as_bool(), Some(true));
+    assert!(same(
+        &r["lr-milestones"],
+        &toml::Value::Array(vec![2.into(), 4.into()])
+    ));
+    assert_eq!(r["data"].as_str(), Some("/from/file"));
+
+    // Before or after --config, with a short name or `=`: the command line wins; the rest stays the file's.
+    for args in [
+        vec!["-b", "32", "--config", &file, "/cli", "--lr-milestones=3"],
+        vec![
+            "--config",
+            &file,
+            "--batch-size=32",
+            "--lr-milestones",
+            "3",
+            "/cli",
+        ],
+    ] {
+        let r = resolved(&args);
+        assert_eq!(r["batch-size"].as_integer(), Some(32), "{args:?}");
+        assert!(
+            same(&r["lr-milestones"], &toml::Value::Array(vec![3.into()])),
+            "{args:?}"
+        );
+        assert_eq!(r["data"].as_str(), Some("/cli"), "{args:?}");
+        assert_eq!(r["epochs"].as_integer(), Some(5), "{args:?}");
+        assert_eq!(r["no-bn-wd"].as_bool(), Some(true), "{args:?}");
+    }
+}
+
+#[test]
+fn lr_and_lr_base_exclude_each_other_and_the_command_line_picks() {
+    refused(
+        &["--dummy", "--lr", "0.4", "--lr-base", "0.1"],
+        &["--lr", "--lr-base"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    // Neither: --lr-base 0.1 per 256.
+    let r = resolved(&["--dummy"]);
+    assert!(
+        (r.get("lr"), r["lr-base"].as_float()) == (None, Some(0.1)),
+        "{r:?}"
+    );
+    assert_eq!(r["lr-base-size"].as_integer(), Some(256));
+    // A file's --lr-base gives way to the command line's --lr, and the other way round.
+    let base = write(
+        dir.path(),
+        "base.toml",
+        "lr-base = 0.2\nlr-base-size = 512\n",
+    );
+    let r = resolved(&["--dummy", "--config", &base, "--lr", "0.4"]);
+    assert_eq!((r["lr"].as_float(), r.get("lr-base")), (Some(0.4), None));
+    let abs = write(dir.path(), "abs.toml", "lr = 0.4\n");
+    let r = resolved(&["--dummy", "--config", &abs, "--lr-base", "0.3"]);
+    assert_eq!((r.get("lr"), r["lr-base"].as_float()), (None, Some(0.3)));
+    // Both in one file is the same conflict as on the command line.
+    let both = write(dir.path(), "both.toml", "lr = 0.4\nlr-base = 0.1\n");
+    refused(&["--dummy", "--config", &both], &["--lr", "--lr-base"]);
+}
+
+#[test]
+fn bad_files_and_values_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let unknown = write(dir.path(), "u.toml", "epochs = 3\nbatch-sise = 64\n");
+    refused(
+        &["--dummy", "--config", &unknown],
+        &["batch-sise", "u.toml"],
+    );
+    // Values go through the flags' own ranges.
+    let range = write(dir.path(), "r.toml", "label-smoothing = 2.0\n");
+    refused(&["--dummy", "--config", &range], &["--label-smoothing"]);
+    let switch = write(dir.path(), "s.toml", "no-bn-wd = 1\n");
+    refused(&["--dummy", "--config", &switch], &["no-bn-wd"]);
+    let missing = dir.path().join("missing.toml");
+    refused(
+        &["--dummy", "--config", missing.to_str().unwrap()],
+        &["missing.toml"],
+    );
+    let syntax = write(dir.path(), "x.toml", "epochs = \n");
+    refused(&["--dummy", "--config", &syntax], &["x.toml"]);
+}
+
+#[test]
+fn lr_milestones_are_increasing_epochs_of_the_run() {
+    for m in ["30,20", "0,10", "30,91", "-5"] {
+        refused(&["--dummy", "--lr-milestones", m], &["--lr-milestones"]);
+    }
+    refused(
+        &[
+            "--dummy",
+            "--lr-milestones",
+            "30,60",
+            "--lr-schedule",
+            "cosine",
+        ],
+        &["--lr-milestones"],
+    );
+    let r = resolved(&["--dummy", "--lr-milestones", "30,60,90"]);
+    assert!(same(
+        &r["lr-milestones"],
+        &toml::Value::Array(vec![30.into(), 60.into(), 90.into()])
+    ));
+}
+
+#[test]
+fn every_recipe_parses_to_its_own_values() {
+    let recipes = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../recipes");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&recipes).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        n += 1;
+        let body = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            body.lines()
+                .take_while(|l| l.starts_with('#'))
+                .any(|l| l.contains('%')),
+            "{}: the header says the accuracy the recipe reaches",
+            path.display()
+        );
+        let recipe: toml::Table = body.parse().unwrap();
+        let r = resolved(&["--config", path.to_str().unwrap(), "/data/imagenet"]);
+        for (key, want) in &recipe {
+            assert!(
+                same(&r[key], want),
+                "{}: {key} = {} != {want}",
+                path.display(),
+                r[key]
+            );
+        }
+    }
+    assert!(n >= 5, "recipes/ has {n} recipes");
+}
+
+/// The flags of a tiny CPU run (one step of a narrow resnet18 on 32 px synthetic images).
+const TINY: &[&str] = &[
+    "--dummy",
+    "--arch",
+    "resnet18",
+    "--width",
+    "8",
+    "--image-size",
+    "32",
+    "--val-crop",
+    "32",
+    "--val-resize",
+    "32",
+    "--batch-size",
+    "2",
+    "--epochs",
+    "1",
+    "--steps-per-epoch",
+    "1",
+    "--device",
+    "cpu",
+    "--workers",
+    "1",
+];
+
+/// Trains TINY plus `extra` into `out`; the start line's learning-rate part, and the written config.toml.
+fn tiny_run(out: &Path, extra: &[&str]) -> (String, String) {
+    let mut args = vec!["train", "--out", out.to_str().unwrap()];
+    args.extend_from_slice(TINY);
+    args.extend_from_slice(extra);
+    let o = rn50(&args, false);
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "rn50 {}: {err}", args.join(" "));
+    let start = err
+        .lines()
+        .find(|l| l.starts_with("rn50 train:"))
+        .expect("a start line")
+        .to_string();
+    let config =
+        std::fs::read_to_string(out.join("config.toml")).expect("config.toml in the run directory");
+    (start, config)
+}
+
+#[test]
+fn start_line_shows_the_effective_rate_and_config_toml_runs_the_same_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (start, config) = tiny_run(
+        &dir.path().join("a"),
+        &["--lr-base", "0.2", "--lr-base-size", "4"],
+    );
+    assert!(start.contains("lr 0.2 x 2/4 = 0.1 (--lr-base)"), "{start}");
+    let (start, _) = tiny_run(&dir.path().join("b"), &["--lr", "0.05"]);
+    assert!(start.contains("lr 0.05 (--lr)"), "{start}");
+    let (start, _) = tiny_run(&dir.path().join("c"), &[]);
+    assert!(
+        start.contains("lr 0.1 x 2/256 = 0.00078125 (--lr-base)"),
+        "{start}"
+    );
+
+    // config.toml is what the command line resolves to, and read back with --config it resolves the same.
+    let out_a = dir.path().join("a");
+    let mut args = vec!["--out", out_a.to_str().unwrap()];
+    args.extend_from_slice(TINY);
+    args.extend_from_slice(&["--lr-base", "0.2", "--lr-base-size", "4"]);
+    let direct = resolved(&args);
+    let written: toml::Table = config.parse().unwrap();
+    assert_eq!(written, direct);
+    let saved = write(dir.path(), "again.toml", &config);
+    assert_eq!(resolved(&["--config", &saved]), written);
+    // A run started from it writes the same config.toml (its --out is the first run's: give another).
+    let c = dir.path().join("c2");
+    let o = rn50(
+        &["train", "--config", &saved, "--out", c.to_str().unwrap()],
+        false,
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let mut again: toml::Table = std::fs::read_to_string(c.join("config.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    again.insert("out".into(), written["out"].clone());
+    assert_eq!(again, written);
+}
