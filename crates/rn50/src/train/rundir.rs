@@ -16,6 +16,7 @@ const LOCK: &str = ".rn50-train.lock";
 /// was here, and that `--overwrite` removes (nothing else of the directory's is touched).
 const RUN_FILES: &[&str] = &[
     LATEST,
+    "config.toml",
     "metrics.jsonl",
     "steps.jsonl",
     "io.jsonl",

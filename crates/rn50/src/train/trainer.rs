@@ -242,7 +242,7 @@ impl<'a> Setup<'a> {
             // What was run, every flag's value: reusable with --config.
             if let (Some(toml), false) = (&args.resolved_config, args.evaluate) {
                 let path = args.out.join("config.toml");
-                std::fs::write(&path, toml)
+                rn50_util::atomic_write(&path, toml.as_bytes())
                     .with_context(|| format!("writing {}", path.display()))?;
             }
         }
