@@ -849,3 +849,103 @@ fn unreadable_training_images_are_counted_per_epoch() {
         .collect();
     assert_eq!(bad, [2, 2]);
 }
+
+/// `--init-weights`: with the same classes the model starts as the file (`-e` scores what `rn50 eval` scores on
+/// those weights); with other classes, or `--reset-head`, the backbone is loaded and the classifier starts afresh,
+/// and training runs.
+#[test]
+fn init_weights_fine_tune_with_a_new_classifier() {
+    let dir = tempfile::tempdir().unwrap();
+    let (four, three) = (dir.path().join("four"), dir.path().join("three"));
+    tree(&four, 4, 4);
+    tree(&three, 3, 3);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let small = "-a resnet18 --width 8 -b 4 -j 1 --steps-per-epoch 1 --epochs 1 --image-size 64 --val-resize 72 \
+                 --val-crop 64 --device cpu --precision fp32";
+    let train = |data: &Path, out: &Path, extra: &[&str]| {
+        let mut a: Vec<String> = vec!["train".into(), s(data), "--out".into(), s(out)];
+        a.extend(small.split_whitespace().map(String::from));
+        a.extend(extra.iter().map(|x| x.to_string()));
+        let r = run_strs(&a);
+        assert!(
+            r.status.success(),
+            "{a:?}: {}",
+            String::from_utf8_lossy(&r.stderr)
+        );
+        (
+            String::from_utf8_lossy(&r.stdout).into_owned(),
+            String::from_utf8_lossy(&r.stderr).into_owned(),
+        )
+    };
+    let first = dir.path().join("first");
+    train(&four, &first, &[]);
+    let w = first.join("final.safetensors");
+    // Same classes: the whole file, so evaluating it at once scores what `rn50 eval` scores.
+    let (stdout, stderr) = train(
+        &four,
+        &dir.path().join("e"),
+        &["-e", "--init-weights", &s(&w)],
+    );
+    assert!(stderr.contains("initialised from"), "{stderr}");
+    // The number after "Acc@1" in a command's output.
+    let acc = |out: &str| {
+        let words: Vec<&str> = out.split_whitespace().collect();
+        let i = words.iter().position(|w| *w == "Acc@1").expect(out);
+        words[i + 1].to_string()
+    };
+    let r = rn50(&[
+        "eval",
+        &s(&four),
+        "-a",
+        "resnet18",
+        "--weights",
+        &s(&w),
+        "-b",
+        "4",
+        "--resize",
+        "72",
+        "--crop",
+        "64",
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(acc(&stdout), acc(&String::from_utf8_lossy(&r.stdout)));
+    // Three classes from four-class weights: a new classifier, and a run that trains and writes 3-class weights.
+    let (_, stderr) = train(&three, &dir.path().join("ft"), &["--init-weights", &s(&w)]);
+    assert!(
+        stderr.contains("new classifier (4 → 3 classes)"),
+        "{stderr}"
+    );
+    let (_, stderr) = train(
+        &four,
+        &dir.path().join("rh"),
+        &["--init-weights", &s(&w), "--reset-head"],
+    );
+    assert!(
+        stderr.contains("new classifier (4 → 4 classes, --reset-head)"),
+        "{stderr}"
+    );
+    // Weights of another width do not fit: a clear error.
+    let r = run_strs(
+        &[
+            "train",
+            &s(&four),
+            "--out",
+            &s(&dir.path().join("bad")),
+            "--width",
+            "16",
+            "-a",
+            "resnet18",
+            "--device",
+            "cpu",
+            "--init-weights",
+            &s(&w),
+        ]
+        .map(String::from),
+    );
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success() && err.contains("shape"), "{err}");
+}

@@ -30,16 +30,33 @@ pub fn save(model: &Model, path: &Path) -> Result<()> {
 /// Loads `path` into the model. Every model tensor must be present with the same shape; extra keys other
 /// than `num_batches_tracked` are an error (they mean the file is for another architecture).
 pub fn load(model: &Model, path: &Path) -> Result<()> {
+    load_where(model, path, |_| true)
+}
+
+/// The classifier's tensors (`fc.weight`, `fc.bias`): what fine-tuning on other classes starts afresh.
+pub fn is_classifier(key: &str) -> bool {
+    key.starts_with("fc.")
+}
+
+/// [`load`] for every tensor but the classifier's, which keeps its initialisation: the start of fine-tuning on
+/// another set of classes (`train --init-weights`).
+pub fn load_backbone(model: &Model, path: &Path) -> Result<()> {
+    load_where(model, path, |k| !is_classifier(k))
+}
+
+/// Copies the tensors of `path` whose names `take` accepts into `model`; the file must hold exactly those of
+/// the model's (besides ignorable counters).
+fn load_where(model: &Model, path: &Path, take: impl Fn(&str) -> bool) -> Result<()> {
     let file: HashMap<String, Tensor> = Tensor::read_safetensors(path)
         .with_context(|| format!("reading weights {}", path.display()))?
         .into_iter()
         .collect();
-    let state = model.state();
+    let state: Vec<(String, Tensor)> = model.state().into_iter().filter(|(k, _)| take(k)).collect();
     let known: HashSet<&str> = state.iter().map(|(k, _)| k.as_str()).collect();
     let mut unexpected: Vec<&str> = file
         .keys()
         .map(String::as_str)
-        .filter(|k| !known.contains(k) && !ignorable(k))
+        .filter(|k| take(k) && !known.contains(k) && !ignorable(k))
         .collect();
     unexpected.sort_unstable();
     let c = &model.net.config;

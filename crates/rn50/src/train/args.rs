@@ -142,6 +142,14 @@ pub struct TrainArgs {
     /// Stop each epoch after this many steps (smoke tests, quick measurements).
     #[arg(long, value_parser = usize_in(1..))]
     pub steps_per_epoch: Option<usize>,
+    /// Start from these weights (safetensors with torchvision's names, e.g. a converted IMAGENET1K_V2, or an
+    /// rn50 best/final.safetensors): fine-tuning. The classifier is re-initialised when the class count differs
+    /// (or with --reset-head). A checkpoint found by --resume takes precedence.
+    #[arg(long, value_name = "W.safetensors")]
+    pub init_weights: Option<PathBuf>,
+    /// With --init-weights: re-initialise the classifier (fc) even when the class count is the same.
+    #[arg(long, requires = "init_weights")]
+    pub reset_head: bool,
     /// Resume from this checkpoint (exact position, optimizer, scaler and EMA state); a run directory
     /// means its latest checkpoint; `auto` resumes from --out if it has one (requeued jobs).
     #[arg(long)]

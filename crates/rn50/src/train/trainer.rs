@@ -161,6 +161,9 @@ impl<'a> Setup<'a> {
         // The random draws come in this order (weights, dummy batch, EMA model's initial weights, overwritten),
         // so that a --dummy batch is the same with and without --ema.
         let mut step = TrainStep::new(Model::new(model_cfg.clone(), device), step_cfg);
+        if let Some(w) = &args.init_weights {
+            init_weights(&step.model, w, args.reset_head, rank0)?;
+        }
         // Without a dataset there are 1000 classes, as the dummy batch's labels.
         let dummy = data
             .is_none()
@@ -318,6 +321,29 @@ fn schedule(args: &TrainArgs, peak: f64) -> Result<LrSchedule> {
         ScheduleKind::Linear => Decay::Linear,
     };
     LrSchedule::new(peak, args.warmup_epochs, args.epochs as f64, decay)
+}
+
+/// `--init-weights`: the weights of `path` in `model`; the classifier keeps its initialisation when the file's
+/// class count differs from the model's, or with `reset_head`.
+fn init_weights(model: &Model, path: &Path, reset_head: bool, rank0: bool) -> Result<()> {
+    let file_classes = weights::shape_of(path)?.num_classes;
+    let classes = model.net.config.num_classes;
+    if reset_head || file_classes != classes {
+        weights::load_backbone(model, path)?;
+        if rank0 {
+            eprintln!(
+                "initialised from {} with a new classifier ({file_classes} → {classes} classes{})",
+                path.display(),
+                if reset_head { ", --reset-head" } else { "" }
+            );
+        }
+    } else {
+        weights::load(model, path)?;
+        if rank0 {
+            eprintln!("initialised from {}", path.display());
+        }
+    }
+    Ok(())
 }
 
 /// Training: `Setup` with the stop signal, rank 0's logs and checkpoints, and the epochs' layout.
