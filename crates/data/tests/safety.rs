@@ -79,6 +79,31 @@ impl Child {
         assert!(ok, "kill {sig} {}", self.0.id());
     }
 
+    /// Waits until every thread of the process is stopped (state `T` in /proc): `kill -STOP` returns before
+    /// the signal has reached threads that are running on another CPU, which may still write a file or two.
+    fn wait_stopped(&self) {
+        let tasks = format!("/proc/{}/task", self.0.id());
+        let start = Instant::now();
+        loop {
+            let stopped = std::fs::read_dir(&tasks).unwrap().all(|t| {
+                let stat =
+                    std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+                // The state follows the command name, which is in parentheses.
+                stat.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| rest.starts_with('T'))
+            });
+            if stopped {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{} did not stop",
+                self.0.id()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Waits at most `limit`; returns the exit code and stderr.
     fn wait(mut self, limit: Duration) -> (i32, String) {
         let start = Instant::now();
@@ -158,6 +183,7 @@ fn second_prepare_on_the_same_out_refuses_naming_the_first() {
         std::thread::sleep(Duration::from_millis(1));
     }
     first.signal("-STOP");
+    first.wait_stopped();
     let before = paths(&out);
 
     let (code, err) = Child::spawn(&args).wait(Duration::from_secs(60));
