@@ -15,6 +15,7 @@ struct Cli {
 
 fn main() {
     let cli = Cli::parse();
+    rn50_util::log::init(None);
     if let Err(e) = run(&cli.cmd) {
         eprintln!("error: {e:#}");
         std::process::exit(1);

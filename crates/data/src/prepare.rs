@@ -124,20 +124,20 @@ fn settle(layout: &Layout, audit: &Audit, force: bool) -> Result<()> {
         for f in &audit.foreign {
             remove_dir_all(&layout.out.join(&f.path))?;
         }
-        eprintln!(
+        tracing::warn!(
             "--force: deleted {files} file(s) that rn50 prepare did not write: {}",
             list_some(&shown)
         );
     }
     for (wnid, what) in &audit.damaged_classes {
-        eprintln!("train/{wnid}: {what} since it was extracted: extracting it again");
+        tracing::warn!("train/{wnid}: {what} since it was extracted: extracting it again");
         // Started before the marker goes, so the folder stays known as prepare's.
         write_file(&layout.class_started(wnid), b"")?;
         remove_file_if_any(&layout.class_marker(wnid))?;
         remove_file_if_any(&layout.train_done())?;
     }
     if let Some(what) = &audit.damaged_val {
-        eprintln!("val: {what} since it was extracted: extracting val again");
+        tracing::warn!("val: {what} since it was extracted: extracting val again");
         write_file(&layout.val_started(), b"")?;
         remove_file_if_any(&layout.val_done())?;
     }

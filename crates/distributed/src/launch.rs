@@ -358,8 +358,8 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
         && args.command.first().is_some_and(|c| c == "train")
         && !args.command.iter().any(|a| a.starts_with("--resume"))
     {
-        eprintln!(
-            "rn50 launch: note: --max-restarts without `--resume auto` in the train command: a restarted train \
+        tracing::warn!(
+            "rn50 launch: --max-restarts without `--resume auto` in the train command: a restarted train \
              refuses its used --out instead of continuing from the last checkpoint"
         );
     }
@@ -404,7 +404,7 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
                 // A signal that came while the workers were being stopped ends the job as well.
                 if restartable && restarts < args.max_restarts && shared.forwarded().is_none() {
                     restarts += 1;
-                    eprintln!(
+                    tracing::warn!(
                         "rn50 launch: rank {rank} {}: restarting all workers (restart {restarts} of {})",
                         describe(status),
                         args.max_restarts
@@ -424,7 +424,7 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
                 } else {
                     String::new()
                 };
-                eprintln!(
+                tracing::error!(
                     "rn50 launch: failed: rank {rank} {}{used}",
                     describe(status)
                 );
@@ -492,9 +492,14 @@ fn run_attempt(
             cmd.args(&args.command)
                 .envs(worker_env(args, &master, local, cpus)?)
                 .env("RN50_RESTART_COUNT", restarts.to_string())
+                .env_remove(rn50_util::log::LAUNCHER_PREFIXES_RANK)
                 .stdin(Stdio::null());
             if piped {
                 cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+            }
+            if !args.no_prefix {
+                // The worker's log lines then carry no `[rank N]` of their own.
+                cmd.env(rn50_util::log::LAUNCHER_PREFIXES_RANK, "1");
             }
             // Own process group: a terminal's Ctrl-C reaches the launcher only, which forwards it once. And the
             // workers die with the launcher even if it is SIGKILLed.
@@ -567,7 +572,7 @@ fn run_attempt(
                         } else {
                             "stopping the other workers"
                         };
-                        eprintln!(
+                        tracing::warn!(
                             "rn50 launch: rank {rank} (pid {}) {}; {then}",
                             child.id(),
                             describe(status)
@@ -577,7 +582,7 @@ fn run_attempt(
                 }
                 Ok(None) => still.push((rank, child, log)),
                 Err(e) => {
-                    eprintln!("rn50 launch: cannot wait for rank {rank}: {e}");
+                    tracing::error!("rn50 launch: cannot wait for rank {rank}: {e}");
                     failure.get_or_insert((rank, ExitStatus::from_raw(1 << 8)));
                 }
             }
@@ -599,7 +604,7 @@ fn run_attempt(
         match asked {
             Some((t, sig)) if !killed && !running.is_empty() && t.elapsed() > grace => {
                 for (rank, c, _) in &running {
-                    eprintln!(
+                    tracing::warn!(
                         "rn50 launch: rank {rank} still running {} s after {}: SIGKILL",
                         grace.as_secs(),
                         signal_name(sig)

@@ -12,6 +12,7 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
+    rn50_util::log::init(None);
     if let Err(e) = rn50_pipeline::cli::bench_loader::run(&args.cmd) {
         eprintln!("error: {e:#}");
         std::process::exit(1);

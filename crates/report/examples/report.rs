@@ -20,12 +20,13 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    rn50_util::log::init(None);
     match Cli::parse().command {
         Command::Report(a) => rn50_report::report::run(&a),
         Command::Scaling(a) => rn50_report::scaling::run(&a),
         Command::RunReport { run_dir } => {
             for f in rn50_report::write_run_report(&run_dir)? {
-                eprintln!("wrote {}", f.display());
+                tracing::info!("wrote {}", f.display());
             }
             print!("{}", rn50_report::summary_text(&run_dir)?);
             Ok(())

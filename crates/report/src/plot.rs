@@ -20,7 +20,7 @@ fn register() {
     ONCE.call_once(|| {
         // A font embedded at build time: parse failure would be a build defect, not bad input.
         if register_font(FAMILY, FontStyle::Normal, FONT).is_err() {
-            eprintln!("rn50-report: the embedded font did not parse; plots will have no text");
+            tracing::warn!("the embedded font did not parse; plots will have no text");
         }
     });
 }

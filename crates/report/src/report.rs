@@ -355,7 +355,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
         write_atomic(path, text.as_bytes())?;
     }
     for f in &files {
-        eprintln!("wrote {}", f.display());
+        tracing::info!("wrote {}", f.display());
     }
     Ok(())
 }

@@ -590,7 +590,7 @@ pub fn read_inputs(paths: &[PathBuf]) -> Result<Vec<Input>, ReportError> {
                 match read_input(&c) {
                     Ok(i) => out.push(i),
                     Err(ReportError::Unknown(_)) => {
-                        eprintln!("skipping {}: not a result", c.display())
+                        tracing::warn!("skipping {}: not a result", c.display())
                     }
                     Err(e) => return Err(e),
                 }

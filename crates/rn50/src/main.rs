@@ -77,6 +77,12 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
+    // Log lines: UTC time stamp, level, `[rank N]` when this process is one of several ranks; RUST_LOG filters.
+    let rank = rn50_distributed::WorldInfo::from_env()
+        .ok()
+        .filter(|w| w.is_distributed())
+        .map(|w| w.rank);
+    rn50_util::log::init(rank);
     rn50::alloc::keep_freed_memory();
     let result = match &cli.command {
         Command::Prepare(a) => rn50_data::cli::run(a),

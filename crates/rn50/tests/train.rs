@@ -700,7 +700,7 @@ fn a_truncated_checkpoint_names_the_older_one_kept() {
     assert!(r.status.success(), "{log}");
     assert!(
         log.contains(&format!(
-            "warning: resuming from {older}, the newest checkpoint that loads"
+            "WARN resuming from {older}, the newest checkpoint that loads"
         )) && log.contains(&format!("resumed from {older} at epoch 1")),
         "{log}"
     );

@@ -5,11 +5,13 @@
 //!   that were killed ([`remove_stale_temps`]);
 //! - [`lock`]: one process at a time per folder ([`try_lock_pid`]: `flock` + the holder's PID for the message);
 //! - [`progress`]: progress bars on stderr in one style, drawn only on a terminal ([`progress_bar`]);
+//! - [`log`]: log lines on stderr with a UTC time stamp, the level and `[rank N]` ([`log::init`]; `RUST_LOG`);
 //! - [`stats`]: quantile (numpy's default interpolation), median and mean of measurements.
 //!
-//! Pure std, libc and indicatif: every crate of the workspace can depend on it.
+//! Pure std, libc, indicatif and tracing: every crate of the workspace can depend on it.
 pub mod atomic;
 pub mod lock;
+pub mod log;
 pub mod progress;
 pub mod stats;
 

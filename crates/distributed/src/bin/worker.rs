@@ -348,6 +348,7 @@ fn allreduce_bench(floats: i64, bucket_mb: f64, iters: usize) -> anyhow::Result<
 
 fn main() {
     let cli = Cli::parse();
+    rn50_util::log::init(None);
     let code = match cli.cmd {
         Cmd::Train {
             steps,

@@ -94,7 +94,7 @@ pub fn run(cmd: &BenchLoaderArgs) -> Result<()> {
             match &cmd.save_synthetic {
                 Some(dir) => {
                     synthetic::write_image_folder(dir, &cfg)?;
-                    eprintln!("wrote {n} synthetic JPEGs to {}", dir.display());
+                    tracing::info!("wrote {n} synthetic JPEGs to {}", dir.display());
                     Dataset::open(dir)?
                 }
                 None => synthetic::dataset(&cfg)?,
@@ -121,7 +121,7 @@ pub fn run(cmd: &BenchLoaderArgs) -> Result<()> {
         max_image_pixels: cmd.pixel_limit.max_image_pixels,
         ..base
     };
-    eprintln!(
+    tracing::info!(
         "bench-loader: {}, {} images, {} threads, batch {}, {} steps",
         dataset.description(),
         dataset.len(),
@@ -142,7 +142,7 @@ pub fn run(cmd: &BenchLoaderArgs) -> Result<()> {
         r.bad_images
     );
     for b in &r.bad_examples {
-        eprintln!("  bad: {b}");
+        tracing::warn!("bad: {b}");
     }
     if let Some(path) = &cmd.json {
         write_json(path, &r)?;

@@ -53,7 +53,7 @@ pub struct PackArgs {
 /// `rn50 pack`.
 pub fn run(cmd: &PackArgs) -> Result<()> {
     let dataset = Dataset::open(&cmd.data)?;
-    eprintln!(
+    tracing::info!(
         "packing {} images, {} classes from {}",
         dataset.len(),
         dataset.classes().len(),
@@ -83,7 +83,7 @@ pub fn run(cmd: &PackArgs) -> Result<()> {
         report.bad_images
     );
     for b in &report.bad_examples {
-        eprintln!("  skipped {b}");
+        tracing::warn!("skipped {b}");
     }
     if let Some(path) = &cmd.json {
         write_json(path, &report)?;

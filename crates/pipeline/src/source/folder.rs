@@ -86,7 +86,7 @@ impl ImageFolder {
             );
         }
         for l in &loops {
-            eprintln!("warning: {l}");
+            tracing::warn!("{l}");
         }
         Ok(ImageFolder {
             root: root.to_path_buf(),

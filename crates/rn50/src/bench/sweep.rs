@@ -120,7 +120,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             let (mut ips, mut comm, mut last) = (Vec::new(), Vec::new(), None);
             for r in 0..args.repeats {
                 let json = tmp.join(format!("b{}-n{n}-r{r}.json", batch.unwrap_or(0)));
-                eprintln!(
+                tracing::info!(
                     "sweep: {n} rank(s), batch {} per rank, repeat {}/{}",
                     batch.map_or("default".into(), |b| b.to_string()),
                     r + 1,
@@ -177,7 +177,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if let Some(p) = &args.json {
         std::fs::write(p, serde_json::to_string_pretty(&result)?)
             .with_context(|| format!("writing {}", p.display()))?;
-        eprintln!(
+        tracing::info!(
             "wrote {} (tables and plots: rn50 report {})",
             p.display(),
             p.display()

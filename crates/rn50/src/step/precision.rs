@@ -57,8 +57,8 @@ impl Precision {
         let p = requested.unwrap_or(match (device.is_cuda(), cpu.has_bf16()) {
             (true, _) => Precision::Fp16,
             (false, true) if narrow_bf16_unsafe => {
-                eprintln!(
-                    "note: computing in fp32, not bf16: {NARROW_BF16_PROBLEM}, and this network has \
+                tracing::info!(
+                    "computing in fp32, not bf16: {NARROW_BF16_PROBLEM}, and this network has \
                      {narrowest_conv}-channel convolutions"
                 );
                 Precision::Fp32

@@ -200,7 +200,7 @@ pub fn load(
             copy_into(ema_tensors(ema), &file, path)
                 .context("the checkpoint's EMA does not fit")?;
         } else {
-            eprintln!(
+            tracing::warn!(
                 "{} holds no EMA: starting it from the restored weights",
                 path.display()
             );

@@ -63,7 +63,7 @@ impl RunDir {
                     describe(&earlier)
                 );
             }
-            eprintln!(
+            tracing::warn!(
                 "--overwrite: removing the earlier run in {} ({})",
                 out.display(),
                 describe(&earlier)

@@ -27,7 +27,7 @@ use crate::train::data::RealData;
 use crate::train::ema::Ema;
 use crate::train::eval::{self, EvalResult};
 use crate::train::keeper::{resolve_resume, Keeper};
-use crate::train::progress::EpochProgress;
+use crate::train::progress::{EpochProgress, Later};
 use crate::train::rundir::{self, RunDir};
 use crate::train::schedule::{Decay, LrSchedule, Resolution};
 
@@ -184,7 +184,7 @@ impl<'a> Setup<'a> {
             None => None,
         } {
             if let (Some(w), true) = (&resume.warning, rank0) {
-                eprintln!("warning: {w}");
+                tracing::warn!("{w}");
             }
             let ckpt = resume.path;
             let (p, _) = checkpoint::load(&ckpt, &mut step, ema.as_mut().map(|e| &mut e.ema))
@@ -197,7 +197,7 @@ impl<'a> Setup<'a> {
                     None => format!("resuming from {}", ckpt.display()),
                 })?;
             if rank0 {
-                eprintln!(
+                tracing::info!(
                     "resumed from {} at epoch {} batch {}",
                     ckpt.display(),
                     p.epoch,
@@ -232,7 +232,7 @@ impl<'a> Setup<'a> {
         if rank0 {
             std::fs::create_dir_all(&args.out)
                 .with_context(|| format!("creating {}", args.out.display()))?;
-            eprintln!(
+            tracing::info!(
                 "rn50 train: {} on {} ({}{}), global batch {global_batch} ({} x {} accum x {world} procs), \
                  {lr_line}; {schedule}",
                 args.arch,
@@ -331,7 +331,7 @@ fn init_weights(model: &Model, path: &Path, reset_head: bool, rank0: bool) -> Re
     if reset_head || file_classes != classes {
         weights::load_backbone(model, path)?;
         if rank0 {
-            eprintln!(
+            tracing::info!(
                 "initialised from {} with a new classifier ({file_classes} → {classes} classes{})",
                 path.display(),
                 if reset_head { ", --reset-head" } else { "" }
@@ -340,7 +340,7 @@ fn init_weights(model: &Model, path: &Path, reset_head: bool, rank0: bool) -> Re
     } else {
         weights::load(model, path)?;
         if rank0 {
-            eprintln!("initialised from {}", path.display());
+            tracing::info!("initialised from {}", path.display());
         }
     }
     Ok(())
@@ -511,7 +511,7 @@ impl<'a> Trainer<'a> {
         let position = &setup.position;
         let resume_batch = position.start_batch(args.batch_size, world);
         if rank0 && resume_batch != position.batch_in_epoch as usize {
-            eprintln!(
+            tracing::info!(
                 "checkpoint written by {} processes x batch {}: resuming epoch {} at batch {resume_batch} of this layout",
                 position.world_size, position.batch_size, position.epoch
             );
@@ -591,8 +591,18 @@ impl<'a> Trainer<'a> {
         let started = Instant::now();
         let io_start = self.io.as_ref().map(|m| m.snapshot());
         let (start, per_epoch) = (self.first_step(epoch), self.per_epoch);
-        let mut prog =
-            EpochProgress::new(epoch, start, per_epoch, self.setup.world, self.setup.rank0);
+        let later = Later {
+            epochs: self.setup.args.epochs - epoch - 1,
+            epoch_secs: self.epochs.last().and_then(|r| r.seconds),
+        };
+        let mut prog = EpochProgress::new(
+            epoch,
+            start,
+            per_epoch,
+            self.setup.world,
+            self.setup.rank0,
+            later,
+        );
         let (mut loss_sum, mut loss_n, mut lr, mut bad_images) = (0.0, 0usize, 0.0, 0);
         for s in start..per_epoch {
             if self.stop_requested()? {
@@ -618,7 +628,7 @@ impl<'a> Trainer<'a> {
             } else {
                 None
             };
-            prog.step(s, logged, lr);
+            prog.step(s, start, logged, lr);
             if self.setup.rank0 && self.keeper.due() && s + 1 < per_epoch {
                 let at = self.position_at(epoch, s + 1);
                 let ema = self.setup.ema.as_ref().map(|e| &e.ema);
@@ -730,7 +740,7 @@ impl<'a> Trainer<'a> {
         let path = self
             .keeper
             .save(&self.setup.step, ema, at, &self.setup.config)?;
-        eprintln!(
+        tracing::warn!(
             "signal received: checkpoint saved to {} (resume with --resume {})",
             path.display(),
             self.setup.args.out.display()
@@ -827,7 +837,7 @@ impl<'a> Trainer<'a> {
             }
             tb.flush()?;
         }
-        eprintln!(
+        tracing::info!(
             "epoch {}: loss {:.4}  Acc@1 {:.3}  Acc@5 {:.3}  {:.1} img/s  data wait {:.0}%  ({:.0} s)",
             record.epoch,
             stats.train_loss,
@@ -839,7 +849,7 @@ impl<'a> Trainer<'a> {
         );
         let bad_images = record.bad_images.unwrap_or(0);
         if bad_images > 0 {
-            eprintln!(
+            tracing::warn!(
                 "epoch {}: skipped {bad_images} unreadable training images (they could not be read or decoded)",
                 record.epoch
             );
@@ -863,7 +873,7 @@ impl<'a> Trainer<'a> {
             if out.join("metrics.jsonl").exists() {
                 eprint!("{}", rn50_report::summary_text(out)?);
             }
-            eprintln!(
+            tracing::info!(
                 "done in {:.0} s; weights in {}",
                 self.run_start.elapsed().as_secs_f64(),
                 out.display()
