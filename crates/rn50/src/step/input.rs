@@ -56,7 +56,8 @@ impl Normalizer {
         let buf = self.buf.as_mut().expect("buffer allocated above");
         // Two passes over the batch: the uint8 → float copy, then shift + x · scale in place in one kernel (not a
         // multiply and then an add). One `addcmul` straight from the uint8 batch would be one pass, but libtorch's
-        // CPU kernels take a slow mixed-type path for it (1.5x the time of these two passes on 2 cores).
+        // CPU kernels take a slow mixed-type path for it (about twice the time of these two passes: 57–62 ms against
+        // 26–34 ms for a batch of 64 at 224 px on 2 busy cores, PyTorch 2.13).
         tch::no_grad(|| {
             buf.copy_(&nchw);
             let x = buf.shallow_clone();
