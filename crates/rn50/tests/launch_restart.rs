@@ -99,19 +99,19 @@ fn worker_pid(launcher: u32, rank: usize, restart: usize) -> Option<u32> {
     })
 }
 
-/// Starts the launcher, SIGKILLs rank 1 once the first checkpoint exists and waits for the launcher to end.
-/// Returns its exit status, rank 1's pid, and the checkpoint file that was the latest at the kill with its
-/// epoch (read at once: later checkpoints prune it).
-fn run_and_kill_rank_1(dir: &Path, max_restarts: usize) -> (ExitStatus, u32, PathBuf, u64) {
+/// Starts the launcher, SIGKILLs worker `rank` once the first checkpoint exists and waits for the launcher to
+/// end. Returns its exit status, the killed worker's pid, and the checkpoint file that was the latest at the
+/// kill with its epoch (read at once: later checkpoints prune it).
+fn run_and_kill(dir: &Path, max_restarts: usize, rank: usize) -> (ExitStatus, u32, PathBuf, u64) {
     let mut launcher = launch(dir, max_restarts);
     let latest = dir.join("run/checkpoint.safetensors");
-    let pid = wait_for("rank 1 started", dir, &mut launcher, |l| {
-        worker_pid(l.id(), 1, 0)
+    let pid = wait_for("the worker started", dir, &mut launcher, |l| {
+        worker_pid(l.id(), rank, 0)
     });
     let before = wait_for("the first epoch's checkpoint", dir, &mut launcher, |_| {
         std::fs::canonicalize(&latest).ok()
     });
-    // SAFETY: plain kill(2). The pid is rank 1's, which trains until this kill (it is mid-epoch), so the
+    // SAFETY: plain kill(2). The pid is the worker's, which trains until this kill (it is mid-epoch), so the
     // launcher has not reaped it and the pid cannot have been reused.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
     let (seen, _) = read_meta(&before).unwrap();
@@ -157,46 +157,45 @@ fn assert_trained_once(run: &Path) {
     assert!(run.join("final.safetensors").exists());
 }
 
-/// `--max-restarts 1`: the launcher restarts both workers (RN50_RESTART_COUNT=1), which continue from the
-/// checkpoint rather than train the first epoch again, and the job ends with every epoch trained once.
-#[test]
-fn a_killed_worker_is_restarted_and_training_continues_from_the_checkpoint() {
+/// `--max-restarts 1`, worker `killed` SIGKILLed: the launcher restarts both workers (RN50_RESTART_COUNT=1),
+/// which continue from the checkpoint rather than train the first epoch again, and the job ends with every
+/// epoch trained once.
+fn a_killed_worker_is_restarted(killed: usize) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let (status, pid, _, seen) = run_and_kill_rank_1(d, 1);
+    let (status, pid, _, seen) = run_and_kill(d, 1, killed);
     let launch_log = read(&d.join("launch.log"));
     assert!(status.success(), "{status}\n{launch_log}");
     assert!(
         launch_log.contains(&format!(
-            "rank 1 (pid {pid}) was killed by signal 9 (SIGKILL); stopping the other workers before a restart"
+            "rank {killed} (pid {pid}) was killed by signal 9 (SIGKILL); stopping the other workers before a \
+             restart"
         )) && launch_log.contains("restarting all workers (restart 1 of 1)"),
         "{launch_log}"
     );
-    // Each rank's log has both attempts; rank 1's first ended with the kill.
+    // Each rank's log has both attempts, the second ending well; the killed rank's first ended with the kill.
     let logs: Vec<String> = (0..2)
         .map(|r| read(&d.join(format!("logs/rank{r}.log"))))
         .collect();
     for (r, log) in logs.iter().enumerate() {
+        let (first, second) = log
+            .split_once(&format!("rank {r}, attempt 2 (RN50_RESTART_COUNT=1)"))
+            .unwrap_or_else(|| panic!("rank {r} has no second attempt:\n{log}"));
         assert!(
-            log.contains(&format!("rank {r}, attempt 1 (RN50_RESTART_COUNT=0)"))
-                && log.contains(&format!("rank {r}, attempt 2 (RN50_RESTART_COUNT=1)")),
+            first.contains(&format!("rank {r}, attempt 1 (RN50_RESTART_COUNT=0)"))
+                && second.contains(&format!(
+                    "=== rn50 launch: rank {r} exited with status 0 ==="
+                )),
             "rank {r}:\n{log}"
         );
     }
-    for (r, log) in logs.iter().enumerate() {
-        let (_, second) = log.split_once("attempt 2 (").unwrap();
-        assert!(
-            second.contains(&format!(
-                "=== rn50 launch: rank {r} exited with status 0 ==="
-            )),
-            "rank {r}:\n{log}"
-        );
-    }
-    let (first, _) = logs[1].split_once("attempt 2 (").unwrap();
+    let (first, _) = logs[killed].split_once("attempt 2 (").unwrap();
     assert!(
-        first.contains("=== rn50 launch: rank 1 was killed by signal 9 (SIGKILL) ==="),
+        first.contains(&format!(
+            "=== rn50 launch: rank {killed} was killed by signal 9 (SIGKILL) ==="
+        )),
         "{}",
-        logs[1]
+        logs[killed]
     );
 
     // The second attempt resumed after the first epoch (from the checkpoint seen before the kill, or a later
@@ -218,13 +217,25 @@ fn a_killed_worker_is_restarted_and_training_continues_from_the_checkpoint() {
     assert_trained_once(&d.join("run"));
 }
 
+/// Rank 1 killed: rank 0 finds its peer gone.
+#[test]
+fn a_killed_worker_is_restarted_and_training_continues_from_the_checkpoint() {
+    a_killed_worker_is_restarted(1);
+}
+
+/// Rank 0 killed, and with it the rendezvous store: the restart meets at a new one.
+#[test]
+fn a_killed_rank_0_is_restarted_and_training_continues_from_the_checkpoint() {
+    a_killed_worker_is_restarted(0);
+}
+
 /// `--max-restarts 0`: the launcher fails naming rank 1, the checkpoint written before the kill is intact, and
 /// a single `train --resume auto` continues the run from it to the end.
 #[test]
 fn without_restarts_the_launcher_fails_and_the_checkpoint_continues_alone() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let (status, pid, before, seen) = run_and_kill_rank_1(d, 0);
+    let (status, pid, before, seen) = run_and_kill(d, 0, 1);
     let launch_log = read(&d.join("launch.log"));
     assert_eq!(status.code(), Some(128 + 9), "{launch_log}");
     assert!(
