@@ -1,7 +1,8 @@
 //! `rn50 launch --max-restarts` around a real `rn50 train --resume auto` (issue 14): two ranks (Gloo on CPU),
-//! rank 1 SIGKILLed once the first epoch's checkpoint exists. With a restart left, the launcher starts both
-//! workers again and they continue from that checkpoint, training every epoch once; without one, the launcher
-//! fails naming rank 1, and the checkpoint it leaves continues in a single `train --resume auto`.
+//! one SIGKILLed once the first epoch's checkpoint exists. With a restart left, the launcher starts both
+//! workers again and they continue from that checkpoint, training every epoch once (rank 1 killed, or rank 0
+//! with the rendezvous store); without one, the launcher fails naming rank 1, and the checkpoint it leaves
+//! continues in a single `train --resume auto`.
 mod common;
 
 use std::path::{Path, PathBuf};
