@@ -62,11 +62,12 @@ pub fn run(args: &TrainArgs) -> Result<Outcome> {
             }
         };
         let eval = t.setup.evaluate(passes.val)?;
-        // Unreadable images summed over ranks, the dataset's disk reads so far; its seconds are taken when it is
-        // logged, after the checkpoint.
+        // Unreadable images summed over ranks, the dataset's disk reads so far.
         let record = t.epoch_record(epoch, &stats, &eval)?;
-        t.save_checkpoint(epoch, &eval)?;
+        // Logged before the checkpoint: a rank 0 killed between the two resumes from the epoch before, which
+        // drops the record and logs it again. In the other order the kill lost the epoch's record for good.
         t.log_epoch(record, &stats)?;
+        t.save_checkpoint(epoch, &eval)?;
     }
     t.finish(Outcome::Done)
 }
@@ -816,7 +817,7 @@ impl<'a> Trainer<'a> {
         if !self.setup.rank0 {
             return Ok(());
         }
-        // The epoch's wall-clock time: training, evaluation and the checkpoint.
+        // The epoch's wall-clock time: training and evaluation (its checkpoint is written after this record).
         record.seconds = Some(stats.started.elapsed().as_secs_f64());
         if let Some(f) = &mut self.metrics {
             writeln!(f, "{}", serde_json::to_string(&record)?)?;
