@@ -417,6 +417,14 @@ fn append(dir: &Path, name: &str) -> Result<File> {
         .with_context(|| format!("opening {}", path.display()))
 }
 
+/// Appends `rec` and its newline in one write (a kill leaves a whole line or a cut one, which a resume drops).
+fn append_record(f: &mut File, rec: &impl serde::Serialize) -> Result<()> {
+    let mut line = serde_json::to_string(rec)?;
+    line.push('\n');
+    f.write_all(line.as_bytes())?;
+    Ok(())
+}
+
 /// A metric that is a number; NaN and infinities are written as null and read back as absent, so they are
 /// absent in the records kept in memory too.
 fn finite(x: f64) -> Option<f64> {
@@ -722,7 +730,7 @@ impl<'a> Trainer<'a> {
                 loss,
                 lr,
             };
-            writeln!(f, "{}", serde_json::to_string(&rec)?)?;
+            append_record(f, &rec)?;
         }
         if let Some(tb) = &mut self.tensorboard {
             let global_step = (epoch * self.per_epoch + s + 1) as i64;
@@ -820,7 +828,7 @@ impl<'a> Trainer<'a> {
         // The epoch's wall-clock time: training and evaluation (its checkpoint is written after this record).
         record.seconds = Some(stats.started.elapsed().as_secs_f64());
         if let Some(f) = &mut self.metrics {
-            writeln!(f, "{}", serde_json::to_string(&record)?)?;
+            append_record(f, &record)?;
         }
         if let Some(tb) = &mut self.tensorboard {
             // train/* and io/* at the epoch's last optimizer step, val/* at the epoch (as in metrics.jsonl).
