@@ -41,7 +41,8 @@ pub enum Augment {
     Cifar,
 }
 
-/// Train a ResNet on DATA/train, evaluating on DATA/val (or DATA/test) after every epoch.
+/// Train a ResNet on DATA/train, evaluating on DATA/val (or DATA/test) after every epoch (or every
+/// --eval-every epochs).
 ///
 /// Writes to --out: metrics.jsonl/.csv (per epoch), steps.jsonl (per logged step), checkpoints
 /// (resumable with --resume, also after SIGTERM/SIGUSR1), best/final weights as torchvision
@@ -313,5 +314,74 @@ impl TrainArgs {
         let b = self.batch_size as u64;
         check_batch_bytes("--batch-size", b, "--image-size", self.image_size as u64)?;
         check_batch_bytes("--batch-size", b, "--val-crop", self.val_crop as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        train: TrainArgs,
+    }
+
+    fn evaluated(flags: &str) -> Vec<usize> {
+        let args = Cli::parse_from(
+            ["train", "--dummy"]
+                .into_iter()
+                .chain(flags.split_whitespace()),
+        )
+        .train;
+        (0..args.epochs).filter(|&e| args.evaluates(e)).collect()
+    }
+
+    #[test]
+    fn evaluated_epochs_follow_eval_every_and_offset_and_include_the_last() {
+        assert_eq!(
+            evaluated("--epochs 4"),
+            [0, 1, 2, 3],
+            "every epoch by default"
+        );
+        // MLPerf's eval_period 4, eval_offset 3: 0-based 3, 7 (1-based 4, 8), and the last, 9.
+        assert_eq!(
+            evaluated("--epochs 10 --eval-every 4 --eval-offset 3"),
+            [3, 7, 9]
+        );
+        assert_eq!(evaluated("--epochs 10 --eval-every 4"), [0, 4, 8, 9]);
+        assert_eq!(
+            evaluated("--epochs 10 --eval-every 3 --eval-offset 8"),
+            [8, 9]
+        );
+        assert_eq!(
+            evaluated("--epochs 3 --eval-offset 20"),
+            [2],
+            "only the last"
+        );
+    }
+
+    #[test]
+    fn lr_end_is_for_the_schedules_that_use_it() {
+        let check = |flags: &str| {
+            Cli::parse_from(
+                ["train", "--dummy"]
+                    .into_iter()
+                    .chain(flags.split_whitespace()),
+            )
+            .train
+            .check()
+            .is_ok()
+        };
+        assert!(check("--lr-schedule poly --lr-end 0.0001"));
+        assert!(check("--lr-schedule cosine --lr-end 0.0001"));
+        assert!(!check("--lr-schedule linear --lr-end 0.0001"));
+        assert!(!check("--lr-end 0.0001"), "step");
+        let target =
+            |v: &str| Cli::try_parse_from(["train", "--dummy", "--target-accuracy", v]).is_ok();
+        assert!(target("75.9") && target("100"));
+        assert!(!target("0") && !target("100.1") && !target("nan"));
     }
 }
