@@ -1026,7 +1026,12 @@ fn mlperf_time_to_accuracy_eval_schedule_and_mllog() {
         small(&out, &log),
         &["--epochs", "3", "--eval-every", "2", "--eval-offset", "1"],
     ));
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{err}");
+    assert!(
+        err.contains("epoch 0: loss") && err.contains("not evaluated"),
+        "{err}"
+    );
     let m = json_lines(&out.join("metrics.jsonl"));
     let acc1: Vec<Option<f64>> = m.iter().map(|r| r["acc1"].as_f64()).collect();
     assert_eq!(acc1, [None, Some(100.0), Some(100.0)]);

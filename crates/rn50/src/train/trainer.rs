@@ -975,12 +975,19 @@ impl<'a> Trainer<'a> {
             }
             tb.flush()?;
         }
+        // An epoch --eval-every skips has no evaluation (val_images absent).
+        let acc = match record.val_images {
+            Some(_) => format!(
+                "Acc@1 {:.3}  Acc@5 {:.3}",
+                record.acc1.unwrap_or(f64::NAN),
+                record.acc5.unwrap_or(f64::NAN)
+            ),
+            None => "not evaluated".into(),
+        };
         eprintln!(
-            "epoch {}: loss {:.4}  Acc@1 {:.3}  Acc@5 {:.3}  {:.1} img/s  data wait {:.0}%  ({:.0} s)",
+            "epoch {}: loss {:.4}  {acc}  {:.1} img/s  data wait {:.0}%  ({:.0} s)",
             record.epoch,
             stats.train_loss,
-            record.acc1.unwrap_or(f64::NAN),
-            record.acc5.unwrap_or(f64::NAN),
             stats.images_per_sec,
             100.0 * stats.data_wait_share,
             record.seconds.unwrap_or_default()
