@@ -317,7 +317,8 @@ pub struct EpochMetrics {
     /// Validation images evaluated (all ranks).
     #[serde(default)]
     pub val_images: Option<u64>,
-    /// That epoch's wall time (training, evaluation and its checkpoint).
+    /// That epoch's wall time: training and evaluation, and the checkpoint of the epoch before (written after
+    /// that epoch's record).
     pub seconds: Option<f64>,
     /// Training resolution (pixels), which progressive resizing changes between epochs.
     #[serde(default)]
@@ -360,6 +361,13 @@ pub struct TrainSummary {
     pub precision: String,
     /// Dataset path or name ("imagenet", "/data/ilsvrc", "dummy").
     pub dataset: String,
+    /// `train --target-accuracy`: the top-1 (percent) the run stops at; absent without one.
+    pub target_acc1: Option<f64>,
+    /// The epochs trained when the first evaluation reached `target_acc1`, and their wall-clock seconds
+    /// (`EpochMetrics::seconds`: training, evaluation and checkpoints; earlier runs' included when resumed);
+    /// absent when not reached.
+    pub target_epochs: Option<u64>,
+    pub time_to_target_s: Option<f64>,
 }
 
 impl TrainSummary {
@@ -382,6 +390,17 @@ impl TrainSummary {
         } else {
             ips.iter().sum::<f64>() / ips.len() as f64
         };
+    }
+
+    /// Sets `target_acc1` to `target` and, from the per-epoch metrics, the time to it: the epochs up to the
+    /// first whose top-1 reaches it, and the sum of their seconds.
+    pub fn fill_target(&mut self, epochs: &[EpochMetrics], target: Option<f64>) {
+        self.target_acc1 = target;
+        let reached =
+            target.and_then(|t| epochs.iter().position(|e| e.acc1.is_some_and(|a| a >= t)));
+        self.target_epochs = reached.map(|i| epochs[i].epoch + 1);
+        self.time_to_target_s =
+            reached.map(|i| epochs[..=i].iter().filter_map(|e| e.seconds).sum());
     }
 }
 
@@ -627,5 +646,37 @@ pub fn read_input(path: &Path) -> Result<Input, ReportError> {
         Ok(Input::Train(read_train_run(dir.unwrap_or(Path::new(".")))?))
     } else {
         Err(ReportError::Unknown(path.to_path_buf()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_to_target_sums_the_epochs_up_to_the_first_that_reaches_it() {
+        let e = |epoch, acc1, seconds| EpochMetrics {
+            epoch,
+            acc1,
+            seconds: Some(seconds),
+            ..Default::default()
+        };
+        // Epoch 1 is not evaluated; epoch 2 reaches 75.9 first.
+        let epochs = [
+            e(0, Some(50.0), 10.0),
+            e(1, None, 11.0),
+            e(2, Some(76.0), 12.0),
+            e(3, Some(77.0), 13.0),
+        ];
+        let mut s = TrainSummary::default();
+        s.fill_target(&epochs, Some(75.9));
+        assert_eq!(
+            (s.target_acc1, s.target_epochs, s.time_to_target_s),
+            (Some(75.9), Some(3), Some(33.0))
+        );
+        s.fill_target(&epochs, Some(100.0));
+        assert_eq!((s.target_epochs, s.time_to_target_s), (None, None));
+        s.fill_target(&epochs, None);
+        assert_eq!(s.target_acc1, None);
     }
 }

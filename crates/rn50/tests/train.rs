@@ -949,3 +949,212 @@ fn init_weights_fine_tune_with_a_new_classifier() {
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(!r.status.success() && err.contains("shape"), "{err}");
 }
+
+/// The `:::MLLOG` lines of `path`, parsed; every line has the prefix and is JSON with mllog's fields.
+fn mllog_lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let json = l.strip_prefix(":::MLLOG ").unwrap_or_else(|| panic!("{l}"));
+            let v: serde_json::Value = serde_json::from_str(json).unwrap();
+            for k in [
+                "namespace",
+                "time_ms",
+                "event_type",
+                "key",
+                "value",
+                "metadata",
+            ] {
+                assert!(v.get(k).is_some(), "{k} in {l}");
+            }
+            v
+        })
+        .collect()
+}
+
+/// The intervals and the accuracies of an MLLOG, in order, as `key epoch_num-or-first_epoch_num(/count)`.
+fn mllog_timeline(lines: &[serde_json::Value]) -> Vec<String> {
+    lines
+        .iter()
+        .filter(|l| l["event_type"] != "POINT_IN_TIME" || l["key"] == "eval_accuracy")
+        .map(|l| {
+            let (key, m) = (l["key"].as_str().unwrap(), &l["metadata"]);
+            match (&m["epoch_num"], &m["first_epoch_num"], &m["status"]) {
+                (n, _, _) if n.is_u64() => format!("{key} {n}"),
+                (_, f, _) if f.is_u64() && m["epoch_count"].is_u64() => {
+                    format!("{key} {f}/{}", m["epoch_count"])
+                }
+                (_, f, _) if f.is_u64() => format!("{key} {f}"),
+                (_, _, s) if s.is_string() => format!("{key} {}", s.as_str().unwrap()),
+                _ => key.to_string(),
+            }
+        })
+        .collect()
+}
+
+/// Issue 14, time to accuracy MLPerf style: --eval-every/--eval-offset evaluate the epochs they name and the
+/// last (the others have no accuracy and never become best); --mllog writes MLPerf's lines in MLPerf's order;
+/// --target-accuracy stops at the first evaluation reaching it with a resumable checkpoint and the time to it in
+/// summary.json, and a target never reached ends the log with status aborted.
+#[test]
+fn mlperf_time_to_accuracy_eval_schedule_and_mllog() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // One class: every evaluation scores 100%.
+    tree(&data, 1, 1);
+    let small = |out: &Path, log: &Path| -> Vec<String> {
+        let flags = "-a resnet18 --width 16 -b 1 --image-size 32 --val-resize 32 --val-crop 32 \
+                     --steps-per-epoch 1 --device cpu --precision fp32 --optimizer lars \
+                     --lr-schedule poly --lr-end 0.0001";
+        ["train", data.to_str().unwrap()]
+            .into_iter()
+            .chain(flags.split_whitespace())
+            .chain(["--out", out.to_str().unwrap()])
+            .chain(["--mllog", log.to_str().unwrap()])
+            .map(String::from)
+            .collect()
+    };
+    let with = |mut a: Vec<String>, extra: &[&str]| {
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+
+    // 3 epochs, every 2nd from epoch 1 (0-based): epochs 1 and 2 (the last) are evaluated, epoch 0 is not.
+    let (out, log) = (dir.path().join("every"), dir.path().join("every.log"));
+    let r = run_strs(&with(
+        small(&out, &log),
+        &["--epochs", "3", "--eval-every", "2", "--eval-offset", "1"],
+    ));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{err}");
+    assert!(
+        err.contains("epoch 0: loss") && err.contains("not evaluated"),
+        "{err}"
+    );
+    let m = json_lines(&out.join("metrics.jsonl"));
+    let acc1: Vec<Option<f64>> = m.iter().map(|r| r["acc1"].as_f64()).collect();
+    assert_eq!(acc1, [None, Some(100.0), Some(100.0)]);
+    assert!(m[0]["val_images"].is_null() && m[1]["val_images"] == 1);
+    let lines = mllog_lines(&log);
+    assert_eq!(
+        mllog_timeline(&lines),
+        [
+            "init_start",
+            "init_stop",
+            "run_start",
+            "block_start 1/2",
+            "epoch_start 1",
+            "epoch_stop 1",
+            "epoch_start 2",
+            "epoch_stop 2",
+            "eval_start 2",
+            "eval_stop 2",
+            "eval_accuracy 2",
+            "block_stop 1",
+            "block_start 3/1",
+            "epoch_start 3",
+            "epoch_stop 3",
+            "eval_start 3",
+            "eval_stop 3",
+            "eval_accuracy 3",
+            "block_stop 3",
+            "run_stop aborted",
+        ]
+    );
+    let value = |key: &str| {
+        lines
+            .iter()
+            .find(|l| l["key"] == key)
+            .unwrap_or_else(|| panic!("{key}"))["value"]
+            .clone()
+    };
+    assert_eq!(value("global_batch_size"), 1);
+    assert_eq!(value("opt_name"), "lars");
+    assert_eq!(value("lars_opt_end_learning_rate"), 0.0001);
+    assert_eq!(value("lars_opt_learning_rate_decay_poly_power"), 2.0);
+    assert_eq!(
+        (value("train_samples"), value("eval_samples")),
+        (2.into(), 1.into())
+    );
+    let evals: Vec<f64> = lines
+        .iter()
+        .filter(|l| l["key"] == "eval_accuracy")
+        .map(|l| l["value"].as_f64().unwrap())
+        .collect();
+    assert_eq!(
+        evals,
+        [
+            m[1]["acc1"].as_f64().unwrap() / 100.0,
+            m[2]["acc1"].as_f64().unwrap() / 100.0
+        ]
+    );
+    let times: Vec<u64> = lines
+        .iter()
+        .map(|l| l["time_ms"].as_u64().unwrap())
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+
+    // A reachable target stops after the first evaluation, with its checkpoint and the time to it.
+    let (out, log) = (dir.path().join("target"), dir.path().join("target.log"));
+    let reach = with(
+        small(&out, &log),
+        &["--epochs", "3", "--target-accuracy", "100"],
+    );
+    let r = run_strs(&reach);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{err}");
+    assert!(
+        err.contains("target Acc@1 100 reached after 1 epochs"),
+        "{err}"
+    );
+    assert_eq!(
+        json_lines(&out.join("metrics.jsonl")).len(),
+        1,
+        "stopped early"
+    );
+    assert!(out.join("checkpoint.safetensors").exists() && out.join("final.safetensors").exists());
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["target_acc1"], 100.0);
+    assert_eq!(summary["target_epochs"], 1);
+    let secs = m_seconds(&out);
+    assert_eq!(summary["time_to_target_s"].as_f64(), Some(secs));
+    let timeline = mllog_timeline(&mllog_lines(&log));
+    assert_eq!(
+        timeline[timeline.len() - 3..],
+        ["eval_accuracy 1", "block_stop 1", "run_stop success"]
+    );
+    // It resumes: the next epoch, whose evaluation reaches the target again.
+    let r = run_strs(&with(reach, &["--resume", "auto"]));
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let epochs: Vec<u64> = json_lines(&out.join("metrics.jsonl"))
+        .iter()
+        .map(|r| r["epoch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(epochs, [0, 1]);
+
+    // A target never reached (no accuracy without a dataset): every epoch runs, the last line says so.
+    let (out, log) = (dir.path().join("never"), dir.path().join("never.log"));
+    let mut never = tiny_run(&out, &["--epochs", "2", "--target-accuracy", "50"]);
+    never.extend(["--mllog".into(), log.to_str().unwrap().into()]);
+    let r = run_strs(&never);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{err}");
+    assert!(
+        err.contains("target Acc@1 50 not reached in 2 epochs"),
+        "{err}"
+    );
+    assert_eq!(
+        mllog_timeline(&mllog_lines(&log)).last().unwrap(),
+        "run_stop aborted"
+    );
+}
+
+/// The seconds of a run's epochs, summed from metrics.jsonl.
+fn m_seconds(out: &Path) -> f64 {
+    json_lines(&out.join("metrics.jsonl"))
+        .iter()
+        .map(|r| r["seconds"].as_f64().unwrap())
+        .sum()
+}

@@ -1,5 +1,6 @@
 //! `rn50 train`'s flags: pytorch/examples imagenet/main.py's names where it has one, the rest of the
 //! large-batch ImageNet recipe (Goyal et al. 2017; FFCV's progressive resizing) beside them.
+use std::ops::Bound;
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
@@ -17,6 +18,8 @@ pub enum ScheduleKind {
     Step,
     Cosine,
     Linear,
+    /// Polynomial decay to --lr-end with power --lr-poly-power (MLPerf's LARS schedule).
+    Poly,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -38,7 +41,8 @@ pub enum Augment {
     Cifar,
 }
 
-/// Train a ResNet on DATA/train, evaluating on DATA/val (or DATA/test) after every epoch.
+/// Train a ResNet on DATA/train, evaluating on DATA/val (or DATA/test) after every epoch (or every
+/// --eval-every epochs).
 ///
 /// Writes to --out: metrics.jsonl/.csv (per epoch), steps.jsonl (per logged step), checkpoints
 /// (resumable with --resume, also after SIGTERM/SIGUSR1), best/final weights as torchvision
@@ -88,9 +92,18 @@ pub struct TrainArgs {
     /// Linear warmup from 0 to the peak LR over this many epochs (fractions allowed), 0 to below --epochs.
     #[arg(long, default_value_t = 0.0, value_parser = finite_in(0.0..))]
     pub warmup_epochs: f64,
-    /// LR decay after warmup: step (÷10 at --lr-milestones), cosine or linear.
+    /// LR decay after warmup: step (÷10 at --lr-milestones), cosine (to --lr-end), linear (to 0) or poly
+    /// (end + (peak - end)·(1 - t)^--lr-poly-power, t going from 0 after the warmup to 1 at the last step:
+    /// MLPerf's LARS schedule).
     #[arg(long, value_enum, default_value_t = ScheduleKind::Step)]
     pub lr_schedule: ScheduleKind,
+    /// The rate --lr-schedule cosine or poly decays to at the last step, 0 or more and below the peak rate
+    /// (MLPerf's LARS reference: 0.0001).
+    #[arg(long, default_value_t = 0.0, value_parser = finite_in(0.0..))]
+    pub lr_end: f64,
+    /// The power of --lr-schedule poly, above 0 (MLPerf's LARS: 2; 1 is linear).
+    #[arg(long, default_value_t = 2.0, value_parser = positive())]
+    pub lr_poly_power: f64,
     /// Epochs where --lr-schedule step divides the rate by 10, comma-separated, increasing, above 0 and at most
     /// --epochs (main.py: 30,60) [default: 1/3, 2/3 and 8/9 of --epochs: 30,60,80 for 90].
     #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, value_parser = finite_in(0.0..))]
@@ -139,6 +152,23 @@ pub struct TrainArgs {
     /// Evaluation center crop, 1 to --val-resize pixels.
     #[arg(long, default_value_t = 224, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
     pub val_crop: usize,
+    /// Evaluate every N epochs (at least 1), from epoch --eval-offset on; the last epoch is always evaluated.
+    /// Epochs without evaluation have no accuracy in metrics.jsonl and never become best.safetensors.
+    #[arg(long, default_value_t = 1, value_parser = usize_in(1..))]
+    pub eval_every: usize,
+    /// The first epoch evaluated, 0-based (MLPerf's eval_offset): the epochs evaluated are K, K+N, K+2N, ...
+    /// (1-based: K+1, K+N+1, ...), and the last one. 0 or more.
+    #[arg(long, default_value_t = 0, value_parser = usize_in(0..))]
+    pub eval_offset: usize,
+    /// Time to accuracy, MLPerf style: stop at the first evaluation whose top-1 reaches this percent (above 0, at
+    /// most 100; MLPerf's ResNet-50 target is 75.9), after saving that epoch's checkpoint, and record the time to
+    /// it (time_to_target_s in summary.json). Not reached by the last epoch: said in the last line; exit code 0.
+    #[arg(long, value_name = "PERCENT", value_parser = finite_in((Bound::Excluded(0.0), Bound::Included(100.0))))]
+    pub target_accuracy: Option<f64>,
+    /// Append MLPerf Training's log lines (`:::MLLOG {json}`, as mlperf_logging's mllog writes them: run_start,
+    /// epoch_start, eval_accuracy, run_stop...) to this file; rank 0 only.
+    #[arg(long, value_name = "FILE")]
+    pub mllog: Option<PathBuf>,
     /// Stop each epoch after this many steps (smoke tests, quick measurements).
     #[arg(long, value_parser = usize_in(1..))]
     pub steps_per_epoch: Option<usize>,
@@ -206,6 +236,12 @@ impl TrainArgs {
         self.end_ramp.unwrap_or(0.85 * self.epochs as f64)
     }
 
+    /// Whether 0-based `epoch` is evaluated: --eval-offset, every --eval-every epochs after it, and the last.
+    pub fn evaluates(&self, epoch: usize) -> bool {
+        let (k, n) = (self.eval_offset, self.eval_every);
+        epoch + 1 == self.epochs || (epoch >= k && (epoch - k).is_multiple_of(n))
+    }
+
     /// The peak learning rate at `global_batch` images per step, and how it came about, for the start line:
     /// "lr 0.4 (--lr)" or "lr 0.1 x 1024/256 = 0.4 (--lr-base)".
     pub fn peak_lr(&self, global_batch: usize) -> (f64, String) {
@@ -244,6 +280,11 @@ impl TrainArgs {
                 ));
             }
         }
+        if self.lr_end != 0.0
+            && !matches!(self.lr_schedule, ScheduleKind::Cosine | ScheduleKind::Poly)
+        {
+            return usage("--lr-end is for --lr-schedule cosine or poly".into());
+        }
         if self.val_crop > self.val_resize {
             return usage(format!(
                 "--val-crop {} is larger than --val-resize {}: the crop is taken from the resized image",
@@ -273,5 +314,74 @@ impl TrainArgs {
         let b = self.batch_size as u64;
         check_batch_bytes("--batch-size", b, "--image-size", self.image_size as u64)?;
         check_batch_bytes("--batch-size", b, "--val-crop", self.val_crop as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        train: TrainArgs,
+    }
+
+    fn evaluated(flags: &str) -> Vec<usize> {
+        let args = Cli::parse_from(
+            ["train", "--dummy"]
+                .into_iter()
+                .chain(flags.split_whitespace()),
+        )
+        .train;
+        (0..args.epochs).filter(|&e| args.evaluates(e)).collect()
+    }
+
+    #[test]
+    fn evaluated_epochs_follow_eval_every_and_offset_and_include_the_last() {
+        assert_eq!(
+            evaluated("--epochs 4"),
+            [0, 1, 2, 3],
+            "every epoch by default"
+        );
+        // MLPerf's eval_period 4, eval_offset 3: 0-based 3, 7 (1-based 4, 8), and the last, 9.
+        assert_eq!(
+            evaluated("--epochs 10 --eval-every 4 --eval-offset 3"),
+            [3, 7, 9]
+        );
+        assert_eq!(evaluated("--epochs 10 --eval-every 4"), [0, 4, 8, 9]);
+        assert_eq!(
+            evaluated("--epochs 10 --eval-every 3 --eval-offset 8"),
+            [8, 9]
+        );
+        assert_eq!(
+            evaluated("--epochs 3 --eval-offset 20"),
+            [2],
+            "only the last"
+        );
+    }
+
+    #[test]
+    fn lr_end_is_for_the_schedules_that_use_it() {
+        let check = |flags: &str| {
+            Cli::parse_from(
+                ["train", "--dummy"]
+                    .into_iter()
+                    .chain(flags.split_whitespace()),
+            )
+            .train
+            .check()
+            .is_ok()
+        };
+        assert!(check("--lr-schedule poly --lr-end 0.0001"));
+        assert!(check("--lr-schedule cosine --lr-end 0.0001"));
+        assert!(!check("--lr-schedule linear --lr-end 0.0001"));
+        assert!(!check("--lr-end 0.0001"), "step");
+        let target =
+            |v: &str| Cli::try_parse_from(["train", "--dummy", "--target-accuracy", v]).is_ok();
+        assert!(target("75.9") && target("100"));
+        assert!(!target("0") && !target("100.1") && !target("nan"));
     }
 }

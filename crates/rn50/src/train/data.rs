@@ -52,6 +52,9 @@ pub struct RealData {
     /// decoded in the order they are queued.
     pub val: Loader,
     pub classes: usize,
+    /// Images of each split, all ranks' (for --mllog's train_samples and eval_samples).
+    pub train_images: usize,
+    pub val_images: usize,
 }
 
 impl RealData {
@@ -82,6 +85,7 @@ impl RealData {
             );
         }
         let classes = train.classes().len();
+        let (train_images, val_images) = (train.len(), val.len());
         let train_cfg = LoaderConfig {
             seed: args.seed,
             rank,
@@ -102,6 +106,8 @@ impl RealData {
             train: None,
             val: Loader::new(val, val_cfg)?,
             classes,
+            train_images,
+            val_images,
         })
     }
 

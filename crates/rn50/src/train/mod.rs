@@ -6,7 +6,8 @@
 //!   average; [`metrics`]: top-1/top-5 counting; [`progress`]: the per-epoch progress bar or log lines;
 //! - [`checkpoint`]: the resumable state in one safetensors file; [`keeper`]: when to save, which to keep, what
 //!   `--resume` means; `rundir`: the run directory's claim and its logs' trimming on resume;
-//! - [`eval`]: one evaluation pass, and `rn50 eval` ([`eval::run`]).
+//! - [`eval`]: one evaluation pass, and `rn50 eval` ([`eval::run`]); [`mllog`]: MLPerf's `:::MLLOG` lines
+//!   (`--mllog`).
 pub mod args;
 pub mod checkpoint;
 pub mod config;
@@ -15,6 +16,7 @@ pub mod ema;
 pub mod eval;
 pub mod keeper;
 pub mod metrics;
+pub mod mllog;
 pub mod progress;
 mod rundir;
 pub mod schedule;

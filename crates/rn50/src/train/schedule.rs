@@ -1,5 +1,5 @@
 //! Learning-rate recipes for ImageNet training: linear scaling with the global batch (Goyal et al. 2017),
-//! gradual warmup, then a step, cosine or linear decay. Time is measured in (fractional) epochs so the same
+//! gradual warmup, then a step, cosine, linear or polynomial decay. Time is measured in (fractional) epochs so the same
 //! recipe holds for any batch size and world size.
 use std::f64::consts::PI;
 use std::fmt;
@@ -21,6 +21,11 @@ pub enum Decay {
     Cosine { final_lr: f64 },
     /// A straight line from the peak down to zero at the last epoch.
     Linear,
+    /// `final_lr + (peak - final_lr)·(1 - progress)^power`, progress going from 0 at the warmup's end to 1 at
+    /// the last epoch: MLPerf's LARS schedule (power 2; mlcommons/training's image_classification lars_util.py).
+    /// The reference counts in optimizer steps and divides by the decay steps + 1, so its rate stops one step
+    /// short of `final_lr`; here the last step's rate is `final_lr`.
+    Poly { power: f64, final_lr: f64 },
 }
 
 impl Decay {
@@ -59,6 +64,16 @@ impl LrSchedule {
                 bail!("step decay needs increasing milestones and gamma > 0 (got {milestones:?}, {gamma})");
             }
         }
+        if let Decay::Cosine { final_lr } | Decay::Poly { final_lr, .. } = &decay {
+            if !(0.0..peak_lr).contains(final_lr) {
+                bail!("--lr-end {final_lr} must be 0 or more and below the peak rate {peak_lr}");
+            }
+        }
+        if let Decay::Poly { power, .. } = &decay {
+            if !power.is_finite() || *power <= 0.0 {
+                bail!("--lr-poly-power must be above 0 (got {power})");
+            }
+        }
         Ok(Self {
             peak_lr,
             warmup_epochs,
@@ -84,6 +99,9 @@ impl LrSchedule {
                 final_lr + 0.5 * (self.peak_lr - final_lr) * (1.0 + (PI * progress).cos())
             }
             Decay::Linear => self.peak_lr * (1.0 - progress),
+            Decay::Poly { power, final_lr } => {
+                final_lr + (self.peak_lr - final_lr) * (1.0 - progress).powf(*power)
+            }
         }
     }
 }
@@ -94,6 +112,7 @@ impl fmt::Display for LrSchedule {
             Decay::Step { milestones, gamma } => format!("step ×{gamma} at {milestones:?}"),
             Decay::Cosine { final_lr } => format!("cosine to {final_lr}"),
             Decay::Linear => "linear to 0".into(),
+            Decay::Poly { power, final_lr } => format!("polynomial (power {power}) to {final_lr}"),
         };
         write!(
             f,
@@ -228,6 +247,39 @@ mod tests {
     }
 
     #[test]
+    fn warmup_then_polynomial_decay_as_mlperf_lars() {
+        // Peak 10 after 2 warmup epochs of 42, power 2, down to 0.0001: progress = (t - 2) / 40.
+        let decay = Decay::Poly {
+            power: 2.0,
+            final_lr: 0.0001,
+        };
+        let s = LrSchedule::new(10.0, 2.0, 42.0, decay).unwrap();
+        assert!(close(s.at(1.0), 5.0), "half way through the warmup");
+        assert!(close(s.at(2.0), 10.0), "peak right after warmup");
+        // t = 12: progress 1/4, (3/4)² = 0.5625; 0.0001 + 9.9999 · 0.5625 = 5.62504375.
+        assert!(close(s.at(12.0), 5.62504375), "{}", s.at(12.0));
+        // t = 22: progress 1/2, (1/2)² = 0.25; 0.0001 + 9.9999 · 0.25 = 2.500075.
+        assert!(close(s.at(22.0), 2.500075), "{}", s.at(22.0));
+        assert!(close(s.at(42.0), 0.0001), "the last step ends at --lr-end");
+        let v: Vec<f64> = (20..=420).map(|i| s.at(i as f64 / 10.0)).collect();
+        assert!(v.windows(2).all(|w| w[1] <= w[0]), "monotone after warmup");
+        // Power 1 without an end rate is the linear decay; power 3 by hand: 1 · (1 - 0.5)³ = 0.125.
+        let poly = |power| Decay::Poly {
+            power,
+            final_lr: 0.0,
+        };
+        let (p1, lin) = (
+            LrSchedule::new(1.0, 0.0, 10.0, poly(1.0)).unwrap(),
+            LrSchedule::new(1.0, 0.0, 10.0, Decay::Linear).unwrap(),
+        );
+        for t in [0.0, 2.5, 7.5, 10.0] {
+            assert!(close(p1.at(t), lin.at(t)), "epoch {t}");
+        }
+        let p3 = LrSchedule::new(1.0, 0.0, 10.0, poly(3.0)).unwrap();
+        assert!(close(p3.at(5.0), 0.125));
+    }
+
+    #[test]
     fn progressive_resizing_like_ffcv() {
         // 160 → 192 between epochs 11 and 13 of 16, as in FFCV's short ResNet-50 configs.
         let r = Resolution::new(160, 192, 11.0, 13.0).unwrap();
@@ -248,6 +300,16 @@ mod tests {
     fn nonsense_is_rejected() {
         assert!(LrSchedule::new(0.0, 0.0, 90.0, Decay::Linear).is_err());
         assert!(LrSchedule::new(0.1, 90.0, 90.0, Decay::Linear).is_err());
+        let poly = |power, final_lr| Decay::Poly { power, final_lr };
+        assert!(
+            LrSchedule::new(0.1, 0.0, 90.0, poly(2.0, 0.1)).is_err(),
+            "end at the peak"
+        );
+        assert!(
+            LrSchedule::new(0.1, 0.0, 90.0, poly(0.0, 0.0)).is_err(),
+            "power 0"
+        );
+        assert!(LrSchedule::new(0.1, 0.0, 90.0, Decay::Cosine { final_lr: -1.0 }).is_err());
         assert!(LrSchedule::new(
             0.1,
             0.0,

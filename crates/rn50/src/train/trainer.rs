@@ -15,6 +15,7 @@ use rn50_distributed::{DistContext, WorldInfo};
 use rn50_pipeline::Epoch;
 use rn50_report::tensorboard::EventWriter;
 use rn50_report::{EpochMetrics, IoMonitor, IoSample, StepRecord, TrainSummary};
+use serde_json::json;
 use tch::{Kind, Tensor};
 
 use crate::device::{device_name, Compute};
@@ -27,6 +28,7 @@ use crate::train::data::RealData;
 use crate::train::ema::Ema;
 use crate::train::eval::{self, EvalResult};
 use crate::train::keeper::{resolve_resume, Keeper};
+use crate::train::mllog::MlLog;
 use crate::train::progress::{EpochProgress, Later};
 use crate::train::rundir::{self, RunDir};
 use crate::train::schedule::{Decay, LrSchedule, Resolution};
@@ -54,6 +56,7 @@ pub fn run(args: &TrainArgs) -> Result<Outcome> {
     for epoch in t.first_epoch..args.epochs {
         // This epoch's batches were queued before; its evaluation and the next epoch's batches queue behind them.
         let passes = t.queue(epoch)?;
+        t.mllog_epoch_start(epoch)?;
         let stats = match t.train_one_epoch(epoch, passes.train)? {
             Trained::Epoch(stats) => *stats,
             Trained::Stopped(at) => {
@@ -61,13 +64,20 @@ pub fn run(args: &TrainArgs) -> Result<Outcome> {
                 return t.finish(Outcome::Preempted);
             }
         };
-        let eval = t.setup.evaluate(passes.val)?;
+        // The epochs of --eval-every/--eval-offset, and the last; none other.
+        let eval = match args.evaluates(epoch) {
+            true => Some(t.evaluate_epoch(epoch, passes.val)?),
+            false => None,
+        };
         // Unreadable images summed over ranks, the dataset's disk reads so far.
-        let record = t.epoch_record(epoch, &stats, &eval)?;
+        let record = t.epoch_record(epoch, &stats, eval.as_ref())?;
         // Logged before the checkpoint: a rank 0 killed between the two resumes from the epoch before, which
         // drops the record and logs it again. In the other order the kill lost the epoch's record for good.
         t.log_epoch(record, &stats)?;
-        t.save_checkpoint(epoch, &eval)?;
+        t.save_checkpoint(epoch, eval.as_ref())?;
+        if t.target_reached {
+            break;
+        }
     }
     t.finish(Outcome::Done)
 }
@@ -95,6 +105,8 @@ struct Setup<'a> {
     peak_lr: f64,
     schedule: LrSchedule,
     resolution: Resolution,
+    /// Rank 0 with --mllog: MLPerf's log.
+    mllog: Option<MlLog>,
 }
 
 /// `--ema`: the average, and the model it is copied into to be evaluated and saved as best.safetensors.
@@ -138,6 +150,14 @@ impl<'a> Setup<'a> {
         let _run_dir = (rank0 && !args.evaluate)
             .then(|| RunDir::claim(&args.out, args.resume.is_some(), args.overwrite))
             .transpose()?;
+        // MLPerf's init interval starts here, once this process knows it is rank 0; it ends at run_start.
+        let mut mllog = match (&args.mllog, rank0 && !args.evaluate) {
+            (Some(path), true) => Some(MlLog::open(path)?),
+            _ => None,
+        };
+        if let Some(log) = &mut mllog {
+            log.start("init_start", json!({}))?;
+        }
         let workers = args.workers.unwrap_or(per_rank);
         tch::manual_seed(args.seed as i64);
 
@@ -268,6 +288,7 @@ impl<'a> Setup<'a> {
             peak_lr,
             schedule,
             resolution,
+            mllog,
         })
     }
 
@@ -281,6 +302,55 @@ impl<'a> Setup<'a> {
             }
             None => &self.step.model,
         }
+    }
+
+    /// The hyperparameters as MLPerf's ResNet-50 rules name them (`lars_opt_*` or `sgd_opt_*`), with
+    /// `per_epoch` optimizer steps an epoch.
+    fn mllog_config(&mut self, per_epoch: usize) -> Result<()> {
+        let Some(log) = &mut self.mllog else {
+            return Ok(());
+        };
+        let args = self.args;
+        log.event("submission_benchmark", "resnet")?;
+        log.event("seed", args.seed)?;
+        log.event("global_batch_size", self.global_batch)?;
+        log.event("gradient_accumulation_steps", args.accum_steps)?;
+        // Batch norm's statistics are per process.
+        log.event("model_bn_span", args.batch_size)?;
+        if let Some(d) = &self.data {
+            log.event("train_samples", d.train_images)?;
+            log.event("eval_samples", d.val_images)?;
+        }
+        let lars = args.optimizer == OptimizerKind::Lars;
+        let p = if lars { "lars" } else { "sgd" };
+        log.event("opt_name", p)?;
+        log.event(&format!("{p}_opt_base_learning_rate"), self.peak_lr)?;
+        let end = match self.schedule.decay {
+            Decay::Cosine { final_lr } | Decay::Poly { final_lr, .. } => final_lr,
+            Decay::Step { .. } | Decay::Linear => 0.0,
+        };
+        log.event(&format!("{p}_opt_end_learning_rate"), end)?;
+        if let Decay::Poly { power, .. } = self.schedule.decay {
+            log.event(&format!("{p}_opt_learning_rate_decay_poly_power"), power)?;
+        }
+        let decay_steps = (args.epochs as f64 - args.warmup_epochs) * per_epoch as f64;
+        log.event(
+            &format!("{p}_opt_learning_rate_decay_steps"),
+            decay_steps.round() as u64,
+        )?;
+        let warmup_key = if lars {
+            "lars_opt_learning_rate_warmup_epochs"
+        } else {
+            "opt_learning_rate_warmup_epochs"
+        };
+        log.event(warmup_key, args.warmup_epochs)?;
+        log.event(&format!("{p}_opt_momentum"), args.momentum)?;
+        log.event(&format!("{p}_opt_weight_decay"), args.wd)?;
+        if lars {
+            // rn50's LARS has no epsilon in its trust ratio.
+            log.event("lars_epsilon", 0.0)?;
+        }
+        Ok(())
     }
 
     /// Top-1/top-5 of the scored weights over `pass`, one pass of the validation set queued beforehand, all
@@ -318,8 +388,14 @@ impl<'a> Setup<'a> {
 fn schedule(args: &TrainArgs, peak: f64) -> Result<LrSchedule> {
     let decay = match args.lr_schedule {
         ScheduleKind::Step => Decay::step_for(args.epochs as f64, args.lr_milestones.as_deref()),
-        ScheduleKind::Cosine => Decay::Cosine { final_lr: 0.0 },
+        ScheduleKind::Cosine => Decay::Cosine {
+            final_lr: args.lr_end,
+        },
         ScheduleKind::Linear => Decay::Linear,
+        ScheduleKind::Poly => Decay::Poly {
+            power: args.lr_poly_power,
+            final_lr: args.lr_end,
+        },
     };
     LrSchedule::new(peak, args.warmup_epochs, args.epochs as f64, decay)
 }
@@ -374,6 +450,12 @@ struct Trainer<'a> {
     /// The next epoch's training batches, queued ahead (see `Trainer::queue`).
     next_train: Option<Epoch>,
     run_start: Instant,
+    /// The first epoch of the epochs up to the next evaluation (MLPerf's block), for --mllog.
+    block_first: usize,
+    /// Set when an evaluation reached --target-accuracy: training stops after that epoch.
+    target_reached: bool,
+    /// When the last epoch record was logged (this process's first epoch: when training was set up).
+    last_record: Instant,
 }
 
 /// One epoch's passes over the data, queued on the loader threads.
@@ -391,7 +473,6 @@ enum Trained {
 
 /// One epoch's training, as its metrics record sums it up.
 struct EpochStats {
-    started: Instant,
     io_start: Option<IoSample>,
     /// Mean over the logged steps of the loss averaged over ranks.
     train_loss: f64,
@@ -541,9 +622,17 @@ impl<'a> Trainer<'a> {
             resume_step: resume_batch / args.accum_steps,
             next_train: None,
             run_start,
+            block_first: first_epoch,
+            target_reached: false,
+            last_record: Instant::now(),
         };
         if t.first_epoch < args.epochs {
             t.next_train = t.queue_train(t.first_epoch)?;
+        }
+        t.setup.mllog_config(per_epoch)?;
+        if let Some(log) = &mut t.setup.mllog {
+            log.end("init_stop", json!({}))?;
+            log.start("run_start", json!({}))?;
         }
         Ok(t)
     }
@@ -587,17 +676,72 @@ impl<'a> Trainer<'a> {
     /// waits for a loader to start at an epoch boundary.
     fn queue(&mut self, epoch: usize) -> Result<Passes> {
         let train = self.next_train.take();
-        let val = self.setup.data.as_ref().map(|d| d.val.epoch(0, 0));
+        let val = match (&self.setup.data, self.setup.args.evaluates(epoch)) {
+            (Some(d), true) => Some(d.val.epoch(0, 0)),
+            _ => None,
+        };
         if epoch + 1 < self.setup.args.epochs {
             self.next_train = self.queue_train(epoch + 1)?;
         }
         Ok(Passes { train, val })
     }
 
+    /// --mllog: a block (the epochs up to the next evaluation) starts at the run's first epoch and after each
+    /// evaluation; then the epoch starts. MLPerf numbers epochs from 1.
+    fn mllog_epoch_start(&mut self, epoch: usize) -> Result<()> {
+        let args = self.setup.args;
+        let new_block = epoch == self.first_epoch || args.evaluates(epoch - 1);
+        if new_block {
+            self.block_first = epoch;
+        }
+        let Some(log) = &mut self.setup.mllog else {
+            return Ok(());
+        };
+        if new_block {
+            let last = (epoch..args.epochs)
+                .find(|&e| args.evaluates(e))
+                .expect("the last epoch is evaluated");
+            log.start(
+                "block_start",
+                json!({"first_epoch_num": epoch + 1, "epoch_count": last + 1 - epoch}),
+            )?;
+        }
+        log.start("epoch_start", json!({"epoch_num": epoch + 1}))
+    }
+
+    /// Evaluates after `epoch` over `val` (see `Setup::evaluate`); with --target-accuracy, a top-1 that reaches
+    /// it sets `target_reached`. --mllog: the epoch's end, the evaluation, its accuracy as a fraction, the
+    /// block's end, and run_stop (success) when the target is reached.
+    fn evaluate_epoch(&mut self, epoch: usize, val: Option<Epoch>) -> Result<EvalResult> {
+        let n = json!({"epoch_num": epoch + 1});
+        if let Some(log) = &mut self.setup.mllog {
+            log.end("epoch_stop", n.clone())?;
+            log.start("eval_start", n.clone())?;
+        }
+        let eval = self.setup.evaluate(val)?;
+        // Every rank has the same accuracy (summed over ranks), so they all stop after the same epoch.
+        self.target_reached = self
+            .setup
+            .args
+            .target_accuracy
+            .is_some_and(|t| eval.acc1 >= t);
+        if let Some(log) = &mut self.setup.mllog {
+            log.end("eval_stop", n.clone())?;
+            log.event_with("eval_accuracy", eval.acc1 / 100.0, n)?;
+            log.end(
+                "block_stop",
+                json!({"first_epoch_num": self.block_first + 1}),
+            )?;
+            if self.target_reached {
+                log.end("run_stop", json!({"status": "success"}))?;
+            }
+        }
+        Ok(eval)
+    }
+
     /// Trains epoch `epoch` from its first step still to train, on `batches` (the dummy batch without a
     /// dataset), until its last step or a stop signal.
     fn train_one_epoch(&mut self, epoch: usize, mut batches: Option<Epoch>) -> Result<Trained> {
-        let started = Instant::now();
         let io_start = self.io.as_ref().map(|m| m.snapshot());
         let (start, per_epoch) = (self.first_step(epoch), self.per_epoch);
         let later = Later {
@@ -648,7 +792,6 @@ impl<'a> Trainer<'a> {
         prog.finish();
         let train_secs = prog.elapsed();
         Ok(Trained::Epoch(Box::new(EpochStats {
-            started,
             io_start,
             train_loss: loss_sum / loss_n.max(1) as f64,
             lr,
@@ -760,11 +903,14 @@ impl<'a> Trainer<'a> {
     /// The metrics.jsonl record of `epoch` (its seconds are set when it is logged), with the unreadable images
     /// summed over ranks.
     fn epoch_record(
-        &self,
+        &mut self,
         epoch: usize,
         stats: &EpochStats,
-        eval: &EvalResult,
+        eval: Option<&EvalResult>,
     ) -> Result<EpochMetrics> {
+        if let (Some(log), None) = (&mut self.setup.mllog, eval) {
+            log.end("epoch_stop", json!({"epoch_num": epoch + 1}))?;
+        }
         let mut bad = [stats.bad_images as f64];
         self.setup
             .dist
@@ -779,9 +925,9 @@ impl<'a> Trainer<'a> {
             train_loss: finite(stats.train_loss),
             lr: finite(stats.lr),
             images_per_sec: finite(stats.images_per_sec),
-            acc1: finite(eval.acc1),
-            acc5: finite(eval.acc5),
-            val_images: Some(eval.images),
+            acc1: eval.and_then(|e| finite(e.acc1)),
+            acc5: eval.and_then(|e| finite(e.acc5)),
+            val_images: eval.map(|e| e.images),
             seconds: None,
             resolution: Some(stats.resolution as u64),
             data_wait_share: finite(stats.data_wait_share),
@@ -793,11 +939,13 @@ impl<'a> Trainer<'a> {
     }
 
     /// The end of `epoch`: the position moves to the next epoch, with the best top-1 so far; rank 0 saves the
-    /// checkpoint, and the scored weights as best.safetensors when they scored best.
-    fn save_checkpoint(&mut self, epoch: usize, eval: &EvalResult) -> Result<()> {
-        let is_best = !eval.acc1.is_nan() && eval.acc1 >= self.setup.position.best_acc1;
+    /// checkpoint, and the scored weights as best.safetensors when they scored best (only an evaluated epoch
+    /// can).
+    fn save_checkpoint(&mut self, epoch: usize, eval: Option<&EvalResult>) -> Result<()> {
+        let acc1 = eval.map_or(f64::NAN, |e| e.acc1);
+        let is_best = !acc1.is_nan() && acc1 >= self.setup.position.best_acc1;
         if is_best {
-            self.setup.position.best_acc1 = eval.acc1;
+            self.setup.position.best_acc1 = acc1;
         }
         self.setup.position = self.position_at(epoch + 1, 0);
         if !self.setup.rank0 {
@@ -825,8 +973,11 @@ impl<'a> Trainer<'a> {
         if !self.setup.rank0 {
             return Ok(());
         }
-        // The epoch's wall-clock time: training and evaluation (its checkpoint is written after this record).
-        record.seconds = Some(stats.started.elapsed().as_secs_f64());
+        // The epoch's wall-clock time: from the record before (so the previous epoch's checkpoint, written after
+        // its record, is counted here) to this one, training and evaluation included. Their sum is the run's time
+        // but the set-up and the last checkpoint.
+        record.seconds = Some(self.last_record.elapsed().as_secs_f64());
+        self.last_record = Instant::now();
         if let Some(f) = &mut self.metrics {
             append_record(f, &record)?;
         }
@@ -846,12 +997,19 @@ impl<'a> Trainer<'a> {
             }
             tb.flush()?;
         }
+        // An epoch --eval-every skips has no evaluation (val_images absent).
+        let acc = match record.val_images {
+            Some(_) => format!(
+                "Acc@1 {:.3}  Acc@5 {:.3}",
+                record.acc1.unwrap_or(f64::NAN),
+                record.acc5.unwrap_or(f64::NAN)
+            ),
+            None => "not evaluated".into(),
+        };
         tracing::info!(
-            "epoch {}: loss {:.4}  Acc@1 {:.3}  Acc@5 {:.3}  {:.1} img/s  data wait {:.0}%  ({:.0} s)",
+            "epoch {}: loss {:.4}  {acc}  {:.1} img/s  data wait {:.0}%  ({:.0} s)",
             record.epoch,
             stats.train_loss,
-            record.acc1.unwrap_or(f64::NAN),
-            record.acc5.unwrap_or(f64::NAN),
             stats.images_per_sec,
             100.0 * stats.data_wait_share,
             record.seconds.unwrap_or_default()
@@ -865,6 +1023,8 @@ impl<'a> Trainer<'a> {
         }
         self.epochs.push(record);
         self.summary.fill_from_metrics(&self.epochs);
+        self.summary
+            .fill_target(&self.epochs, self.setup.args.target_accuracy);
         rn50_report::write_summary(&self.setup.args.out, &self.summary)?;
         rn50_report::write_run_report(&self.setup.args.out)?;
         Ok(())
@@ -874,13 +1034,31 @@ impl<'a> Trainer<'a> {
     /// rank 0 saves final.safetensors and prints the summary.
     fn finish(mut self, outcome: Outcome) -> Result<Outcome> {
         drop(self.setup.step.grad_sync.take());
-        let setup = self.setup;
+        let mut setup = self.setup;
         setup.dist.finish()?;
+        if let (Some(log), Outcome::Done, false) = (&mut setup.mllog, outcome, self.target_reached)
+        {
+            // MLPerf's status of a run whose quality target was not reached (or not given).
+            log.end("run_stop", json!({"status": "aborted"}))?;
+        }
         if setup.rank0 && outcome == Outcome::Done {
             let out = &setup.args.out;
             weights::save(&setup.step.model, &out.join("final.safetensors"))?;
             if out.join("metrics.jsonl").exists() {
                 eprint!("{}", rn50_report::summary_text(out)?);
+            }
+            if let Some(target) = setup.args.target_accuracy {
+                let s = &self.summary;
+                match (s.target_epochs, s.time_to_target_s) {
+                    (Some(epochs), Some(secs)) => tracing::info!(
+                        "target Acc@1 {target} reached after {epochs} epochs: time to target {secs:.0} s"
+                    ),
+                    _ => tracing::info!(
+                        "target Acc@1 {target} not reached in {} epochs (best Acc@1 {:.3})",
+                        s.epochs,
+                        s.best_acc1.unwrap_or(f64::NAN)
+                    ),
+                }
             }
             tracing::info!(
                 "done in {:.0} s; weights in {}",
