@@ -261,11 +261,11 @@ fn tiny_run(out: &Path, extra: &[&str]) -> (String, String) {
     let o = rn50(&args, false);
     let err = text(&o.stderr);
     assert!(o.status.success(), "rn50 {}: {err}", args.join(" "));
+    // The log line's message, after its time stamp and level.
     let start = err
         .lines()
-        .find(|l| l.starts_with("rn50 train:"))
-        .expect("a start line")
-        .to_string();
+        .find_map(|l| l.find("rn50 train:").map(|at| l[at..].to_string()))
+        .expect("a start line");
     let config =
         std::fs::read_to_string(out.join("config.toml")).expect("config.toml in the run directory");
     (start, config)
