@@ -52,18 +52,18 @@ pub struct Exported {
 }
 
 pub fn run(args: &ExportArgs) -> Result<()> {
-    if args.out.exists() && !args.overwrite {
-        return Err(UsageError::new(format!(
-            "--out {} exists: pass --overwrite to replace it",
-            args.out.display()
-        ))
-        .into());
-    }
     if args.out.is_dir() {
         return Err(UsageError::new(format!(
             "--out {} is a directory: give the file to write, e.g. {}",
             args.out.display(),
             args.out.join("model.pt").display()
+        ))
+        .into());
+    }
+    if args.out.exists() && !args.overwrite {
+        return Err(UsageError::new(format!(
+            "--out {} exists: pass --overwrite to replace it",
+            args.out.display()
         ))
         .into());
     }
