@@ -25,6 +25,8 @@ enum Command {
     Eval(rn50::train::EvalArgs),
     /// Top-5 classes of images under saved weights, with their WordNet names.
     Classify(rn50::classify::ClassifyArgs),
+    /// Weights as TorchScript for PyTorch and ONNX: `rn50 export --weights W.safetensors -a resnet50 --out model.pt`.
+    Export(rn50::export::ExportArgs),
     /// Input-pipeline throughput: decode + augment + batch, without the model.
     BenchLoader(rn50_pipeline::cli::bench_loader::BenchLoaderArgs),
     /// Start N data-parallel workers on this node (like torchrun): `rn50 launch --nproc-per-node 2 -- train …`.
@@ -96,6 +98,7 @@ fn main() -> ExitCode {
         },
         Command::Eval(a) => rn50::train::eval::run(a),
         Command::Classify(a) => rn50::classify::run(a),
+        Command::Export(a) => rn50::export::run(a),
         Command::BenchLoader(a) => rn50_pipeline::cli::bench_loader::run(a),
         Command::Doctor(a) => rn50::doctor::run(a),
         Command::Launch(a) => std::env::current_exe()

@@ -1,0 +1,198 @@
+//! `rn50 export` against torchvision (tests/reference/export_reference.py): the TorchScript it writes, loaded
+//! with `torch.jit.load`, gives torchvision's logits for the same torchvision-format weights, on the shared
+//! ImageNet photos and on batch and image sizes other than the traced one; and the command's refusals (an
+//! existing --out, weights of another architecture) leave the file system as it was.
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::rn50;
+
+fn python() -> PathBuf {
+    std::env::var_os("RN50_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"))
+}
+
+fn reference(args: &[&std::ffi::OsStr]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/export_reference.py");
+    let out = Command::new(python())
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("run the reference script (./dev setup)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Colour and grayscale, small and large: tench, a dog, a church, a tray, a washer.
+fn photos() -> Vec<PathBuf> {
+    let dir = common::shared().join("jpeg/imagenet");
+    [
+        "n01440764",
+        "n02107908",
+        "n02948072",
+        "n03868242",
+        "n04554684",
+    ]
+    .iter()
+    .map(|w| dir.join(format!("{w}.JPEG")))
+    .collect()
+}
+
+/// Weights of a fresh rn50 `arch` (torchvision's names), written by rn50 itself: for the tests that need a valid
+/// file but no torchvision.
+fn rn50_weights(arch: rn50::model::Arch, path: &Path) {
+    let model = rn50::model::Model::new(rn50::model::ResNetConfig::new(arch), tch::Device::Cpu);
+    rn50::model::weights::save(&model, path).unwrap();
+}
+
+/// Exports torchvision-made `arch` weights and compares the module with torchvision on `images` and random
+/// batches: every logit within 1e-4 of the largest |logit|.
+fn matches_torchvision(arch: &str, images: &[PathBuf]) {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = dir.path().join(format!("{arch}.safetensors"));
+    reference(&["weights".as_ref(), arch.as_ref(), weights.as_os_str()]);
+    let model = dir.path().join("model.pt");
+    let out = rn50(&[
+        "export",
+        "--weights",
+        weights.to_str().unwrap(),
+        "-a",
+        arch,
+        "--out",
+        model.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.starts_with(&format!(
+            "wrote {}: TorchScript {arch}, 1000 classes",
+            model.display()
+        )),
+        "{stdout}"
+    );
+    let json = dir.path().join("diff.json");
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "compare".as_ref(),
+        arch.as_ref(),
+        weights.as_os_str(),
+        model.as_os_str(),
+        json.as_os_str(),
+    ];
+    args.extend(images.iter().map(|p| p.as_os_str()));
+    reference(&args);
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let result = result.as_object().unwrap();
+    assert_eq!(
+        result.len(),
+        2 + usize::from(!images.is_empty()),
+        "{result:?}"
+    );
+    for (input, r) in result {
+        assert_eq!(
+            r["shape"],
+            serde_json::json!([r["batch"], 1000]),
+            "{input}: {r}"
+        );
+        let (max_abs, diff) = (
+            r["max_abs"].as_f64().unwrap(),
+            r["max_diff"].as_f64().unwrap(),
+        );
+        assert!(max_abs > 0.1, "{input}: logits too small to compare: {r}");
+        assert!(diff <= 1e-4 * max_abs, "{arch} {input}: {r}");
+    }
+}
+
+#[test]
+fn resnet18_matches_torchvision_on_photos_and_other_sizes() {
+    matches_torchvision("resnet18", &photos());
+}
+
+#[test]
+fn resnet50_matches_torchvision() {
+    matches_torchvision("resnet50", &[]);
+}
+
+#[test]
+fn existing_out_is_refused_without_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = dir.path().join("w.safetensors");
+    rn50_weights(rn50::model::Arch::ResNet18, &weights);
+    let model = dir.path().join("model.pt");
+    std::fs::write(&model, b"keep me").unwrap();
+    let export = |extra: &[&str]| {
+        let mut args = vec![
+            "export",
+            "--weights",
+            weights.to_str().unwrap(),
+            "-a",
+            "resnet18",
+            "--out",
+            model.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        rn50(&args)
+    };
+    let out = export(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--overwrite"), "{err}");
+    assert_eq!(std::fs::read(&model).unwrap(), b"keep me");
+
+    let json = dir.path().join("export.json");
+    let out = export(&["--overwrite", "--json", json.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bytes = std::fs::read(&model).unwrap();
+    assert!(bytes.starts_with(b"PK"), "TorchScript is a zip archive");
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(j["arch"], "resnet18");
+    assert_eq!(j["num_classes"], 1000);
+    assert_eq!(j["parameters"], 11_689_512);
+    assert_eq!(j["bytes"], bytes.len() as u64);
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 3, "no temporary file left: {names:?}");
+}
+
+#[test]
+fn weights_of_another_arch_are_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = dir.path().join("r18.safetensors");
+    rn50_weights(rn50::model::Arch::ResNet18, &weights);
+    let model = dir.path().join("model.pt");
+    let out = rn50(&[
+        "export",
+        "--weights",
+        weights.to_str().unwrap(),
+        "-a",
+        "resnet50",
+        "--out",
+        model.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("does not match resnet50"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 1, "nothing written: {names:?}");
+}
