@@ -5,29 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn python() -> PathBuf {
-    std::env::var_os("RN50_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"))
-}
-
-fn photos() -> Vec<PathBuf> {
-    let shared = std::env::var_os("RN50_SHARED_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"));
-    let dir = shared.join("jpeg/imagenet");
-    // Colour and grayscale, small and large: tench, a dog, a church, a tray, a washer.
-    [
-        "n01440764",
-        "n02107908",
-        "n02948072",
-        "n03868242",
-        "n04554684",
-    ]
-    .iter()
-    .map(|w| dir.join(format!("{w}.JPEG")))
-    .collect()
-}
+mod common;
+use common::python;
 
 /// (rank, percent, class index, rest of the line) of each class line, grouped by image.
 type Top = Vec<(usize, f64, usize, String)>;
@@ -55,7 +34,7 @@ fn parse(stdout: &str, images: &[PathBuf]) -> Vec<Top> {
 #[test]
 fn top5_of_photos_matches_torchvision() {
     let dir = tempfile::tempdir().unwrap();
-    let images = photos();
+    let images = common::imagenet_photos();
     let script =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/classify_reference.py");
     let out = Command::new(python())

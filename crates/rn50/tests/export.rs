@@ -7,13 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::rn50;
-
-fn python() -> PathBuf {
-    std::env::var_os("RN50_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"))
-}
+use common::{python, rn50};
 
 fn reference(args: &[&std::ffi::OsStr]) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/export_reference.py");
@@ -27,21 +21,6 @@ fn reference(args: &[&std::ffi::OsStr]) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// Colour and grayscale, small and large: tench, a dog, a church, a tray, a washer.
-fn photos() -> Vec<PathBuf> {
-    let dir = common::shared().join("jpeg/imagenet");
-    [
-        "n01440764",
-        "n02107908",
-        "n02948072",
-        "n03868242",
-        "n04554684",
-    ]
-    .iter()
-    .map(|w| dir.join(format!("{w}.JPEG")))
-    .collect()
 }
 
 /// Weights of a fresh rn50 `arch` (torchvision's names), written by rn50 itself: for the tests that need a valid
@@ -115,7 +94,7 @@ fn matches_torchvision(arch: &str, images: &[PathBuf]) {
 
 #[test]
 fn resnet18_matches_torchvision_on_photos_and_other_sizes() {
-    matches_torchvision("resnet18", &photos());
+    matches_torchvision("resnet18", &common::imagenet_photos());
 }
 
 #[test]

@@ -210,7 +210,11 @@ fn a_killed_worker_is_restarted(killed: usize) {
     );
     for e in 0..EPOCHS {
         assert_eq!(
-            second.matches(&format!("\nepoch {e}: loss")).count(),
+            // The epoch's log line (after its time stamp and level).
+            second
+                .lines()
+                .filter(|l| l.contains(&format!(" epoch {e}: loss")))
+                .count(),
             usize::from(e >= epoch),
             "epoch {e} in the second attempt:\n{second}"
         );

@@ -2,7 +2,7 @@
 //! and train mode) and, after two SGD steps with momentum and weight decay, the same parameters and BN
 //! statistics. The reference comes from `tests/reference/torchvision_step.py` run with the venv's PyTorch.
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 
@@ -10,11 +10,8 @@ use rn50::model::{weights, Arch, Model, ResNetConfig};
 use rn50::step::{Precision, SgdConfig, StepConfig, TrainStep};
 use tch::{Device, Tensor};
 
-fn python() -> PathBuf {
-    std::env::var_os("RN50_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"))
-}
+mod common;
+use common::python;
 
 /// Runs the reference script once per test binary; panics with the script's stderr if it fails.
 fn reference() -> &'static Path {

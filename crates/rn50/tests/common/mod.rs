@@ -7,6 +7,31 @@ pub fn shared() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"))
 }
 
+/// The Python with torch and torchvision that reference scripts run under: RN50_PYTHON, or the repo's .venv.
+#[allow(dead_code)]
+pub fn python() -> PathBuf {
+    std::env::var_os("RN50_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"))
+}
+
+/// Five of the shared ImageNet photos, colour and grayscale, small and large: tench, a dog, a church, a tray, a
+/// washer.
+#[allow(dead_code)]
+pub fn imagenet_photos() -> Vec<PathBuf> {
+    let dir = shared().join("jpeg/imagenet");
+    [
+        "n01440764",
+        "n02107908",
+        "n02948072",
+        "n03868242",
+        "n04554684",
+    ]
+    .iter()
+    .map(|w| dir.join(format!("{w}.JPEG")))
+    .collect()
+}
+
 /// `root/split/<wnid>/<wnid>_<i>.JPEG`: `copies` copies of each of the first `classes` ImageNet sample photos.
 #[allow(dead_code)]
 pub fn image_tree(root: &Path, split: &str, classes: usize, copies: usize) {
@@ -35,6 +60,7 @@ pub fn json_lines(path: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+#[allow(dead_code)]
 pub fn rn50(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_rn50"))
         .args(args)
