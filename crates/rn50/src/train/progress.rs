@@ -95,6 +95,9 @@ impl EpochProgress {
         if let Some(l) = loss {
             self.loss = l;
         }
+        if self.bar.is_none() && !(self.log_lines && loss.is_some()) {
+            return;
+        }
         let (epoch_eta, run_eta) = self.eta(i, start);
         let line = format!(
             "loss {:.4} lr {lr:.5} {:.1} img/s data {:.0}%",
