@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-use common::python;
 
 /// (rank, percent, class index, rest of the line) of each class line, grouped by image.
 type Top = Vec<(usize, f64, usize, String)>;
@@ -35,19 +34,9 @@ fn parse(stdout: &str, images: &[PathBuf]) -> Vec<Top> {
 fn top5_of_photos_matches_torchvision() {
     let dir = tempfile::tempdir().unwrap();
     let images = common::imagenet_photos();
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/classify_reference.py");
-    let out = Command::new(python())
-        .arg(&script)
-        .arg(dir.path())
-        .args(&images)
-        .output()
-        .expect("run the reference script (./dev setup)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut script_args = vec![dir.path().to_path_buf()];
+    script_args.extend(images.iter().cloned());
+    common::reference_script("classify_reference.py", &script_args);
     let reference: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("top5.json")).unwrap())
             .unwrap();

@@ -5,22 +5,26 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use common::{python, rn50};
+use common::rn50;
 
 fn reference(args: &[&std::ffi::OsStr]) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/export_reference.py");
-    let out = Command::new(python())
-        .arg(script)
-        .args(args)
-        .output()
-        .expect("run the reference script (./dev setup)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::reference_script("export_reference.py", args);
+}
+
+/// `rn50 export --weights WEIGHTS -a ARCH --out MODEL EXTRA…`.
+fn export(weights: &Path, arch: &str, model: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "export",
+        "--weights",
+        weights.to_str().unwrap(),
+        "-a",
+        arch,
+        "--out",
+        model.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    rn50(&args)
 }
 
 /// Weights of a fresh rn50 `arch` (torchvision's names), written by rn50 itself: for the tests that need a valid
@@ -37,15 +41,7 @@ fn matches_torchvision(arch: &str, images: &[PathBuf]) {
     let weights = dir.path().join(format!("{arch}.safetensors"));
     reference(&["weights".as_ref(), arch.as_ref(), weights.as_os_str()]);
     let model = dir.path().join("model.pt");
-    let out = rn50(&[
-        "export",
-        "--weights",
-        weights.to_str().unwrap(),
-        "-a",
-        arch,
-        "--out",
-        model.to_str().unwrap(),
-    ]);
+    let out = export(&weights, arch, &model, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -109,19 +105,7 @@ fn existing_out_is_refused_without_overwrite() {
     rn50_weights(rn50::model::Arch::ResNet18, &weights);
     let model = dir.path().join("model.pt");
     std::fs::write(&model, b"keep me").unwrap();
-    let export = |extra: &[&str]| {
-        let mut args = vec![
-            "export",
-            "--weights",
-            weights.to_str().unwrap(),
-            "-a",
-            "resnet18",
-            "--out",
-            model.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        rn50(&args)
-    };
+    let export = |extra: &[&str]| export(&weights, "resnet18", &model, extra);
     let out = export(&[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
@@ -156,15 +140,7 @@ fn weights_of_another_arch_are_a_clear_error() {
     let weights = dir.path().join("r18.safetensors");
     rn50_weights(rn50::model::Arch::ResNet18, &weights);
     let model = dir.path().join("model.pt");
-    let out = rn50(&[
-        "export",
-        "--weights",
-        weights.to_str().unwrap(),
-        "-a",
-        "resnet50",
-        "--out",
-        model.to_str().unwrap(),
-    ]);
+    let out = export(&weights, "resnet50", &model, &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("does not match resnet50"), "{err}");

@@ -3,7 +3,6 @@
 //! statistics. The reference comes from `tests/reference/torchvision_step.py` run with the venv's PyTorch.
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::sync::OnceLock;
 
 use rn50::model::{weights, Arch, Model, ResNetConfig};
@@ -11,26 +10,13 @@ use rn50::step::{Precision, SgdConfig, StepConfig, TrainStep};
 use tch::{Device, Tensor};
 
 mod common;
-use common::python;
 
 /// Runs the reference script once per test binary; panics with the script's stderr if it fails.
 fn reference() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/torchvision_step.py");
-        let py = python();
-        let out = Command::new(&py)
-            .arg(&script)
-            .arg(dir.path())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {} (run ./dev setup): {e}", py.display()));
-        assert!(
-            out.status.success(),
-            "reference script failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::reference_script("torchvision_step.py", &[dir.path()]);
         dir
     })
     .path()

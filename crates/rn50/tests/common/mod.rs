@@ -15,6 +15,25 @@ pub fn python() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"))
 }
 
+/// Runs `tests/reference/SCRIPT ARGS…` under [`python`]; panics with the script's stderr if it fails.
+#[allow(dead_code)]
+pub fn reference_script<S: AsRef<std::ffi::OsStr>>(script: &str, args: &[S]) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/reference")
+        .join(script);
+    let py = python();
+    let out = std::process::Command::new(&py)
+        .arg(&path)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {} (run ./dev setup): {e}", py.display()));
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Five of the shared ImageNet photos, colour and grayscale, small and large: tench, a dog, a church, a tray, a
 /// washer.
 #[allow(dead_code)]
