@@ -5,6 +5,7 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
+use rn50_report::table::fmt_hms as hms;
 
 pub struct EpochProgress {
     bar: Option<ProgressBar>,
@@ -127,24 +128,9 @@ impl EpochProgress {
     }
 }
 
-/// `h:mm:ss` (hours unbounded: `36:00:00`).
-fn hms(secs: f64) -> String {
-    let s = secs.max(0.0).round() as u64;
-    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hms_reads_as_hours_minutes_seconds() {
-        assert_eq!(hms(0.0), "0:00:00");
-        assert_eq!(hms(59.6), "0:01:00");
-        assert_eq!(hms(3723.0), "1:02:03");
-        assert_eq!(hms(36.0 * 3600.0), "36:00:00");
-        assert_eq!(hms(f64::NAN), "0:00:00");
-    }
 
     #[test]
     fn run_eta_adds_later_epochs_at_the_last_epochs_time_or_this_epochs_rate() {
