@@ -38,7 +38,7 @@
 //!   first `start_batch` batches.
 //! * Across epochs: the worker threads belong to the loader and work through the epochs queued
 //!   on them in order (`epoch`, `batches`, `epochs`; [`Loader::share_workers`] puts an evaluation
-//!   pass in the same line), each at most `prefetch` batches ahead of its consumer.
+//!   pass in the same line), at most `prefetch` batches open ahead of the consumers in all.
 //! * Distributed: rank r of W gets positions r, r+W, … of the epoch permutation; with
 //!   `drop_last` (training) all ranks get `len / W` samples and the same number of batches;
 //!   without it (evaluation, [`LoaderConfig::val`]) every sample is loaded exactly once.

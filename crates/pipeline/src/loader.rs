@@ -4,11 +4,15 @@
 //! (this rank's batches of it, in order) behind the epochs already queued on those threads and
 //! returns its iterator. Workers take single samples in queue order, each decoded and augmented
 //! straight into its slot of a pooled batch buffer: all of them help finish the oldest batch, and
-//! the output is identical for any worker count. Each queued epoch may run at most `prefetch`
-//! batches ahead of its consumer; when an epoch has nothing left to hand out within that window,
-//! the workers go on to the next one in the queue. So an epoch queued before the current one ends
-//! (see [`Loader::epochs`], and [`Loader::share_workers`] for an evaluation pass queued between
-//! two epochs) has its first batches decoded while the current one's last batches are consumed.
+//! the output is identical for any worker count. At most `prefetch` batches are open (being
+//! decoded, or decoded and not yet taken) across all the epochs queued on the threads, the oldest
+//! epoch first; when an epoch has nothing left to hand out, the workers go on to the next one in
+//! the queue as its consumer takes batches and frees room. So an epoch queued before the current
+//! one ends (see [`Loader::epochs`], and [`Loader::share_workers`] for an evaluation pass queued
+//! between two epochs) has its first batches decoded while the current one's last batches are
+//! consumed, and the memory held ahead is one window however many epochs are queued. A consumer
+//! waiting for a batch not yet started always gets it started, so epochs taken out of queue order
+//! still make progress.
 //! Dropping an [`Epoch`] cancels what is left of it; the threads stop when the loader and its
 //! epochs are all dropped.
 
@@ -51,7 +55,9 @@ pub struct LoaderConfig {
     /// Drop the last partial batch and give every rank the same number of batches (training).
     /// With `false` (evaluation) every sample is loaded exactly once across ranks.
     pub drop_last: bool,
-    /// Batches (decoded or being decoded) ahead of the consumer, per queued epoch.
+    /// Batches decoded or being decoded ahead of the consumers, all epochs queued on the same
+    /// threads together (an evaluation pass and the next epoch share the window of the epoch
+    /// before them).
     pub prefetch: usize,
     pub on_bad_image: BadImagePolicy,
     /// Decode at 1/2, 1/4, 1/8 scale in the DCT domain when the crop is shrunk that much anyway.
@@ -259,8 +265,9 @@ impl Loader {
     }
 
     fn on(workers: Arc<Workers>, dataset: Dataset, config: LoaderConfig) -> Loader {
-        // An epoch's window, the next epoch's, and the batches the consumer holds.
-        let keep = 2 * config.prefetch.max(1) + 2;
+        // The window, the batch a waiting consumer has started beyond it, and the batches the
+        // consumer holds (the one in use and the next).
+        let keep = config.prefetch.max(1) + 3;
         Loader {
             dataset,
             config,
@@ -359,6 +366,7 @@ impl Loader {
             open: BTreeMap::new(),
             in_flight: 0,
             cancelled: false,
+            waiting: false,
         });
         drop(q);
         shared.work.notify_all();
@@ -446,6 +454,8 @@ struct Queued {
     /// Samples being decoded.
     in_flight: usize,
     cancelled: bool,
+    /// Its consumer waits for batch `next_batch`: that batch may be started beyond the window.
+    waiting: bool,
 }
 
 /// A batch being filled.
@@ -557,14 +567,17 @@ impl Job {
 }
 
 impl Queued {
-    /// The next sample, if it lies within `prefetch` batches of the consumer.
-    fn claim(&mut self) -> Option<Task> {
+    /// The next sample, if its batch is already open, or if `open` (the batches open in all
+    /// queued epochs) leaves room in the window, or if the consumer waits for that batch.
+    fn claim(&mut self, open: usize) -> Option<Task> {
         let job = &self.job;
         let k = self.next_sample / job.config.batch_size;
-        if self.cancelled
-            || self.next_sample >= job.indices.len()
-            || k >= self.next_batch + job.config.prefetch.max(1)
-        {
+        if self.cancelled || self.next_sample >= job.indices.len() {
+            return None;
+        }
+        let room = open < job.config.prefetch.max(1);
+        let wanted = self.waiting && k == self.next_batch;
+        if !self.open.contains_key(&k) && !room && !wanted {
             return None;
         }
         let (span, per) = (job.span(k), job.image_bytes());
@@ -597,6 +610,12 @@ impl Queued {
 }
 
 impl Queue {
+    /// A sample to decode, from the oldest epoch that has one within the shared window.
+    fn claim(&mut self) -> Option<Task> {
+        let open = self.epochs.iter().map(|e| e.open.len()).sum();
+        self.epochs.iter_mut().find_map(|e| e.claim(open))
+    }
+
     /// Records a finished sample; true if that completed its batch or a cancelled epoch's work.
     fn finish(&mut self, task: &Task, r: Result<bool>) -> bool {
         let Some(i) = self.epochs.iter().position(|e| e.id == task.id) else {
@@ -653,7 +672,7 @@ fn worker(shared: &Shared) {
     let mut read_buf = Vec::new();
     let mut q = lock(&shared.queue);
     while !q.stop {
-        let Some(task) = q.epochs.iter_mut().find_map(Queued::claim) else {
+        let Some(task) = q.claim() else {
             q = shared.work.wait(q).unwrap_or_else(PoisonError::into_inner);
             continue;
         };
@@ -776,7 +795,13 @@ impl Iterator for Epoch {
                 .expect("an epoch stays queued while its iterator lives");
             if e.open.get(&self.next).is_some_and(|o| o.todo == 0) {
                 e.next_batch += 1;
+                e.waiting = false;
                 break e.open.remove(&self.next).expect("just seen");
+            }
+            if !e.waiting {
+                // The batch may now start beyond the window: the workers must look again.
+                e.waiting = true;
+                shared.work.notify_all();
             }
             if q.live == 0 {
                 drop(q);

@@ -1,5 +1,6 @@
-//! Loader workers across epoch boundaries: queued epochs decode in the order they are consumed, the
-//! next epoch (and an evaluation pass) starts while the current one's last batches are consumed,
+//! Loader workers across epoch boundaries: queued epochs decode in the order they are consumed
+//! within one shared window, the next epoch (and an evaluation pass) starts while the current one's
+//! last batches are consumed, an epoch taken out of order still loads,
 //! every worker helps with the oldest batch whatever the prefetch depth, and the batches are those
 //! of epochs loaded one at a time.
 
@@ -129,21 +130,65 @@ fn take_all(it: impl Iterator<Item = Result<rn50_pipeline::Batch>>) -> Run {
     .collect()
 }
 
-/// Two epochs queued at once: while the consumer has taken nothing, the one worker reads the first
-/// epoch's `prefetch` batches, then the second's, in that order, and then waits.
+/// Long enough for the one worker to read a batch it was allowed to: a read that should not
+/// happen would show up in the log by then.
+fn settle() {
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+fn cat(parts: &[&[usize]]) -> Vec<usize> {
+    parts.concat()
+}
+
+/// Two epochs queued at once share one window of `prefetch` batches: while the consumer has taken
+/// nothing, the one worker reads the first epoch's window and nothing of the second; each batch
+/// taken lets one more batch start, the first epoch's before the second's.
 #[test]
-fn queued_epochs_decode_in_the_order_they_are_consumed() {
+fn queued_epochs_share_one_window_in_the_order_they_are_consumed() {
     let tmp = tempfile::tempdir().unwrap();
     let rec = Recording::new(tmp.path());
     let (b, p) = (8, 2);
     let loader = Loader::new(rec.dataset(), config(b, 1, p)).unwrap();
-    let e0 = loader.epoch(0, 0);
+    let mut e0 = loader.batches(0, 0..3);
     let e1 = loader.epoch(1, 0);
     let (o0, o1) = (order(220, 0), order(220, 1));
-    let want: Vec<usize> = o0[..p * b].iter().chain(&o1[..p * b]).copied().collect();
-    assert!(rec.wait_for(&want), "read only {:?}", rec.log());
-    assert_eq!(rec.log(), want, "epoch 1 read before epoch 0's window");
+    let expect = |want: Vec<usize>, what: &str| {
+        assert!(rec.wait_for(&want), "{what}: read only {:?}", rec.log());
+        settle();
+        assert_eq!(rec.log(), want, "{what}");
+    };
+    expect(o0[..p * b].to_vec(), "nothing taken");
+    e0.next().unwrap().unwrap();
+    expect(o0[..3 * b].to_vec(), "one batch taken");
+    e0.next().unwrap().unwrap();
+    expect(cat(&[&o0[..3 * b], &o1[..b]]), "two batches taken");
+    e0.next().unwrap().unwrap();
+    expect(cat(&[&o0[..3 * b], &o1[..2 * b]]), "epoch 0 taken");
     drop((e0, e1));
+}
+
+/// A consumer that takes a later epoch first (the window full of the earlier one's batches) still
+/// gets its batches, one at a time, and both epochs hold what they would alone.
+#[test]
+fn an_epoch_taken_out_of_queue_order_still_loads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = Dataset::open(imagenet_folder(tmp.path())).unwrap();
+    let single = Loader::new(ds.clone(), config(8, 1, 1)).unwrap();
+    let (alone0, alone1) = (take_all(single.epoch(0, 0)), take_all(single.epoch(1, 0)));
+    let loader = Loader::new(ds, config(8, 2, 2)).unwrap();
+    let e0 = loader.epoch(0, 0);
+    let e1 = loader.epoch(1, 0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let later = take_all(e1);
+        let earlier = take_all(e0);
+        let _ = tx.send((earlier, later));
+    });
+    let (earlier, later) = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the later epoch's consumer hangs while the earlier one holds the window");
+    assert!(later == alone1, "epoch 1 differs");
+    assert!(earlier == alone0, "epoch 0 differs");
 }
 
 /// With a prefetch depth of one batch, both workers still decode: they share the batch.
@@ -210,8 +255,8 @@ fn pipelined_epochs_match_epochs_loaded_one_at_a_time() {
 }
 
 /// An evaluation pass on a loader sharing the workers, queued between two training epochs, is
-/// read after the first epoch's window and before the second's, and yields the same batches as
-/// a loader of its own.
+/// read as the first epoch's batches are taken and before the second epoch's, within the one
+/// window, and yields the same batches as a loader of its own.
 #[test]
 fn evaluation_queued_between_epochs_decodes_in_turn() {
     let tmp = tempfile::tempdir().unwrap();
@@ -224,16 +269,26 @@ fn evaluation_queued_between_epochs_decodes_in_turn() {
         ..LoaderConfig::val(b, 1)
     };
     let val = train.share_workers(rec.dataset(), val_cfg.clone()).unwrap();
-    let e0 = train.epoch(0, 0);
+    let e0 = train.batches(0, 0..p);
     let pass = val.epoch(0, 0);
     let e1 = train.epoch(1, 0);
-    let val_order: Vec<usize> = (0..p * b).collect();
-    let want: Vec<usize> = [&order(220, 0)[..p * b], &val_order, &order(220, 1)[..p * b]].concat();
-    assert!(rec.wait_for(&want), "read only {:?}", rec.log());
-    assert_eq!(rec.log(), want);
-    drop(e0);
+    let (o0, o1) = (order(220, 0), order(220, 1));
+    let val_order: Vec<usize> = (0..220).collect();
+    let expect = |want: Vec<usize>, what: &str| {
+        assert!(rec.wait_for(&want), "{what}: read only {:?}", rec.log());
+        settle();
+        assert_eq!(rec.log(), want, "{what}");
+    };
+    expect(o0[..p * b].to_vec(), "nothing taken");
+    assert_eq!(take_all(e0).len(), p);
+    expect(cat(&[&o0[..p * b], &val_order[..p * b]]), "epoch 0 taken");
+    let pass = take_all(pass);
+    expect(
+        cat(&[&o0[..p * b], &val_order, &o1[..p * b]]),
+        "evaluation taken",
+    );
     let own = Loader::new(rec.dataset(), val_cfg).unwrap();
-    assert!(take_all(pass) == take_all(own.epoch(0, 0)));
+    assert!(pass == take_all(own.epoch(0, 0)));
     drop(e1);
 }
 
