@@ -31,7 +31,10 @@ pub struct BenchResult {
     pub images_per_sec_p90: Option<f64>,
     /// Median wall time of one step, data included.
     pub step_ms: Option<f64>,
-    /// Mean time per step spent waiting for and copying the batch.
+    /// Mean time per step the host waited for the next batch's producer (the loader), as `train` counts it. On a
+    /// CPU, which has run the step by then, all of it is time the step lost. On a GPU the next batch is taken
+    /// while the device runs the step, so part of the wait may have cost nothing: there it is an upper bound of
+    /// the time lost, and `compute_ms` a lower bound of the step's own time.
     pub data_wait_ms: Option<f64>,
     /// Mean time per step in forward, backward and update.
     pub compute_ms: Option<f64>,

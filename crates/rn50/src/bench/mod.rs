@@ -27,7 +27,7 @@ use rn50_pipeline::synthetic::{self, SyntheticConfig};
 use rn50_pipeline::{Dataset, LoaderConfig};
 
 use crate::device::{device_name, synchronize, ComputeArgs, DeviceSettings};
-use crate::input::Source;
+use crate::input::{Source, Staged};
 use crate::machine::{self, MachineInfo};
 use crate::model::{Arch, Model, ResNetConfig};
 use crate::step::{Precision, SgdConfig, StepConfig, TrainStep};
@@ -280,6 +280,43 @@ fn source(cfg: &BenchConfig, plan: &Plan, device: Device, dist: &DistContext) ->
     })
 }
 
+/// One step as [`measure`] times it.
+struct Timed {
+    loss: Tensor,
+    /// The wait for the next batch's producer ([`crate::input::Staged::wait`]).
+    wait: std::time::Duration,
+    /// From launching the step to the device finishing it, the next batch taken meanwhile.
+    wall: std::time::Duration,
+}
+
+/// The step on `batch`; while the device runs it the host takes the next batch and, on a GPU, queues its copy
+/// behind the step, as `train` (which never waits for the device) and a DataLoader with `pin_memory` do; then
+/// the device is waited for, so each step is timed alone. `batch` becomes the next batch.
+///
+/// Taking the next batch only after the device is done, as bench used to, adds the host's part of the hand-over
+/// (the copy into page-locked memory, 38.5 MB at batch 256) to every step's time: the likely cause of the 19–22%
+/// data wait `bench --data-dir` showed on an H100 while `train` on the same data showed none.
+fn timed_step(
+    step: &mut TrainStep,
+    src: &mut Source,
+    batch: &mut Staged,
+    device: Device,
+    lr: f64,
+) -> Result<Timed> {
+    let t0 = Instant::now();
+    let out = step.step_u8(&batch.images, &batch.labels, lr)?;
+    let next = src.next(device)?;
+    let wait = next.wait;
+    synchronize(device);
+    let wall = t0.elapsed();
+    src.recycle(std::mem::replace(batch, next));
+    Ok(Timed {
+        loss: out.loss,
+        wait,
+        wall,
+    })
+}
+
 /// Runs the benchmark described by `cfg` on `device`: this rank's part when `dist` spans several processes.
 /// `progress` gets (steps done, steps in all, seconds of the last step), profiled steps included.
 pub fn measure(
@@ -323,24 +360,19 @@ pub fn measure(
     let mut step_ms = Vec::with_capacity(steps);
     let mut comm_ms = Vec::with_capacity(steps);
     let mut last_loss = Tensor::zeros([], (Kind::Float, device));
+    let mut batch = src.next(device)?;
     for i in 0..total {
         if i == warmup {
             io_start = io.as_ref().map(|m| m.snapshot());
         }
-        let t0 = Instant::now();
-        let batch = src.next(device)?;
-        let t1 = Instant::now();
-        let out = step.step_u8(&batch.images, &batch.labels, lr)?;
-        synchronize(device);
-        let t2 = Instant::now();
-        src.recycle(batch);
-        last_loss = out.loss;
+        let t = timed_step(&mut step, &mut src, &mut batch, device, lr)?;
+        last_loss = t.loss;
         if i >= warmup {
-            wait_ms.push((t1 - t0).as_secs_f64() * 1e3);
-            step_ms.push((t2 - t0).as_secs_f64() * 1e3);
+            wait_ms.push(t.wait.as_secs_f64() * 1e3);
+            step_ms.push(t.wall.as_secs_f64() * 1e3);
             comm_ms.push(step.comm.allreduce_wait_ms);
         }
-        progress(i + 1, total + profiled, (t2 - t0).as_secs_f64());
+        progress(i + 1, total + profiled, t.wall.as_secs_f64());
     }
     let io = io.zip(io_start).map(|(m, s0)| m.snapshot().delta(&s0));
     // Profiled steps, after the measured ones: the profiler slows them down.
@@ -349,12 +381,8 @@ pub fn measure(
         let profiler = profile::Profiler::start(device)?;
         let t0 = Instant::now();
         for i in 0..profiled {
-            let ts = Instant::now();
-            let batch = src.next(device)?;
-            step.step_u8(&batch.images, &batch.labels, lr)?;
-            synchronize(device);
-            src.recycle(batch);
-            progress(total + i + 1, total + profiled, ts.elapsed().as_secs_f64());
+            let t = timed_step(&mut step, &mut src, &mut batch, device, lr)?;
+            progress(total + i + 1, total + profiled, t.wall.as_secs_f64());
         }
         let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
         let events = profiler.stop()?;

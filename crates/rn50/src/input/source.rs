@@ -1,6 +1,8 @@
 //! Where a bench step's batch comes from, by data mode (and `train --dummy`'s batch): a constant batch on the device (compute only), random
 //! bytes made on the host and copied (transfer), or the real decode/augment loader over synthetic JPEGs of
 //! ImageNet's size distribution or over a dataset on disk (the whole input pipeline).
+use std::time::{Duration, Instant};
+
 use anyhow::{Context, Result};
 use rn50_pipeline::{Dataset, Epoch, Epochs, Loader, LoaderConfig, Transform};
 use tch::{Device, Kind, Tensor};
@@ -29,6 +31,9 @@ pub enum Source {
 pub struct Staged {
     pub images: Tensor,
     pub labels: Tensor,
+    /// How long the host waited for its producer (the loader, or the host thread making random bytes) to
+    /// have the batch ready: the data wait, as `train` counts it. Staging it for the device is not in it.
+    pub wait: Duration,
     _keep: Keep,
 }
 
@@ -47,6 +52,7 @@ impl From<DeviceBatch> for Staged {
         Staged {
             images: b.images.shallow_clone(),
             labels: b.labels.shallow_clone(),
+            wait: Duration::ZERO,
             _keep: Keep::Loader { _batch: b },
         }
     }
@@ -93,6 +99,7 @@ impl Source {
             Source::Device { images, labels } => Ok(Staged {
                 images: images.shallow_clone(),
                 labels: labels.shallow_clone(),
+                wait: Duration::ZERO,
                 _keep: Keep::Nothing,
             }),
             Source::Host {
@@ -100,7 +107,9 @@ impl Source {
                 on_device,
                 labels,
             } => {
+                let t = Instant::now();
                 let batch = batches.next();
+                let wait = t.elapsed();
                 let keep = if device.is_cuda() {
                     // Queued ahead of this step's kernels; the buffer is recycled once the step is done.
                     *on_device = to_device_async(&batch, device)?;
@@ -113,17 +122,23 @@ impl Source {
                 Ok(Staged {
                     images: on_device.shallow_clone(),
                     labels: labels.shallow_clone(),
+                    wait,
                     _keep: keep,
                 })
             }
             Source::Loader { epochs, it, .. } => {
+                let t = Instant::now();
                 let batch = loop {
                     match it.next() {
                         Some(b) => break b.context("loading a batch")?,
                         None => **it = epochs.next().expect("epochs never end"),
                     }
                 };
-                Ok(Staged::from(DeviceBatch::new(batch, device)?))
+                let wait = t.elapsed();
+                Ok(Staged {
+                    wait,
+                    ..Staged::from(DeviceBatch::new(batch, device)?)
+                })
             }
         }
     }
