@@ -4,22 +4,24 @@
 //! (this rank's batches of it, in order) behind the epochs already queued on those threads and
 //! returns its iterator. Workers take single samples in queue order, each decoded and augmented
 //! straight into its slot of a pooled batch buffer: all of them help finish the oldest batch, and
-//! the output is identical for any worker count. At most `prefetch` batches are open (being
-//! decoded, or decoded and not yet taken) across all the epochs queued on the threads, the oldest
-//! epoch first; when an epoch has nothing left to hand out, the workers go on to the next one in
-//! the queue as its consumer takes batches and frees room. So an epoch queued before the current
-//! one ends (see [`Loader::epochs`], and [`Loader::share_workers`] for an evaluation pass queued
-//! between two epochs) has its first batches decoded while the current one's last batches are
-//! consumed, and the memory held ahead is one window however many epochs are queued. A consumer
-//! waiting for a batch not yet started always gets it started, so epochs taken out of queue order
-//! still make progress.
+//! the output is identical for any worker count. The epochs queued on the threads share one
+//! window: a batch is started only while fewer than `prefetch` batches are open (being decoded, or
+//! decoded and not yet taken) in all of them together, the oldest epoch first. When an epoch has
+//! nothing left to hand out, the workers go on to the next one in the queue as the consumers take
+//! batches and free room. So an epoch queued before the current one ends (see [`Loader::epochs`],
+//! and [`Loader::share_workers`] for an evaluation pass queued between two epochs) has its first
+//! batches decoded while the current one's last batches are consumed, and the batches held ahead
+//! are one window however many epochs are queued. The one exception: a consumer waiting for a
+//! batch not yet started always gets it started, so epochs taken out of queue order still make
+//! progress. So at most the largest `prefetch` of the loaders on the threads, plus one batch per
+//! consumer waiting, are open; the buffers are recycled through one pool for all those loaders.
 //! Dropping an [`Epoch`] cancels what is left of it; the threads stop when the loader and its
 //! epochs are all dropped.
 
 use std::collections::BTreeMap;
 use std::ops::{Deref, Range};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -57,7 +59,7 @@ pub struct LoaderConfig {
     pub drop_last: bool,
     /// Batches decoded or being decoded ahead of the consumers, all epochs queued on the same
     /// threads together (an evaluation pass and the next epoch share the window of the epoch
-    /// before them).
+    /// before them; see the module's documentation for the exact bound).
     pub prefetch: usize,
     pub on_bad_image: BadImagePolicy,
     /// Decode at 1/2, 1/4, 1/8 scale in the DCT domain when the crop is shrunk that much anyway.
@@ -128,24 +130,40 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Recycled pixel buffers: in steady state no batch allocates.
+/// Recycled pixel buffers, one pool for all the loaders sharing a set of threads (a train loader
+/// and its evaluation loader reuse each other's buffers): in steady state no batch allocates.
+#[derive(Default)]
 struct Pool {
     free: Mutex<Vec<Vec<u8>>>,
-    keep: usize,
+    /// Buffers kept: the largest window of the loaders on the threads, the batch a waiting
+    /// consumer has started beyond it, and the batches a consumer holds (the one in use and the
+    /// next).
+    keep: AtomicUsize,
 }
 
 impl Pool {
+    /// Keeps enough buffers for a loader with this `prefetch` too.
+    fn serve(&self, prefetch: usize) {
+        self.keep.fetch_max(prefetch.max(1) + 3, Ordering::Relaxed);
+    }
+
     /// A buffer of `bytes`; a new one comes zeroed from the allocator (no pass over it here).
     fn take(&self, bytes: usize) -> Vec<u8> {
-        match lock(&self.free).pop() {
-            Some(b) if b.len() == bytes => b,
-            _ => vec![0; bytes],
+        let mut free = lock(&self.free);
+        match free.iter().position(|b| b.len() == bytes) {
+            Some(i) => free.swap_remove(i),
+            None => {
+                // None of this size: a buffer of another size (another resolution or batch size)
+                // is let go rather than kept beside the new one.
+                free.pop();
+                vec![0; bytes]
+            }
         }
     }
 
     fn put(&self, b: Vec<u8>) {
         let mut free = lock(&self.free);
-        if free.len() < self.keep {
+        if free.len() < self.keep.load(Ordering::Relaxed) {
             free.push(b);
         }
     }
@@ -265,17 +283,12 @@ impl Loader {
     }
 
     fn on(workers: Arc<Workers>, dataset: Dataset, config: LoaderConfig) -> Loader {
-        // The window, the batch a waiting consumer has started beyond it, and the batches the
-        // consumer holds (the one in use and the next).
-        let keep = config.prefetch.max(1) + 3;
+        workers.pool.serve(config.prefetch);
         Loader {
             dataset,
             config,
             counters: Arc::default(),
-            pool: Arc::new(Pool {
-                free: Mutex::default(),
-                keep,
-            }),
+            pool: workers.pool.clone(),
             workers,
         }
     }
@@ -410,11 +423,14 @@ impl Iterator for Epochs {
 struct Workers {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    /// The batch buffers of every loader on these threads.
+    pool: Arc<Pool>,
 }
 
 struct Shared {
     queue: Mutex<Queue>,
-    /// Workers wait here for work: an epoch queued, a consumer taking a batch, or the stop.
+    /// Workers wait here for work: an epoch queued, a consumer taking a batch or waiting for one,
+    /// an epoch leaving the queue (its batches no longer take room in the window), or the stop.
     work: Condvar,
     /// Consumers wait here for their next batch to be complete.
     done: Condvar,
@@ -491,6 +507,7 @@ impl Workers {
                 done: Condvar::new(),
             }),
             threads: Vec::new(),
+            pool: Arc::default(),
         };
         for i in 0..n {
             let shared = workers.shared.clone();
@@ -686,6 +703,8 @@ fn worker(shared: &Shared) {
         q = lock(&shared.queue);
         if q.finish(&task, r) {
             shared.done.notify_all();
+            // A cancelled epoch that left the queue made room in the window.
+            shared.work.notify_all();
         }
     }
 }
@@ -772,6 +791,7 @@ impl Epoch {
         let shared = &self.workers.shared;
         let mut q = lock(&shared.queue);
         q.cancel(self.id);
+        shared.work.notify_all();
         while q.live > 0 && q.epochs.iter().any(|e| e.id == self.id) {
             q = shared.done.wait(q).unwrap_or_else(PoisonError::into_inner);
         }

@@ -192,6 +192,43 @@ fn backpressure_buffer_reuse_and_clean_drop() {
     );
 }
 
+/// A loader sharing the threads (the evaluation pass's) recycles the same buffers as the train
+/// loader when their batches have the same size: a train epoch, a pass and another epoch use one
+/// bounded set, not a set each.
+#[test]
+fn loaders_sharing_threads_share_their_buffers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = Dataset::open(imagenet_folder(tmp.path())).unwrap();
+    let cfg = LoaderConfig {
+        prefetch: 2,
+        ..small_train(8, 2)
+    };
+    let train = Loader::new(ds.clone(), cfg).unwrap();
+    let val_cfg = LoaderConfig {
+        transform: Transform::val(56, 48),
+        prefetch: 2,
+        ..LoaderConfig::val(8, 2)
+    };
+    let val = train.share_workers(ds, val_cfg).unwrap();
+    let mut ptrs = std::collections::HashSet::new();
+    let mut batches = 0;
+    for pass in [train.epoch(0, 0), val.epoch(0, 0), train.epoch(1, 0)] {
+        for b in pass {
+            ptrs.insert(b.unwrap().as_ptr() as usize);
+            batches += 1;
+            // A slow consumer: the window fills.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    assert_eq!(batches, 27 + 28 + 27);
+    // Live at once: the window (2), a batch started for a waiting consumer, the batch held.
+    assert!(
+        ptrs.len() <= 2 + 2,
+        "{} distinct buffers for {batches} batches",
+        ptrs.len()
+    );
+}
+
 /// A folder with 12 good ImageNet files and every crashtest file plus two sure failures.
 fn mixed_folder(root: &std::path::Path) -> (std::path::PathBuf, usize) {
     let good = root.join("mixed/good");

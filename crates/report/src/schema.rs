@@ -18,7 +18,7 @@ use crate::ReportError;
 pub struct BenchResult {
     /// Median over the timed steps, all ranks together (the sum of the ranks' medians).
     pub images_per_sec: f64,
-    /// What the step alone would sustain (global batch / compute time): the ceiling without data wait (NVIDIA
+    /// What the step alone would sustain (global batch / `compute_ms`): the ceiling without data wait (NVIDIA
     /// DLE's "compute only" column).
     pub compute_images_per_sec: Option<f64>,
     /// Data-parallel runs: mean per step of the gradient all-reduce that backward did not hide.
@@ -33,10 +33,11 @@ pub struct BenchResult {
     pub step_ms: Option<f64>,
     /// Mean time per step the host waited for the next batch's producer (the loader), as `train` counts it. On a
     /// CPU, which has run the step by then, all of it is time the step lost. On a GPU the next batch is taken
-    /// while the device runs the step, so part of the wait may have cost nothing: there it is an upper bound of
-    /// the time lost, and `compute_ms` a lower bound of the step's own time.
+    /// while the device runs the step, so a wait the device hid is counted too.
     pub data_wait_ms: Option<f64>,
-    /// Mean time per step in forward, backward and update.
+    /// Mean time per step less `data_wait_ms`: forward, backward and update, and handing the next batch to the
+    /// device (the copy into page-locked memory and the host-to-device copy on a GPU; with `--data host` on a
+    /// CPU, the copy into the input tensor).
     pub compute_ms: Option<f64>,
     pub data_wait_share: Option<f64>,
     pub peak_rss_bytes: Option<u64>,

@@ -285,7 +285,7 @@ struct Timed {
     loss: Tensor,
     /// The wait for the next batch's producer ([`crate::input::Staged::wait`]).
     wait: std::time::Duration,
-    /// From launching the step to the device finishing it, the next batch taken meanwhile.
+    /// From launching the step to the device finishing it and the next batch's copy queued behind it.
     wall: std::time::Duration,
 }
 

@@ -115,6 +115,7 @@ impl Source {
                     *on_device = to_device_async(&batch, device)?;
                     Keep::Pinned(batch)
                 } else {
+                    // One input tensor for every batch: a CPU step has finished with the previous one.
                     on_device.copy_(&batch);
                     batches.recycle(batch);
                     Keep::Nothing
