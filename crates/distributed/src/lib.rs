@@ -5,7 +5,8 @@
 //! - [`group`]: TCPStore rendezvous and the c10d process group (Gloo for CPU tensors, NCCL for CUDA tensors with
 //!   the `cuda` feature), collectives whose errors name the rank, the operation and the rank that died;
 //! - [`ddp`]: DistributedDataParallel on c10d's Reducer: start-of-training broadcast, bucketed gradient averaging
-//!   overlapped with backward;
+//!   overlapped with backward, rank 0's buffers broadcast after each step;
+//! - [`sync_bn`]: SyncBatchNorm, batch statistics over all ranks;
 //! - [`context`]: [`DistContext`] and [`GradSync`], the same calls for a single process and a distributed job;
 //! - [`settings`]: the ranks' configurations compared at start-up;
 //! - [`launch`]: `rn50 launch`, the torchrun equivalent.
@@ -22,6 +23,7 @@ pub mod launch;
 pub mod nodelist;
 pub mod settings;
 pub mod store;
+pub mod sync_bn;
 
 pub use context::{DistContext, GradSync};
 pub use ddp::{DdpOptions, DistributedDataParallel, StepComm};
@@ -29,6 +31,7 @@ pub use env::{LaunchSource, WorldInfo};
 pub use error::CommError;
 pub use group::{Backend, InitOptions, ProcessGroup, ReduceOp, Work};
 pub use store::{Store, StoreError};
+pub use sync_bn::BatchNormState;
 
 /// Whether this build has ProcessGroupNCCL (the `cuda` feature).
 pub fn nccl_available() -> bool {

@@ -120,3 +120,28 @@ fn two_ranks_match_one_rank_with_twice_the_batch() {
         "2 ranks × batch 4 differ from 1 rank × batch 8 by up to {diff} (moved {moved})"
     );
 }
+
+/// SyncBatchNorm over 2 and 3 ranks, each with its rows of one global batch (unequal, one of them empty; NCHW and
+/// channels_last), gives the outputs, input and parameter gradients and running statistics of plain batch norm
+/// over the whole batch in one process (each rank checks against that reference and fails otherwise).
+#[test]
+fn sync_batch_norm_matches_batch_norm_of_the_global_batch() {
+    let _serial = serial();
+    for (rows, layout) in [
+        ("4,4", None),
+        ("3,5", Some("--channels-last")),
+        ("2,0,3", None),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let world = rows.split(',').count();
+        let mut args = vec!["sync-bn", "--rows", rows];
+        args.extend(layout);
+        let results = run_job(dir.path(), world, &args);
+        for (rank, (status, log)) in results.iter().enumerate() {
+            assert!(
+                status.success() && log.contains("SyncBatchNorm matches"),
+                "rows {rows} {layout:?}: rank {rank} failed ({status}):\n{log}"
+            );
+        }
+    }
+}

@@ -318,6 +318,9 @@ pub struct EpochMetrics {
     pub images_per_sec: Option<f64>,
     pub acc1: Option<f64>,
     pub acc5: Option<f64>,
+    /// Mean cross-entropy over the validation images (all ranks), as main.py's validate() prints.
+    #[serde(default)]
+    pub val_loss: Option<f64>,
     /// Validation images evaluated (all ranks).
     #[serde(default)]
     pub val_images: Option<u64>,

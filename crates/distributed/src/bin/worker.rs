@@ -7,14 +7,15 @@
 //!   (for `launch --max-restarts`);
 //! - `out-of-step`: rank 0 asks for a stop while the others sum evaluation counts;
 //! - `allreduce-bench`: the time of one all-reduce of a ResNet-50-sized gradient in DDP-like buckets;
+//! - `sync-bn`: SyncBatchNorm on each rank's rows of a global batch against plain batch norm on the whole batch;
 //! - `launch`: `rn50 launch` with this program as the worker.
 //!
 //! Training throughput with DDP is `rn50 bench` under `rn50 launch` (rn50's own model and step).
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use rn50_distributed::{
-    init_options_from_env, launch, Backend, DdpOptions, DistContext, ProcessGroup, ReduceOp,
-    WorldInfo,
+    init_options_from_env, launch, Backend, BatchNormState, DdpOptions, DistContext, ProcessGroup,
+    ReduceOp, WorldInfo,
 };
 use std::io::Write;
 use std::path::PathBuf;
@@ -74,6 +75,15 @@ enum Cmd {
     /// Rank 0 asks whether any rank wants to stop while the others sum evaluation counts: the ranks out of step,
     /// as rn50 train's were when one rank's epoch ended earlier. Exits 3 if rank 0 took that for a stop request.
     OutOfStep,
+    /// SyncBatchNorm forward and backward on each rank's rows of a global batch, compared with plain batch norm
+    /// of the whole batch (computed on every rank); fails if outputs, gradients or running statistics differ.
+    SyncBn {
+        /// Rows of each rank, comma-separated (one entry per rank; 0 is an empty batch).
+        #[arg(long, value_delimiter = ',')]
+        rows: Vec<i64>,
+        #[arg(long)]
+        channels_last: bool,
+    },
     Launch(launch::LaunchArgs),
 }
 
@@ -346,6 +356,111 @@ fn allreduce_bench(floats: i64, bucket_mb: f64, iters: usize) -> anyhow::Result<
     Ok(())
 }
 
+/// Largest absolute difference between two tensors, as f64.
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    match a.numel() {
+        0 => 0.0,
+        _ => (a - b).abs().max().double_value(&[]),
+    }
+}
+
+fn sync_bn(rows: Vec<i64>, channels_last: bool) -> anyhow::Result<()> {
+    tch::set_num_threads(1);
+    let world = WorldInfo::from_env()?;
+    anyhow::ensure!(
+        rows.len() == world.world_size,
+        "--rows needs one entry per rank"
+    );
+    let pg = ProcessGroup::init(&world, &init_options_from_env(Backend::Gloo))?;
+    let rank = world.rank;
+    let (c, momentum, eps) = (6, 0.1, 1e-5);
+    // The global batch, the upstream gradient and the layer, the same on every rank.
+    tch::manual_seed(7);
+    let total: i64 = rows.iter().sum();
+    // NHWC memory, NCHW shape (torch.channels_last).
+    let layout = |t: Tensor| match channels_last {
+        true => t.permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2]),
+        false => t,
+    };
+    let x = layout(Tensor::randn([total, c, 5, 7], (Kind::Float, Device::Cpu)) * 2.0 + 0.5);
+    let dy = Tensor::randn([total, c, 5, 7], (Kind::Float, Device::Cpu));
+    let weight = Tensor::rand([c], (Kind::Float, Device::Cpu)) + 0.5;
+    let bias = Tensor::randn([c], (Kind::Float, Device::Cpu));
+    let stats = || {
+        (
+            Tensor::full([c], 0.2, (Kind::Float, Device::Cpu)),
+            Tensor::full([c], 1.5, (Kind::Float, Device::Cpu)),
+        )
+    };
+    let leaf = |t: &Tensor| t.detach().copy().set_requires_grad(true);
+
+    // Reference: one process, the whole batch.
+    let (xr, wr, br) = (leaf(&x), leaf(&weight), leaf(&bias));
+    let (rm_ref, rv_ref) = stats();
+    let y_ref = Tensor::batch_norm(
+        &xr,
+        Some(&wr),
+        Some(&br),
+        Some(&rm_ref),
+        Some(&rv_ref),
+        true,
+        momentum,
+        eps,
+        false,
+    );
+    (&y_ref * &dy).sum(Kind::Float).backward();
+
+    // This rank's rows through SyncBatchNorm.
+    let start: i64 = rows[..rank].iter().sum();
+    let n = rows[rank];
+    let (xs, ws, bs) = (
+        leaf(&layout(x.narrow(0, start, n).copy())),
+        leaf(&weight),
+        leaf(&bias),
+    );
+    let (rm, rv) = stats();
+    let state = BatchNormState {
+        weight: &ws,
+        bias: &bs,
+        running_mean: &rm,
+        running_var: &rv,
+        momentum,
+        eps,
+    };
+    let y = pg.sync_batch_norm(&xs, &state)?;
+    anyhow::ensure!(
+        !channels_last || n == 0 || y.stride()[1] == 1,
+        "the output is not channels_last like the input"
+    );
+    (&y * dy.narrow(0, start, n)).sum(Kind::Float).backward();
+    // The weight and bias gradients are each rank's part: summed over ranks they are the whole batch's.
+    let (gw, gb) = (ws.grad(), bs.grad());
+    // (One tensor per call: a list is summed together, as copies of one tensor on several devices.)
+    pg.allreduce(&[&gw], ReduceOp::Sum, "BN weight gradient")?;
+    pg.allreduce(&[&gb], ReduceOp::Sum, "BN bias gradient")?;
+    let diffs = [
+        ("output", max_diff(&y, &y_ref.narrow(0, start, n))),
+        (
+            "input gradient",
+            max_diff(&xs.grad(), &xr.grad().narrow(0, start, n)),
+        ),
+        ("weight gradient", max_diff(&gw, &wr.grad())),
+        ("bias gradient", max_diff(&gb, &br.grad())),
+        ("running mean", max_diff(&rm, &rm_ref)),
+        ("running var", max_diff(&rv, &rv_ref)),
+    ];
+    for (what, d) in diffs {
+        // fp32 rounding of values of order 1-10 summed over up to a few hundred elements.
+        anyhow::ensure!(
+            d < 1e-4,
+            "rank {rank}: SyncBatchNorm {what} differs by {d:e}"
+        );
+    }
+    println!("rank {rank}: SyncBatchNorm matches batch norm of the whole batch: {diffs:?}");
+    pg.finish()?;
+    Ok(())
+}
+
 fn main() {
     let cli = Cli::parse();
     rn50_util::log::init(None);
@@ -369,6 +484,10 @@ fn main() {
             iters,
         } => allreduce_bench(floats, bucket_mb, iters).map(|()| 0),
         Cmd::OutOfStep => out_of_step(),
+        Cmd::SyncBn {
+            rows,
+            channels_last,
+        } => sync_bn(rows, channels_last).map(|()| 0),
         Cmd::Launch(args) => std::env::current_exe()
             .context("current_exe")
             .and_then(|exe| launch::run(&args, &exe)),

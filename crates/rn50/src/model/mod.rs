@@ -2,6 +2,7 @@
 pub mod fused;
 pub mod memory_format;
 pub mod resnet;
+pub mod sync_bn;
 pub mod weights;
 
 pub use resnet::{Arch, ResNet, ResNetConfig, Stem};

@@ -8,7 +8,7 @@ use tch::nn::init::{FanInOut, NonLinearity, NormalOrUniform};
 use tch::nn::{self, Init};
 use tch::Tensor;
 
-use super::fused;
+use super::{fused, sync_bn};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -173,10 +173,10 @@ impl ConvBn {
     }
 
     /// `relu(bn(conv(x)) + residual)`: on a GPU in training one fused cuDNN op for BN, add and ReLU (see
-    /// [`super::fused`]), elsewhere the separate ops.
+    /// [`super::fused`]), elsewhere (and with `--sync-bn`) the separate ops.
     fn forward_relu(&self, x: &Tensor, train: bool, residual: Option<&Tensor>) -> Tensor {
         let y = self.conv(x);
-        if train {
+        if train && !sync_bn::enabled() {
             if let Some(out) = fused::bn_relu(&y, residual, &self.bn, BN_MOMENTUM, BN_EPS) {
                 return out;
             }
@@ -202,6 +202,11 @@ impl ConvBn {
 
     fn bn(&self, y: &Tensor, train: bool) -> Tensor {
         let b = &self.bn;
+        if train {
+            if let Some(out) = sync_bn::batch_norm(y, b, BN_MOMENTUM, BN_EPS) {
+                return out;
+            }
+        }
         Tensor::batch_norm(
             y,
             b.ws.as_ref(),

@@ -120,7 +120,13 @@ impl TrainStep {
         };
         match &mut self.grad_sync {
             // Ranks average only the complete gradient: earlier micro-batches accumulate locally (no_sync).
-            Some(sync) if micro + 1 == of => self.comm = sync.backward(&scaled)?,
+            Some(sync) if micro + 1 == of => {
+                self.comm = sync.backward(&scaled)?;
+                // DDP's broadcast_buffers (PyTorch's default, before each forward): rank 0's BN running
+                // statistics on every rank, so that every rank evaluates and checkpoints the same model and a
+                // resumed run (whose ranks all load rank 0's) continues exactly as an uninterrupted one.
+                sync.sync_buffers()?;
+            }
             Some(sync) => {
                 sync.backward_no_sync(&scaled)?;
             }
@@ -152,6 +158,9 @@ impl TrainStep {
     pub fn loss(&self, x: &Tensor, labels: &Tensor) -> Result<Tensor> {
         let _autocast = self.config.precision.autocast(self.device())?;
         let logits = self.model.forward_t(x, true);
+        if let Some(e) = crate::model::sync_bn::take_failure() {
+            return Err(e.into());
+        }
         Ok(logits.cross_entropy_loss(
             labels,
             None::<Tensor>,

@@ -202,6 +202,11 @@ pub struct TrainArgs {
     /// Checkpoints kept (the newest ones, at least 1; the best weights are kept apart).
     #[arg(long, default_value_t = 2, value_parser = usize_in(1..))]
     pub keep_checkpoints: usize,
+    /// Batch-norm statistics over all ranks' batches in training (PyTorch's SyncBatchNorm, torchvision's
+    /// --sync-bn): for small per-GPU batches. Costs an all-gather per BN layer in forward and an all-reduce in
+    /// backward; no effect in a single process.
+    #[arg(long)]
+    pub sync_bn: bool,
     /// Data-parallel gradient bucket size in MiB (PyTorch DDP's bucket_cap_mb), above 0.
     #[arg(long, default_value_t = 25.0, value_parser = positive())]
     pub bucket_cap_mb: f64,

@@ -23,6 +23,8 @@ pub struct EvalResult {
     /// Counts behind the percentages (summed over ranks in a data-parallel run).
     pub correct1: u64,
     pub correct5: u64,
+    /// Mean cross-entropy over the images (all ranks).
+    pub loss: f64,
     pub images: u64,
     pub bad_images: u64,
     pub seconds: f64,
@@ -37,9 +39,11 @@ impl EvalResult {
             self.correct5 as f64,
             self.images as f64,
             self.bad_images as f64,
+            self.loss * self.images as f64,
         ];
         dist.sum_f64(&mut v, "summing evaluation counts")?;
         let n = v[2].max(1.0);
+        self.loss = v[4] / n;
         self.correct1 = v[0] as u64;
         self.correct5 = v[1] as u64;
         self.images = v[2] as u64;
@@ -85,6 +89,7 @@ pub fn evaluate(
         acc5,
         correct1,
         correct5,
+        loss: acc.loss_sum() / acc.images.max(1) as f64,
         images: acc.images,
         bad_images: loader.stats().bad_images,
         seconds,

@@ -5,6 +5,8 @@ use tch::{Kind, Tensor};
 pub struct Accuracy {
     correct1: Tensor,
     correct5: Tensor,
+    /// Sum of the images' cross-entropy losses (fp64, on the device).
+    loss_sum: Tensor,
     pub images: u64,
 }
 
@@ -14,12 +16,22 @@ impl Accuracy {
         Self {
             correct1: z(),
             correct5: z(),
+            loss_sum: Tensor::zeros([], (Kind::Double, device)),
             images: 0,
         }
     }
 
-    /// Adds a batch of logits `[n, classes]` against `labels` `[n]`; top-5 is top-min(5, classes).
+    /// Adds a batch of logits `[n, classes]` against `labels` `[n]`; top-5 is top-min(5, classes). The loss is
+    /// the cross-entropy computed in fp32 (whatever the logits' precision), as main.py's validate() reports.
     pub fn add(&mut self, logits: &Tensor, labels: &Tensor) {
+        let loss = logits.to_kind(Kind::Float).cross_entropy_loss(
+            labels,
+            None::<Tensor>,
+            tch::Reduction::Sum,
+            -100,
+            0.0,
+        );
+        let _ = self.loss_sum.g_add_(&loss.to_kind(Kind::Double));
         let k = logits.size()[1].min(5);
         let (_, idx) = logits.topk(k, 1, true, true);
         let hits = idx.eq_tensor(&labels.unsqueeze(1));
@@ -34,6 +46,11 @@ impl Accuracy {
     pub fn counts(&self) -> (u64, u64) {
         let get = |t: &Tensor| i64::try_from(t).unwrap_or(0) as u64;
         (get(&self.correct1), get(&self.correct5))
+    }
+
+    /// The summed cross-entropy of every image added.
+    pub fn loss_sum(&self) -> f64 {
+        f64::try_from(&self.loss_sum).unwrap_or(f64::NAN)
     }
 
     /// (top-1 %, top-5 %).

@@ -235,10 +235,15 @@ impl<'a> Setup<'a> {
                 ..Default::default()
             };
             step.sync_gradients(&dist, &opts)?;
+            if let (true, Some(group)) = (args.sync_bn, dist.group()) {
+                crate::model::sync_bn::enable(group);
+            }
             // A fresh EMA starts from the broadcast weights; a resumed one is the checkpoint's on every rank.
             if let (Some(e), None) = (&mut ema, &args.resume) {
                 e.ema = Ema::new(&step.model, e.ema.decay);
             }
+        } else if args.sync_bn && rank0 && !args.evaluate {
+            tracing::info!("--sync-bn in a single process: batch norm uses this process's batch, as without it");
         }
 
         let global_batch = args.batch_size * args.accum_steps * world;
@@ -360,6 +365,7 @@ impl<'a> Setup<'a> {
             return Ok(EvalResult {
                 acc1: f64::NAN,
                 acc5: f64::NAN,
+                loss: f64::NAN,
                 ..EvalResult::default()
             });
         };
@@ -927,6 +933,7 @@ impl<'a> Trainer<'a> {
             images_per_sec: finite(stats.images_per_sec),
             acc1: eval.and_then(|e| finite(e.acc1)),
             acc5: eval.and_then(|e| finite(e.acc5)),
+            val_loss: eval.and_then(|e| finite(e.loss)),
             val_images: eval.map(|e| e.images),
             seconds: None,
             resolution: Some(stats.resolution as u64),
@@ -990,8 +997,12 @@ impl<'a> Trainer<'a> {
             if let Some(gbs) = record.disk_read_gbs.or(record.process_read_gbs) {
                 tb.scalar("io/read_gbps", step, gbs)?;
             }
-            for (tag, acc) in [("val/acc1", record.acc1), ("val/acc5", record.acc5)] {
-                if let Some(a) = acc {
+            for (tag, value) in [
+                ("val/acc1", record.acc1),
+                ("val/acc5", record.acc5),
+                ("val/loss", record.val_loss),
+            ] {
+                if let Some(a) = value {
                     tb.scalar(tag, epoch, a)?;
                 }
             }
@@ -1000,9 +1011,10 @@ impl<'a> Trainer<'a> {
         // An epoch --eval-every skips has no evaluation (val_images absent).
         let acc = match record.val_images {
             Some(_) => format!(
-                "Acc@1 {:.3}  Acc@5 {:.3}",
+                "Acc@1 {:.3}  Acc@5 {:.3}  val loss {:.4}",
                 record.acc1.unwrap_or(f64::NAN),
-                record.acc5.unwrap_or(f64::NAN)
+                record.acc5.unwrap_or(f64::NAN),
+                record.val_loss.unwrap_or(f64::NAN)
             ),
             None => "not evaluated".into(),
         };
@@ -1034,6 +1046,7 @@ impl<'a> Trainer<'a> {
     /// rank 0 saves final.safetensors and prints the summary.
     fn finish(mut self, outcome: Outcome) -> Result<Outcome> {
         drop(self.setup.step.grad_sync.take());
+        crate::model::sync_bn::disable();
         let mut setup = self.setup;
         setup.dist.finish()?;
         if let (Some(log), Outcome::Done, false) = (&mut setup.mllog, outcome, self.target_reached)
