@@ -175,8 +175,9 @@ impl DistributedDataParallel {
         })
     }
 
-    /// Copies rank 0's buffers (e.g. BN running statistics) to every rank: DDP's broadcast_buffers, for callers
-    /// that want it before evaluation or checkpointing (by default each rank keeps its own statistics).
+    /// Copies rank 0's buffers (e.g. BN running statistics) to every rank: DDP's broadcast_buffers (PyTorch's
+    /// default), which rn50's training step does after each synchronised backward so that every rank evaluates
+    /// and checkpoints the same model.
     pub fn sync_buffers(&self) -> Result<(), CommError> {
         let refs: Vec<&Tensor> = self.buffers.iter().collect();
         self.group
