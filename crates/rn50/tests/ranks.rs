@@ -23,10 +23,11 @@ fn rank(rank: usize, port: u16, args: &[&str], log: &std::path::Path) -> Child {
         .unwrap()
 }
 
-/// Runs two ranks, `args` plus `-b 1` on rank 0 and `-b 2` on rank 1; returns each one's exit code and stderr.
-fn two_ranks_with_different_batch_sizes(
+/// Runs two ranks, `args` plus `extra[r]` on rank r; returns each one's exit code and stderr.
+fn two_ranks(
     dir: &std::path::Path,
     args: &[&str],
+    extra: [&[&str]; 2],
 ) -> Vec<(Option<i32>, String)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -36,8 +37,7 @@ fn two_ranks_with_different_batch_sizes(
     let mut children: Vec<(Child, std::path::PathBuf)> = (0..2)
         .map(|r| {
             let log = dir.join(format!("log{r}"));
-            let b = (r + 1).to_string();
-            (rank(r, port, &[args, &["-b", &b]].concat(), &log), log)
+            (rank(r, port, &[args, extra[r]].concat(), &log), log)
         })
         .collect();
     let start = Instant::now();
@@ -62,13 +62,25 @@ fn two_ranks_with_different_batch_sizes(
         .collect()
 }
 
-fn assert_named(results: &[(Option<i32>, String)]) {
+/// What the ranks of [`two_ranks_with_different_batch_sizes`] are told.
+const BATCH_SIZES: &str = "--batch-size: rank 0 has 1, rank 1 has 2";
+
+/// Two ranks running `args` plus `-b 1` on rank 0 and `-b 2` on rank 1.
+fn two_ranks_with_different_batch_sizes(
+    dir: &std::path::Path,
+    args: &[&str],
+) -> Vec<(Option<i32>, String)> {
+    two_ranks(dir, args, [&["-b", "1"], &["-b", "2"]])
+}
+
+/// Every rank failed at the configuration check, naming the flag and both values (`difference`).
+fn assert_named(results: &[(Option<i32>, String)], difference: &str) {
     for (r, (code, log)) in results.iter().enumerate() {
         assert_eq!(*code, Some(1), "rank {r}:\n{log}");
         assert!(
             log.contains(&format!("rank {r}/2: configuration check failed: "))
-                && log.contains("--batch-size: rank 0 has 1, rank 1 has 2"),
-            "rank {r}'s error does not name the flag and both values:\n{log}"
+                && log.contains(difference),
+            "rank {r}'s error does not name the flag and both values ({difference}):\n{log}"
         );
         assert!(!log.contains("signal received"), "rank {r}:\n{log}");
     }
@@ -99,7 +111,7 @@ fn train_with_different_batch_sizes_is_an_error_at_start_up() {
             out.to_str().unwrap(),
         ],
     );
-    assert_named(&results);
+    assert_named(&results, BATCH_SIZES);
     assert!(
         !out.exists(),
         "the run directory was created before the check"
@@ -125,5 +137,35 @@ fn bench_with_different_batch_sizes_is_an_error_at_start_up() {
             "cpu",
         ],
     );
-    assert_named(&results);
+    assert_named(&results, BATCH_SIZES);
+}
+
+/// A rank with --sync-bn would wait in an all-gather that the rank without it never joins.
+#[test]
+fn train_with_and_without_sync_bn_is_an_error_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let results = two_ranks(
+        dir.path(),
+        &[
+            "train",
+            "--dummy",
+            "-a",
+            "resnet18",
+            "--width",
+            "16",
+            "--image-size",
+            "32",
+            "--steps-per-epoch",
+            "2",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        [&[], &["--sync-bn"]],
+    );
+    assert_named(&results, "--sync-bn: rank 0 has false, rank 1 has true");
 }
