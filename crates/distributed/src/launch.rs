@@ -9,6 +9,7 @@
 use anyhow::{bail, Context};
 use clap::Args;
 use rn50_args::{usize_in, UsageError};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -134,6 +135,80 @@ pub fn visible_gpus() -> (usize, String) {
         smi,
         "no CUDA_VISIBLE_DEVICES, no /dev/nvidiaN, no GPU from nvidia-smi -L".into(),
     )
+}
+
+/// What the scheduler or MPI launcher that started this `rn50 launch` says about the nodes, when it started one
+/// launcher per node: (who, the node count and the variable it came from, this node's index and its variable).
+struct SchedulerNodes {
+    who: &'static str,
+    nnodes: Option<(usize, String)>,
+    node: Option<(usize, String)>,
+}
+
+fn scheduler_nodes(env: &HashMap<String, String>) -> Option<SchedulerNodes> {
+    let get = |k: &str| env.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
+    let num = |k: &str| get(k)?.parse::<usize>().ok().map(|n| (n, k.to_string()));
+    let first = |ks: &[&str]| ks.iter().find_map(|k| num(k));
+    // The innermost launcher first: mpirun under SLURM starts its daemons with srun.
+    if get("OMPI_COMM_WORLD_SIZE").is_some() {
+        // Several launchers per node have no node index to compare with.
+        return (first(&["OMPI_COMM_WORLD_LOCAL_SIZE"])?.0 == 1).then(|| SchedulerNodes {
+            who: "Open MPI (mpirun)",
+            nnodes: num("OMPI_COMM_WORLD_SIZE"),
+            node: num("OMPI_COMM_WORLD_RANK"),
+        });
+    }
+    if get("PMI_SIZE").is_some() || get("PALS_SIZE").is_some() {
+        let local = first(&["PMI_LOCAL_SIZE", "MPI_LOCALNRANKS", "PALS_LOCAL_SIZE"]);
+        if local.map(|l| l.0) == Some(1) {
+            return Some(SchedulerNodes {
+                who: "MPI (mpiexec/PMI)",
+                nnodes: first(&["PMI_SIZE", "PALS_SIZE"]),
+                node: first(&["PMI_RANK", "PALS_RANKID"]),
+            });
+        }
+    }
+    // An srun step (a batch script itself may run a single-node launch on a multi-node allocation).
+    if (get("SLURM_STEP_ID").is_some() || get("SLURM_STEPID").is_some())
+        && get("SLURM_NODEID").is_some()
+    {
+        return Some(SchedulerNodes {
+            who: "SLURM (srun)",
+            nnodes: first(&[
+                "SLURM_STEP_NUM_NODES",
+                "SLURM_NNODES",
+                "SLURM_JOB_NUM_NODES",
+            ]),
+            node: num("SLURM_NODEID"),
+        });
+    }
+    None
+}
+
+/// Where --nnodes/--node-rank disagree with the scheduler or MPI launcher that started this launcher (one per
+/// node; see [`scheduler_nodes`]), the usage error naming both values; None when they agree or nothing says.
+pub fn scheduler_mismatch(args: &LaunchArgs, env: &HashMap<String, String>) -> Option<String> {
+    let s = scheduler_nodes(env)?;
+    let mut bad = Vec::new();
+    if let Some((n, var)) = s.nnodes.filter(|(n, _)| *n != args.nnodes) {
+        bad.push(format!(
+            "--nnodes {} but {} runs it on {n} nodes ({var}={n})",
+            args.nnodes, s.who
+        ));
+    }
+    if let Some((r, var)) = s.node.filter(|(r, _)| *r != args.node_rank) {
+        bad.push(format!(
+            "--node-rank {} but this is node {r} for {} ({var}={r})",
+            args.node_rank, s.who
+        ));
+    }
+    (!bad.is_empty()).then(|| {
+        format!(
+            "rn50 launch disagrees with the scheduler's environment: {} (each node's launcher takes the job's node \
+             count and that node's own index)",
+            bad.join("; ")
+        )
+    })
 }
 
 /// ADDR:PORT, with IPv6 addresses in brackets ([::1]:29500).
@@ -350,6 +425,10 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
             "--node-rank {} is outside 0..{} (--nnodes)",
             args.node_rank, args.nnodes
         )));
+    }
+    let vars: HashMap<String, String> = std::env::vars().collect();
+    if let Some(msg) = scheduler_mismatch(args, &vars) {
+        bail!(UsageError::new(msg));
     }
     if args.command.is_empty() {
         bail!("no command for the workers (e.g. `rn50 launch --nproc-per-node 2 -- train ...`)");
