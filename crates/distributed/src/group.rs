@@ -288,22 +288,29 @@ impl ProcessGroup {
         // A missing, down or address-less interface fails here, naming it, rather than as a timeout on the other
         // ranks; they hear of it through the store when their own connection set-up fails.
         let init_failed = |detail: String| {
-            let _ = store.set(&format!("rn50/pg_init_failed/{rank}"), detail.as_bytes());
-            let others: Vec<String> = (0..size)
-                .filter(|&r| r != rank)
-                .filter_map(|r| {
-                    let key = format!("rn50/pg_init_failed/{r}");
-                    store.check(&key).ok()?.then_some(())?;
-                    let theirs = store.get(&key).ok()?;
-                    Some(format!(
-                        "; rank {r} reports: {}",
-                        String::from_utf8_lossy(&theirs)
-                    ))
-                })
-                .collect();
+            // The job is failing: short store waits from here on, and none once the store is gone.
+            let _ = store.set_timeout(Duration::from_secs(2));
+            let key = |r: usize| format!("rn50/pg_init_failed/{r}");
+            let mut reports = Vec::new();
+            if store.set(&key(rank), detail.as_bytes()).is_ok() {
+                for r in (0..size).filter(|&r| r != rank) {
+                    match store.check(&key(r)) {
+                        Ok(true) => reports.extend(store.get(&key(r)).ok().map(|v| {
+                            format!("; rank {r} reports: {}", String::from_utf8_lossy(&v))
+                        })),
+                        Ok(false) => {}
+                        Err(_) => break,
+                    }
+                }
+            }
+            let more = match reports.len() {
+                n if n > 2 => format!("; {} other ranks reported failures too", n - 2),
+                _ => String::new(),
+            };
+            reports.truncate(2);
             err(
                 "process group init (connecting to every rank)",
-                format!("{detail}{}", others.concat()),
+                format!("{detail}{}{more}", reports.concat()),
             )
         };
         if let Some(problem) = ifname_problem(&ifnames, &interfaces()) {
