@@ -198,7 +198,7 @@ impl WorldInfo {
         };
         let master_port = match v.get("MASTER_PORT") {
             Some(p) => port(p)?,
-            None => default_port(&v),
+            None => default_port(&v, source),
         };
         Ok(WorldInfo {
             rank,
@@ -245,8 +245,16 @@ fn port(s: &str) -> Result<u16, EnvError> {
         })
 }
 
-/// 15000-29999 from the job id: distinct for jobs sharing a node, below Linux's ephemeral range.
-fn default_port(v: &Vars) -> u16 {
+/// 15000-29999 from the job, so that jobs sharing a node do not collide: Open MPI's own job (every `mpirun` is
+/// one, even inside a scheduler's allocation: `OMPI_MCA_ess_base_jobid`, or `PMIX_NAMESPACE`, the same on every
+/// node of the job) hashed into the range; else the scheduler's numeric job id (SLURM_JOB_ID, PBS_JOBID, JOB_ID)
+/// as 15000 + id mod 15000 (what scripts/slurm-train.sbatch computes); else [`DEFAULT_PORT`].
+fn default_port(v: &Vars, source: LaunchSource) -> u16 {
+    if source == LaunchSource::OpenMpi {
+        if let Some((_, job)) = v.first(&["OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"]) {
+            return port_of_name(&job);
+        }
+    }
     let id = v
         .first(&["SLURM_JOB_ID", "SLURM_JOBID", "PBS_JOBID", "JOB_ID"])
         .and_then(|(_, id)| {
@@ -258,6 +266,16 @@ fn default_port(v: &Vars) -> u16 {
         Some(id) => 15000 + (id % 15000) as u16,
         None => DEFAULT_PORT,
     }
+}
+
+/// 15000-29999 from a job name (FNV-1a, stable across builds and hosts). Open MPI 4's numeric job ids are the
+/// job family in the high 16 bits and a counter in the low ones, so `id mod 15000` would use an eighth of the
+/// range; hashing the text spreads them, and covers Open MPI 5's `prterun-HOST-PID@1` namespaces too.
+fn port_of_name(job: &str) -> u16 {
+    let h = job.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    15000 + (h % 15000) as u16
 }
 
 fn default_master(
@@ -291,7 +309,86 @@ fn default_master(
     if world == local_world {
         return Ok("127.0.0.1".into());
     }
+    let how = match source {
+        LaunchSource::OpenMpi => "; pass rank 0's host: mpirun -x MASTER_ADDR=<first host> …",
+        LaunchSource::Pmi => "; pass rank 0's host: mpiexec -genv MASTER_ADDR <first host> …",
+        _ => "; set MASTER_ADDR to rank 0's host",
+    };
     Err(EnvError::Inconsistent(format!(
-        "{source:?}: {world} ranks over several nodes but no MASTER_ADDR, SLURM node list or PBS_NODEFILE"
+        "{}: {world} ranks over several nodes but no MASTER_ADDR, SLURM node list or PBS_NODEFILE{how}",
+        source.name()
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// Two `mpirun` jobs on one node (job ids as Open MPI 4.1 gave them here) get different ports in
+    /// 15000-29999, the same on every rank of a job; a SLURM or PBS job id still gives 15000 + id mod 15000.
+    #[test]
+    fn default_port_comes_from_the_job() {
+        let port = |kv: &[(&str, &str)], source| default_port(&Vars(&vars(kv)), source);
+        let a = port(
+            &[("OMPI_MCA_ess_base_jobid", "1264517121")],
+            LaunchSource::OpenMpi,
+        );
+        let b = port(
+            &[("OMPI_MCA_ess_base_jobid", "1263271937")],
+            LaunchSource::OpenMpi,
+        );
+        assert_ne!(a, b);
+        assert_ne!(a, DEFAULT_PORT);
+        assert_eq!(a, port_of_name("1264517121"));
+        assert_eq!(
+            port(&[("PMIX_NAMESPACE", "1264517121")], LaunchSource::OpenMpi),
+            a
+        );
+        // Open MPI's own job wins over the allocation it runs in (two mpiruns in one PBS job).
+        assert_eq!(
+            port(
+                &[
+                    ("OMPI_MCA_ess_base_jobid", "1264517121"),
+                    ("PBS_JOBID", "42.pbs")
+                ],
+                LaunchSource::OpenMpi
+            ),
+            a
+        );
+        assert_eq!(
+            port(&[("PBS_JOBID", "42.pbs")], LaunchSource::OpenMpi),
+            15042
+        );
+        assert_eq!(port(&[], LaunchSource::OpenMpi), DEFAULT_PORT);
+        // Not Open MPI: its variables (inherited from an outer mpirun) are not this job's.
+        assert_eq!(
+            port(
+                &[
+                    ("OMPI_MCA_ess_base_jobid", "1264517121"),
+                    ("SLURM_JOB_ID", "123456")
+                ],
+                LaunchSource::Slurm
+            ),
+            15000 + (123456 % 15000) as u16
+        );
+        // Open MPI 4's job ids are a family (high 16 bits) and a counter: `id mod 15000` would give the 65536
+        // families only 1875 ports; hashed they spread over nearly all 15000.
+        let ports: std::collections::HashSet<u16> = (0..1u64 << 16)
+            .map(|fam| port_of_name(&((fam << 16) | 1).to_string()))
+            .collect();
+        assert!(ports.len() > 14000, "{}", ports.len());
+        assert!(ports.iter().all(|p| (15000..30000).contains(p)));
+        // Open MPI 5 (PRRTE) namespaces are text.
+        let p5 = port(
+            &[("PMIX_NAMESPACE", "prterun-vm-4242@1")],
+            LaunchSource::OpenMpi,
+        );
+        assert!((15000..30000).contains(&p5));
+    }
 }

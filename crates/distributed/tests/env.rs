@@ -202,7 +202,50 @@ fn open_mpi() {
         ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
     ]))
     .unwrap_err();
-    assert!(e.to_string().contains("MASTER_ADDR"), "{e}");
+    assert!(
+        e.to_string().contains("mpirun -x MASTER_ADDR=<first host>"),
+        "{e}"
+    );
+}
+
+/// Two `mpirun` jobs on one node without MASTER_PORT (issue 24): each rendezvouses on a port of its own,
+/// derived from Open MPI's job id (as 4.1.4 sets it), the same for every rank of a job, not both on 29500.
+#[test]
+fn open_mpi_jobs_on_one_node_get_their_own_ports() {
+    let rank = |job: &str, r: &str| {
+        world(&[
+            ("OMPI_COMM_WORLD_RANK", r),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", r),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("OMPI_MCA_ess_base_jobid", job),
+            ("PMIX_NAMESPACE", job),
+        ])
+    };
+    let (a0, a1) = (rank("1264517121", "0"), rank("1264517121", "1"));
+    let b0 = rank("1263271937", "0");
+    assert_eq!(a0.master_port, a1.master_port);
+    assert_ne!(a0.master_port, b0.master_port);
+    for p in [a0.master_port, b0.master_port] {
+        assert!((15000..30000).contains(&p), "{p}");
+    }
+    // MASTER_PORT still wins.
+    let w = world(&[
+        ("OMPI_COMM_WORLD_RANK", "0"),
+        ("OMPI_COMM_WORLD_SIZE", "2"),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ("OMPI_MCA_ess_base_jobid", "1264517121"),
+        ("MASTER_PORT", "23456"),
+    ]);
+    assert_eq!(w.master_port, 23456);
+    // MPICH/Intel MPI across nodes: their own way to pass the host.
+    let e = WorldInfo::from_vars(&vars(&[
+        ("PMI_RANK", "0"),
+        ("PMI_SIZE", "4"),
+        ("PMI_LOCAL_SIZE", "2"),
+    ]))
+    .unwrap_err();
+    assert!(e.to_string().contains("-genv MASTER_ADDR"), "{e}");
 }
 
 #[test]

@@ -117,11 +117,29 @@ pub fn launcher_check(env: &HashMap<String, String>) -> Check {
                 w.master_port
             ),
         ),
-        Err(e) => fail(
-            "launcher",
-            e.to_string(),
-            "fix the launcher's variables, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT",
-        ),
+        Err(e) => fail("launcher", e.to_string(), launcher_fix(env)),
+    }
+}
+
+/// What to do when the launcher's variables do not add up, for the launcher that set them (the one
+/// [`WorldInfo::from_vars`] reads first). Under an MPI launcher every rank gets its place from the launcher, so
+/// setting RANK/WORLD_SIZE there would give every rank the same one: only the rendezvous host is missing.
+fn launcher_fix(env: &HashMap<String, String>) -> &'static str {
+    let has = |k: &str| env.get(k).is_some_and(|v| !v.trim().is_empty());
+    if has("RANK") && has("WORLD_SIZE") {
+        "fix RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (or start the job with rn50 launch or torchrun, which \
+         set them)"
+    } else if has("OMPI_COMM_WORLD_RANK") {
+        "under Open MPI every rank's place comes from mpirun (do not set RANK or WORLD_SIZE); across nodes pass \
+         rank 0's host: mpirun -x MASTER_ADDR=<first host> (and -x MASTER_PORT=P to choose the port)"
+    } else if has("SLURM_PROCID") && (has("SLURM_STEP_ID") || has("SLURM_STEPID")) {
+        "start the tasks with srun inside the allocation (srun sets SLURM_PROCID, SLURM_NTASKS, SLURM_NODEID and \
+         the tasks per node); do not set them by hand"
+    } else if has("PMI_RANK") || has("PALS_RANKID") {
+        "under MPICH/Intel MPI/PALS every rank's place comes from mpiexec (do not set RANK or WORLD_SIZE); across \
+         nodes pass rank 0's host: mpiexec -genv MASTER_ADDR <first host> (PALS: --env MASTER_ADDR=<first host>)"
+    } else {
+        "fix the launcher's variables"
     }
 }
 
@@ -452,6 +470,29 @@ mod tests {
         let c = launcher_check(&env(&[("RANK", "4"), ("WORLD_SIZE", "4")]));
         assert_eq!(c.status, Status::Fail);
         assert!(c.detail.contains("outside a world of 4"), "{}", c.detail);
+        assert!(c.fix.unwrap().contains("fix RANK, WORLD_SIZE"));
+    }
+
+    /// `mpirun` across nodes without MASTER_ADDR (issue 24): the fix is mpirun's `-x MASTER_ADDR`, not setting
+    /// RANK and WORLD_SIZE, which would give every rank the same place.
+    #[test]
+    fn the_fix_under_mpirun_is_mpiruns() {
+        let c = launcher_check(&env(&[
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ]));
+        assert_eq!(c.status, Status::Fail);
+        assert!(c.detail.contains("several nodes"), "{}", c.detail);
+        let fix = c.fix.unwrap();
+        assert!(fix.contains("mpirun -x MASTER_ADDR=<first host>"), "{fix}");
+        assert!(fix.contains("do not set RANK"), "{fix}");
+        let c = launcher_check(&env(&[
+            ("PMI_RANK", "0"),
+            ("PMI_SIZE", "4"),
+            ("PMI_LOCAL_SIZE", "2"),
+        ]));
+        assert!(c.fix.unwrap().contains("-genv MASTER_ADDR"));
     }
 
     /// The build settings line of the torch 2.11.0+cu130 wheel (`torch.__config__.show()`, compiler flags cut):
