@@ -279,12 +279,15 @@ impl ProcessGroup {
             .map_err(|e| err("rendezvous", format!("{e} (store at {master})")))?;
 
         let ifnames = std::env::var("GLOO_SOCKET_IFNAME").unwrap_or_default();
-        // All ranks on this machine: bind Gloo to loopback too, whatever the hostname resolves to.
-        let host = if ifnames.is_empty() && is_loopback(&world.master_addr) {
-            "127.0.0.1"
-        } else {
-            ""
+        // Without GLOO_SOCKET_IFNAME, Gloo binds to this host's address on the way to the master (loopback when
+        // all ranks are on this machine): the other ranks reach the master there, so they reach this rank too.
+        // c10d's own default, the address the hostname resolves to, is often 127.0.1.1 or an interface the other
+        // nodes cannot reach, and then Gloo's connection retries ignore the timeout (41 s for an 8 s timeout).
+        let host = match ifnames.is_empty() {
+            true => route_source(&world.master_addr, world.master_port).unwrap_or_default(),
+            false => String::new(),
         };
+        let host = host.as_str();
         // A missing, down or address-less interface fails here, naming it, rather than as a timeout on the other
         // ranks; they hear of it through the store when their own connection set-up fails.
         let init_failed = |detail: String| {
@@ -878,6 +881,22 @@ pub fn ifname_problem(ifnames: &str, ifs: &[Interface]) -> Option<String> {
 
 /// What Gloo bound to, for a failed connection set-up: the GLOO_SOCKET_IFNAME interfaces and their addresses,
 /// or the address this host's name resolves to (which, on a node with several networks, may be the wrong one).
+/// This host's address on the route to `addr:port` (the source address the kernel would pick; no packet is
+/// sent), or None when `addr` does not resolve or has no route.
+fn route_source(addr: &str, port: u16) -> Option<String> {
+    if is_loopback(addr) {
+        return Some("127.0.0.1".into());
+    }
+    let target = (addr, port).to_socket_addrs().ok()?.next()?;
+    let any: std::net::SocketAddr = match target {
+        std::net::SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        std::net::SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let socket = std::net::UdpSocket::bind(any).ok()?;
+    socket.connect(target).ok()?;
+    Some(socket.local_addr().ok()?.ip().to_string())
+}
+
 fn gloo_binding(ifnames: &str, host: &str, ifs: &[Interface]) -> String {
     if !ifnames.is_empty() {
         let named: Vec<String> = ifnames
@@ -895,7 +914,11 @@ fn gloo_binding(ifnames: &str, host: &str, ifs: &[Interface]) -> String {
         );
     }
     if !host.is_empty() {
-        return String::new();
+        return format!(
+            " (Gloo used {host}, this host's address on the way to the master; set GLOO_SOCKET_IFNAME to the \
+             interface that reaches the other nodes: interfaces: {})",
+            describe_interfaces(ifs)
+        );
     }
     let name = hostname();
     let resolved: Vec<String> = (name.as_str(), 0)
