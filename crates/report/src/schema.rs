@@ -35,7 +35,8 @@ pub struct BenchResult {
     /// CPU, which has run the step by then, all of it is time the step lost. On a GPU the next batch is taken
     /// while the device runs the step, so a wait the device hid is counted too.
     pub data_wait_ms: Option<f64>,
-    /// Mean time per step less `data_wait_ms`: forward, backward and update, and handing the next batch to the
+    /// Median over the timed steps of the step's time less its data wait: forward, backward and update (with the
+    /// all-reduce backward did not hide), and handing the next batch to the
     /// device (the copy into page-locked memory and the host-to-device copy on a GPU; with `--data host` on a
     /// CPU, the copy into the input tensor).
     pub compute_ms: Option<f64>,

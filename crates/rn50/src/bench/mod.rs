@@ -403,7 +403,10 @@ pub fn measure(
     let ips: Vec<f64> = step_ms.iter().map(|ms| b / (ms / 1e3)).collect();
     let data_wait_ms = rn50_util::stats::mean(&wait_ms);
     let mean_step = rn50_util::stats::mean(&step_ms);
-    let compute_ms = mean_step - data_wait_ms;
+    // The median step's compute, as step_ms is the median step: a mean would take one slow step (a bucket
+    // rebuild, a page-cache miss) as the norm, and under a launcher came out at twice the median step.
+    let compute: Vec<f64> = step_ms.iter().zip(&wait_ms).map(|(s, w)| s - w).collect();
+    let compute_ms = rn50_util::stats::median(&compute);
     // Totals over the ranks (each measured its own steps; they run in lockstep).
     let mut totals = [
         rn50_util::stats::median(&ips),
