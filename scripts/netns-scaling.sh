@@ -11,8 +11,9 @@
 # For each rate: the link's measured TCP throughput (a 2 s stream from node 1 to node 0), then
 #   2 nodes × 1 rank  (`rn50 launch --nnodes 2 --nproc-per-node 1 … -- bench`, world 2, every all-reduce crosses the link)
 #   2 nodes × 2 ranks (world 4: two ranks per node share the node's link; on 2 cores also its CPUs)
-# and `rn50 scaling --bench 1x1.json` for the same worker counts, bandwidth (the measured one, in GB/s) and
-# workers per node. The single-rank step (1x1.json) is measured once, with the same threads per rank.
+# and `rn50 scaling` for the same worker counts, bandwidth (the measured one, in GB/s) and workers per node. Its
+# single-worker step T1 is measured with the same threads per rank and under the same load: as many
+# single-process benches at once as the job has ranks (they share this machine's cores as the ranks do).
 #
 # Environment: RN50 (binary; default target/release/rn50), ARCH (resnet50), BATCH (per rank, 16), IMAGE (224),
 # STEPS (6), WARMUP (2), THREADS (per rank, 1), BURST (256kb), LATENCY_US (the model's per-step latency, 30),
@@ -136,10 +137,32 @@ for f in sys.argv[1:]:
 EOF
 }
 
-echo "== 1 rank, no network ($ARCH, batch $BATCH, ${IMAGE} px, $THREADS thread(s))"
+# The model's T1 is one worker's step with no communication. Here the ranks of a job share this machine's cores,
+# so T1 is measured under the same load: K single-process benches at once (K = the job's ranks), none talking to
+# another; prints the median of their median steps (ms).
+bench_alone() {
+    local k=$1 name=$2 j pids=()
+    for ((j = 0; j < k; j++)); do
+        ip netns exec "${NODES[$((j % 2))]}" "$RN50" "${BENCH[@]}" --json "$OUT/$name.$j.json" \
+            >"$OUT/$name.$j.log" 2>&1 &
+        pids+=($!)
+    done
+    for ((j = 0; j < k; j++)); do
+        wait "${pids[$j]}" || die "single-rank bench failed: $(tail -n 5 "$OUT/$name.$j.log")"
+    done
+    "$PY" - "$OUT/$name".*.json <<'EOF'
+import json, statistics, sys
+print(f"{statistics.median(json.load(open(f))['step_ms'] for f in sys.argv[1:]):.1f}")
+EOF
+}
+
+echo "== 1 rank, no network ($ARCH, batch $BATCH, ${IMAGE} px, $THREADS thread(s)), alone and 2 or 4 at once"
 ip netns exec "${NODES[0]}" "$RN50" "${BENCH[@]}" --json "$OUT/1x1.json" >"$OUT/1x1.log" 2>&1 \
     || die "single-rank bench failed: $(tail -n 5 "$OUT/1x1.log")"
 figures "$OUT/1x1.json"
+T1_2=$(bench_alone 2 alone2)
+T1_4=$(bench_alone 4 alone4)
+echo "T1 with 2 benches at once: $T1_2 ms; with 4: $T1_4 ms"
 
 for rate in "${RATES[@]}"; do
     for i in 0 1; do
@@ -155,10 +178,10 @@ for rate in "${RATES[@]}"; do
     bench_nodes 1 "$OUT/$rate-2x1.json"
     bench_nodes 2 "$OUT/$rate-2x2.json"
     figures "$OUT/$rate-2x1.json" "$OUT/$rate-2x2.json"
-    echo "-- rn50 scaling, 2 nodes × 1 (bandwidth $gbs GB/s, ${LATENCY_US} µs):"
-    "$RN50" scaling --bench "$OUT/1x1.json" --gpus 1,2 --gpus-per-node 1 --bandwidth-gbs "$gbs" \
+    echo "-- rn50 scaling, 2 nodes × 1 (T1 $T1_2 ms, bandwidth $gbs GB/s, ${LATENCY_US} µs):"
+    "$RN50" scaling --step-ms "$T1_2" -a "$ARCH" -b "$BATCH" --gpus 1,2 --gpus-per-node 1 --bandwidth-gbs "$gbs" \
         --latency-us "$LATENCY_US" --json "$OUT/$rate-2x1.predicted.json"
-    echo "-- rn50 scaling, 2 nodes × 2 (intra-node: loopback preset):"
-    "$RN50" scaling --bench "$OUT/1x1.json" --gpus 1,4 --gpus-per-node 2 --intra loopback --bandwidth-gbs "$gbs" \
-        --latency-us "$LATENCY_US" --json "$OUT/$rate-2x2.predicted.json"
+    echo "-- rn50 scaling, 2 nodes × 2 (T1 $T1_4 ms; intra-node: loopback preset):"
+    "$RN50" scaling --step-ms "$T1_4" -a "$ARCH" -b "$BATCH" --gpus 1,4 --gpus-per-node 2 --intra loopback \
+        --bandwidth-gbs "$gbs" --latency-us "$LATENCY_US" --json "$OUT/$rate-2x2.predicted.json"
 done
