@@ -10,8 +10,9 @@
 #
 # Variables: DATA (dataset root, required), OUT (run directory), GPUS_PER_NODE (default: GPUs seen on the head
 # node), RN50 (binary; default target/release/rn50 of the submit directory), EXTRA (more `rn50 train` flags),
-# STARTER (mpirun, the default, or pbsdsh), RN50_DIST_TIMEOUT (collective timeout, seconds). GLOO_*, NCCL_*,
-# RN50_*, TORCH_* and OMP_NUM_THREADS, when set (qsub -v, or exported in this script), reach every node.
+# STARTER (mpirun, the default, or pbsdsh), RN50_DIST_TIMEOUT (collective timeout, seconds), RN50_STOP_WAIT
+# (seconds to wait after a signal for node 0's checkpoint, default 300). GLOO_*, NCCL_*, RN50_*, TORCH_* and
+# OMP_NUM_THREADS, when set (qsub -v, or exported in this script), reach every node.
 #
 # The end of the walltime: PBS Pro sends no warning signal. At the walltime it sends SIGTERM to every process of
 # the job, then SIGKILL kill_delay seconds later (10 s by default; `qstat -f` shows the queue's). On SIGTERM this
@@ -34,13 +35,13 @@ cd "${PBS_O_WORKDIR:-${SGE_O_WORKDIR:-$PWD}}"
 : "${DATA:?set DATA=/path/to/imagenet (qsub -v DATA=...)}"
 OUT=${OUT:-runs/train}
 RN50=${RN50:-$PWD/target/release/rn50}
-NODEFILE=${PBS_NODEFILE:-${SGE_JOB_HOSTLIST:-}}
+NODEFILE=${PBS_NODEFILE:-${SGE_JOB_HOSTLIST:-${PE_HOSTFILE:-}}}
 if [[ -z $NODEFILE || ! -r $NODEFILE ]]; then
-    echo "rn50: no PBS_NODEFILE / SGE_JOB_HOSTLIST: not inside a PBS or UGE job?" >&2
+    echo "rn50: no PBS_NODEFILE / SGE_JOB_HOSTLIST / PE_HOSTFILE: not inside a PBS or UGE job?" >&2
     exit 2
 fi
-# The nodes in the node file's order (one line per MPI slot): the first is the head node, where this script
-# runs, and rank 0's (the rendezvous master, as rn50 itself reads PBS_NODEFILE).
+# The nodes in the node file's order (one line per MPI slot; PE_HOSTFILE: host first on each line): the first is
+# the head node, where this script runs, and rank 0's (the rendezvous master, as rn50 itself reads PBS_NODEFILE).
 mapfile -t NODES < <(awk 'NF && !seen[$1]++ { print $1 }' "$NODEFILE")
 NNODES=${#NODES[@]}
 if [[ $NNODES -eq 0 ]]; then
