@@ -329,17 +329,7 @@ fn a_crashed_node_ends_the_other_nodes_ranks_and_the_survivors_resume() {
     assert!(pos.epoch >= seen, "{pos:?}");
 
     // Node 0 alone, 4 ranks (the same global batch), continues from it.
-    let log = launch_one_node(Some((&net, 0)), 4, d, &train_args(&run, epochs, steps)).success();
-    let at = resumed_at(&log).unwrap_or_else(|| panic!("not resumed:\n{log}"));
-    assert!(
-        (seen..epochs).contains(&at),
-        "resumed at epoch {at}, checkpoint at {seen}:\n{log}"
-    );
-    assert_finished(&run, epochs);
-    // … to the weights of a run that was never interrupted.
-    let whole = d.join("uninterrupted");
-    launch_one_node(None, 4, d, &train_args(&whole, epochs, steps)).success();
-    assert_same_weights(&run, &whole);
+    resume_alone_to_the_uninterrupted_weights(&net, 4, d, &run, (epochs, steps), seen);
 }
 
 #[test]
@@ -377,18 +367,30 @@ fn a_link_taken_down_mid_step_ends_every_rank_within_the_timeout() {
         "{log1}"
     );
 
-    // The checkpoint on disk continues, on node 0 alone (2 ranks: the same global batch), to the weights of an
-    // uninterrupted run.
-    let log = launch_one_node(Some((&net, 0)), 2, d, &train_args(&run, epochs, steps)).success();
+    // The checkpoint on disk continues, on node 0 alone (2 ranks: the same global batch).
+    resume_alone_to_the_uninterrupted_weights(&net, 2, d, &run, (epochs, steps), seen);
+}
+
+/// `run`, cut short after its checkpoint of epoch `seen`, continues on node 0 alone with `nproc` ranks: from that
+/// checkpoint, through every epoch once, to the weights of a run that was never interrupted.
+fn resume_alone_to_the_uninterrupted_weights(
+    net: &Net,
+    nproc: usize,
+    d: &Path,
+    run: &Path,
+    (epochs, steps): (u64, u64),
+    seen: u64,
+) {
+    let log = launch_one_node(Some((net, 0)), nproc, d, &train_args(run, epochs, steps)).success();
     let at = resumed_at(&log).unwrap_or_else(|| panic!("not resumed:\n{log}"));
     assert!(
         (seen..epochs).contains(&at),
         "resumed at epoch {at}, checkpoint at {seen}:\n{log}"
     );
-    assert_finished(&run, epochs);
+    assert_finished(run, epochs);
     let whole = d.join("uninterrupted");
-    launch_one_node(None, 2, d, &train_args(&whole, epochs, steps)).success();
-    assert_same_weights(&run, &whole);
+    launch_one_node(None, nproc, d, &train_args(&whole, epochs, steps)).success();
+    assert_same_weights(run, &whole);
 }
 
 #[test]
