@@ -11,7 +11,8 @@
 //!
 //! The master address is MASTER_ADDR when set; otherwise the first host of the SLURM node list, or the first line
 //! of PBS_NODEFILE (PBS/UGE), or 127.0.0.1 when every rank is on this node. The port is MASTER_PORT, else one
-//! derived from the job id (SLURM_JOB_ID, PBS_JOBID, JOB_ID) so that jobs sharing a node do not collide, else 29500.
+//! derived from the job so that jobs sharing a node do not collide (Open MPI's own job: OMPI_MCA_ess_base_jobid or
+//! PMIX_NAMESPACE; else the scheduler's: SLURM_JOB_ID, PBS_JOBID, JOB_ID), else 29500.
 //! A SLURM batch script itself (no SLURM_STEP_ID: not started by srun) is a single process.
 use crate::nodelist;
 use std::collections::HashMap;
