@@ -81,9 +81,12 @@ impl Keeper {
     }
 }
 
-/// Whether `name` is a numbered checkpoint's file name.
+/// Whether `name` is a numbered checkpoint's file name, `checkpoint-<digits>.safetensors`, as rn50 writes them:
+/// only those are listed and pruned, never a user's `checkpoint-my-best-copy.safetensors` beside them.
 pub fn is_checkpoint(name: &str) -> bool {
-    name.starts_with("checkpoint-") && name.ends_with(".safetensors")
+    name.strip_prefix("checkpoint-")
+        .and_then(|n| n.strip_suffix(".safetensors"))
+        .is_some_and(|step| !step.is_empty() && step.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The numbered checkpoints in `dir`, oldest first. Oldest by modification time, not by step: a run resumed
@@ -212,6 +215,36 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    /// A user's own files named like checkpoints are neither counted nor pruned (issue 25).
+    #[test]
+    fn pruning_leaves_files_rn50_did_not_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let mine = [
+            "checkpoint-my-best-copy.safetensors",
+            "checkpoint-.safetensors",
+            "checkpoint-12a.safetensors",
+        ];
+        for name in mine {
+            std::fs::write(dir.path().join(name), b"user data").unwrap();
+        }
+        let step = tiny_step();
+        let mut k = Keeper::new(dir.path(), 1, 0.0).unwrap();
+        for s in [10u64, 20] {
+            save_at(&mut k, &step, s);
+        }
+        let left = names(dir.path());
+        for name in mine {
+            assert!(
+                left.iter().any(|n| n == name),
+                "{name} was removed: {left:?}"
+            );
+        }
+        assert!(left.iter().any(|n| n == "checkpoint-000000020.safetensors"));
+        assert!(!left.iter().any(|n| n == "checkpoint-000000010.safetensors"));
+        assert!(is_checkpoint("checkpoint-000000010.safetensors"));
+        assert!(!is_checkpoint("checkpoint-my-best-copy.safetensors"));
     }
 
     #[test]
