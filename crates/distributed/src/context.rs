@@ -25,7 +25,7 @@ impl DistContext {
     /// As [`DistContext::init`] for a given world.
     pub fn init_with(world: WorldInfo, device: Device) -> anyhow::Result<DistContext> {
         let group = if world.is_distributed() {
-            let mut opts = crate::init_options_from_env(Backend::for_device(device));
+            let mut opts = crate::init_options_from_env(Backend::for_device(device))?;
             // NCCL's communicator lives on the GPU this process computes on (not necessarily LOCAL_RANK's: with
             // one visible GPU per task it is cuda:0 on every rank).
             if let Device::Cuda(i) = device {

@@ -38,25 +38,72 @@ pub fn nccl_available() -> bool {
     ffi::cuda_compiled()
 }
 
+/// The ranges of the environment's time settings, in seconds: RN50_DIST_TIMEOUT as `rn50 launch --timeout`
+/// (which sets it) but fractions allowed, RN50_DIST_HEARTBEAT up to an hour.
+const TIMEOUT_RANGE: (f64, f64) = (0.001, 604_800.0);
+const HEARTBEAT_RANGE: (f64, f64) = (0.001, 3_600.0);
+
 /// InitOptions for `backend`, with the timeout from RN50_DIST_TIMEOUT (seconds; set by `rn50 launch --timeout`)
-/// and the heartbeat interval from RN50_DIST_HEARTBEAT (seconds) when present.
-pub fn init_options_from_env(backend: Backend) -> InitOptions {
-    let secs = |k: &str| {
-        std::env::var(k)
-            .ok()
-            .and_then(|s| s.trim().parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s > 0.0)
-            .map(std::time::Duration::from_secs_f64)
+/// and the heartbeat interval from RN50_DIST_HEARTBEAT (seconds) when present. A value that is not a number of
+/// seconds in range is a usage error, as a flag's would be (`rn50` exits 2), never ignored.
+pub fn init_options_from_env(backend: Backend) -> Result<InitOptions, rn50_args::UsageError> {
+    init_options_from(backend, |k| std::env::var(k).ok())
+}
+
+fn init_options_from(
+    backend: Backend,
+    var: impl Fn(&str) -> Option<String>,
+) -> Result<InitOptions, rn50_args::UsageError> {
+    let secs = |k: &str,
+                (lo, hi): (f64, f64)|
+     -> Result<Option<std::time::Duration>, rn50_args::UsageError> {
+        let Some(v) = var(k) else {
+            return Ok(None);
+        };
+        match v.trim().parse::<f64>() {
+            Ok(s) if (lo..=hi).contains(&s) => Ok(Some(std::time::Duration::from_secs_f64(s))),
+            _ => Err(rn50_args::UsageError::new(format!(
+                "{k}={v}: expected seconds from {lo} to {hi}"
+            ))),
+        }
     };
     let mut o = InitOptions {
         backend,
         ..InitOptions::default()
     };
-    if let Some(t) = secs("RN50_DIST_TIMEOUT") {
+    if let Some(t) = secs("RN50_DIST_TIMEOUT", TIMEOUT_RANGE)? {
         o.timeout = t;
     }
-    if let Some(t) = secs("RN50_DIST_HEARTBEAT") {
+    if let Some(t) = secs("RN50_DIST_HEARTBEAT", HEARTBEAT_RANGE)? {
         o.heartbeat_interval = t;
     }
-    o
+    Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Out of range, negative, not a number or huge enough to overflow a Duration: an error naming the variable
+    /// (1e20 used to panic; -5 and abc were ignored).
+    #[test]
+    fn time_settings_from_the_environment_have_ranges() {
+        let with = |k: &'static str, v: &'static str| {
+            init_options_from(Backend::Gloo, move |q| (q == k).then(|| v.to_string()))
+        };
+        let o = with("RN50_DIST_TIMEOUT", "2.5").unwrap();
+        assert_eq!(o.timeout, std::time::Duration::from_millis(2500));
+        let o = with("RN50_DIST_HEARTBEAT", "0.25").unwrap();
+        assert_eq!(o.heartbeat_interval, std::time::Duration::from_millis(250));
+        for k in ["RN50_DIST_TIMEOUT", "RN50_DIST_HEARTBEAT"] {
+            for v in ["1e20", "-5", "abc", "0", "NaN", "inf", ""] {
+                let e = with(k, v).unwrap_err().to_string();
+                assert!(
+                    e.starts_with(&format!("{k}={v}: expected seconds from")),
+                    "{e}"
+                );
+            }
+        }
+        assert!(init_options_from(Backend::Gloo, |_| None).is_ok());
+    }
 }

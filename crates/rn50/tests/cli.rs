@@ -249,3 +249,39 @@ fn predict_is_an_alias_of_scaling() {
         "{help}"
     );
 }
+
+/// The distributed time settings in the environment have ranges like flags: exit 2 and the variable named, before
+/// a run directory is made (RN50_DIST_HEARTBEAT=1e20 panicked; -5 and abc were ignored).
+#[test]
+fn bad_distributed_time_settings_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    for (k, v) in [
+        ("RN50_DIST_HEARTBEAT", "1e20"),
+        ("RN50_DIST_TIMEOUT", "1e20"),
+        ("RN50_DIST_TIMEOUT", "-5"),
+        ("RN50_DIST_HEARTBEAT", "abc"),
+    ] {
+        let r = Command::new(env!("CARGO_BIN_EXE_rn50"))
+            .args([
+                "train", "--dummy", "-a", "resnet18", "--device", "cpu", "--out",
+            ])
+            .arg(&out)
+            .envs([
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("LOCAL_RANK", "0"),
+                ("LOCAL_WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", "1"),
+                (k, v),
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{k}={v}:\n{err}");
+        assert!(err.contains(&format!("{k}={v}: expected seconds")), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!out.exists(), "{k}={v}: the run directory was made");
+    }
+}

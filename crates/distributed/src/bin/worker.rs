@@ -320,7 +320,7 @@ fn out_of_step() -> anyhow::Result<i32> {
 
 fn allreduce_bench(floats: i64, bucket_mb: f64, iters: usize) -> anyhow::Result<()> {
     let world = WorldInfo::from_env()?;
-    let pg = ProcessGroup::init(&world, &init_options_from_env(Backend::Gloo))?;
+    let pg = ProcessGroup::init(&world, &init_options_from_env(Backend::Gloo)?)?;
     let per = ((bucket_mb * 1024.0 * 1024.0 / 4.0) as i64).max(1);
     let buckets: Vec<Tensor> = (0..floats)
         .step_by(per as usize)
@@ -371,7 +371,7 @@ fn sync_bn(rows: Vec<i64>, channels_last: bool) -> anyhow::Result<()> {
         rows.len() == world.world_size,
         "--rows needs one entry per rank"
     );
-    let pg = ProcessGroup::init(&world, &init_options_from_env(Backend::Gloo))?;
+    let pg = ProcessGroup::init(&world, &init_options_from_env(Backend::Gloo)?)?;
     let rank = world.rank;
     let (c, momentum, eps) = (6, 0.1, 1e-5);
     // The global batch, the upstream gradient and the layer, the same on every rank.
