@@ -159,6 +159,9 @@ fn tick_label(v: f64, span: f64) -> String {
     }
 }
 
+/// The largest magnitude plotted: an axis spanning it, with its margins, stays finite.
+const MAX_PLOTTED: f64 = 1e300;
+
 fn range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     values.fold(None, |acc, v| match acc {
         None => Some((v, v)),
@@ -199,7 +202,13 @@ pub fn render(chart: &Chart, path: &Path) -> Result<(), ReportError> {
     let log10 = chart.y_axis == YAxis::Log10;
     let tx = |x: f64| if log2 { x.log2() } else { x };
     let ty = |y: f64| if log10 { y.log10() } else { y };
-    // Only finite points can be drawn (and logarithms need positive values).
+    // Only points of a size an axis can span can be drawn: finite, within ±MAX_PLOTTED (an axis over ±1e308
+    // overflows to infinity and the tick search never ends), and positive on a logarithmic axis. The others are
+    // left out, and said so.
+    let drawable = |&(x, y): &(f64, f64)| {
+        let plain = |v: f64| v.is_finite() && v.abs() <= MAX_PLOTTED;
+        plain(x) && plain(y) && (!log2 || x > 0.0) && (!log10 || y > 0.0)
+    };
     // (palette index, series, drawable points in axis units)
     type Drawable<'a> = (usize, &'a Series, Vec<(f64, f64)>);
     let series: Vec<Drawable> = chart
@@ -207,14 +216,21 @@ pub fn render(chart: &Chart, path: &Path) -> Result<(), ReportError> {
         .iter()
         .enumerate()
         .map(|(i, s)| {
-            let pts = s
+            let pts: Vec<(f64, f64)> = s
                 .points
                 .iter()
-                .filter(|(x, y)| {
-                    x.is_finite() && y.is_finite() && (!log2 || *x > 0.0) && (!log10 || *y > 0.0)
-                })
+                .filter(|p| drawable(p))
                 .map(|&(x, y)| (tx(x), ty(y)))
                 .collect();
+            let left_out = s.points.len() - pts.len();
+            if left_out > 0 {
+                tracing::warn!(
+                    "{}: {left_out} point(s) of {} left out of the plot (not finite, beyond ±{MAX_PLOTTED:e}, or not \
+                     positive on a logarithmic axis)",
+                    path.display(),
+                    if s.name.is_empty() { &chart.title } else { &s.name }
+                );
+            }
             (s.colour.unwrap_or(i), s, pts)
         })
         .collect();
@@ -417,5 +433,24 @@ mod tests {
         let mut c = Chart::new("empty", "x", "y");
         c.x_axis = XAxis::Log2;
         render(&c, &dir.path().join("b.png")).unwrap();
+    }
+
+    /// Values near f64's limits (a diverged loss of 1.7e308, ±1e308) used to make the axis infinite and the tick
+    /// search spin forever; they are left out and the rest is drawn (issue 25). The test hangs without the fix.
+    #[test]
+    fn huge_values_are_left_out_not_an_endless_axis() {
+        let dir = tempfile::tempdir().unwrap();
+        for extreme in [
+            vec![(0.0, 2.0), (1.0, 1.7e308), (2.0, -1e308)],
+            vec![(0.0, 1e308), (1.0, -1e308)],
+            vec![(0.0, f64::MAX), (1e308, 1.0)],
+        ] {
+            let mut c = Chart::new("loss", "epoch", "loss");
+            c.y_from_zero = true;
+            c.series.push(Series::new("train", extreme));
+            let p = dir.path().join("huge.png");
+            render(&c, &p).unwrap();
+            assert_eq!(&std::fs::read(&p).unwrap()[..8], b"\x89PNG\r\n\x1a\n");
+        }
     }
 }

@@ -369,9 +369,12 @@ fn bad_data_and_checkpoints_are_clear_errors_that_overwrite_nothing() {
         .concat(),
     );
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    let before = snapshot(&run);
-    let garbage = dir.path().join("garbage.safetensors");
+    // A damaged file in the run directory, and one from elsewhere (another run's: refused before it is read).
+    let garbage = run.join("garbage.safetensors");
     std::fs::write(&garbage, b"this is not a checkpoint").unwrap();
+    let elsewhere = dir.path().join("garbage.safetensors");
+    std::fs::write(&elsewhere, b"this is not a checkpoint").unwrap();
+    let before = snapshot(&run);
     let o = run.to_str().unwrap();
     let with = |extra: &[&str]| -> Vec<String> {
         let mut a: Vec<&str> = vec!["train"];
@@ -384,6 +387,11 @@ fn bad_data_and_checkpoints_are_clear_errors_that_overwrite_nothing() {
     fails_with(
         &args.iter().map(String::as_str).collect::<Vec<_>>(),
         "resuming from",
+    );
+    let args = with(&["--resume", elsewhere.to_str().unwrap()]);
+    fails_with(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        "is not a checkpoint of it",
     );
     // The checkpoint is a resnet18's: resuming it as a resnet34 names the mismatch.
     let args: Vec<String> = with(&["--resume", o])

@@ -39,10 +39,11 @@ pub struct RunDir {
 }
 
 impl RunDir {
-    /// Creates `out` if needed and locks it for this process. If it holds an earlier run: `continuing`
-    /// (`--resume` given) goes on with it, `overwrite` removes that run's files first, and otherwise it is an
-    /// error that says which of the two to use.
-    pub fn claim(out: &Path, continuing: bool, overwrite: bool) -> Result<RunDir> {
+    /// Creates `out` if needed and locks it for this process. If it holds an earlier run: a `resume` of that
+    /// run (`auto`, `out` itself or a checkpoint in it) goes on with it, `overwrite` removes that run's files
+    /// first, and otherwise it is an error that says which to use. Resuming another run's checkpoint into `out`
+    /// is such an error too: it would prune this run's checkpoints and mix the two runs' metrics.
+    pub fn claim(out: &Path, resume: Option<&Path>, overwrite: bool) -> Result<RunDir> {
         std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
         let path = out.join(LOCK);
         let lock = match try_lock_pid(&path).with_context(|| format!("locking {}", path.display()))? {
@@ -54,11 +55,20 @@ impl RunDir {
             ),
         };
         let earlier = run_files(out)?;
+        let continuing = resume.is_some_and(|r| resumes_run_in(r, out));
         if !earlier.is_empty() && !continuing {
             if !overwrite {
+                let from_elsewhere = match resume {
+                    Some(r) => format!(
+                        " and --resume {} is not a checkpoint of it (resuming another run here would prune this \
+                         one's checkpoints and mix their metrics)",
+                        r.display()
+                    ),
+                    None => String::new(),
+                };
                 bail!(
-                    "{} already holds a run ({}): continue it with --resume auto, replace it with --overwrite, \
-                     or choose another --out",
+                    "{} already holds a run ({}){from_elsewhere}: continue it with --resume auto, replace it \
+                     with --overwrite, or choose another --out",
                     out.display(),
                     describe(&earlier)
                 );
@@ -74,6 +84,31 @@ impl RunDir {
         }
         Ok(RunDir { _lock: lock })
     }
+}
+
+/// Whether `--resume resume` continues the run in `out`: `auto`, `out` itself, or a file in `out` (compared as
+/// canonical paths, so `./run/` and a link to it count).
+fn resumes_run_in(resume: &Path, out: &Path) -> bool {
+    if resume == Path::new("auto") {
+        return true;
+    }
+    let (Ok(out), Ok(r)) = (std::fs::canonicalize(out), std::fs::canonicalize(resume)) else {
+        return false;
+    };
+    // A checkpoint is named by its file (the latest one is a link, whose target is in the same folder).
+    let parent = || {
+        resume
+            .parent()
+            .map(|p| {
+                if p.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    p
+                }
+            })
+            .and_then(|p| std::fs::canonicalize(p).ok())
+    };
+    r == out || (!r.is_dir() && parent().is_some_and(|p| p == out))
 }
 
 /// Keeps the records of the JSON-lines log `path` (metrics.jsonl, steps.jsonl) that `keep` accepts. A run
@@ -146,14 +181,69 @@ fn describe(files: &[PathBuf]) -> String {
 mod tests {
     use super::*;
 
+    /// `--resume A --out B` where B holds another run: refused, B untouched (it used to prune B's checkpoints
+    /// and append A's epochs to B's metrics); B's own checkpoints, B itself and `auto` continue B; into an
+    /// empty B, A's checkpoint is fine (issue 25).
+    #[test]
+    fn resuming_another_run_into_a_used_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b, empty) = (
+            dir.path().join("a"),
+            dir.path().join("b"),
+            dir.path().join("c"),
+        );
+        for run in [&a, &b] {
+            std::fs::create_dir_all(run).unwrap();
+            for f in ["checkpoint-000000004.safetensors", "metrics.jsonl"] {
+                std::fs::write(run.join(f), b"x").unwrap();
+            }
+            std::os::unix::fs::symlink("checkpoint-000000004.safetensors", run.join(LATEST))
+                .unwrap();
+        }
+        for other in [
+            a.clone(),
+            a.join(LATEST),
+            a.join("checkpoint-000000004.safetensors"),
+        ] {
+            let err = RunDir::claim(&b, Some(&other), false)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                err.contains("already holds a run") && err.contains("is not a checkpoint of it"),
+                "{err}"
+            );
+            assert!(
+                b.join("metrics.jsonl").exists()
+                    && b.join("checkpoint-000000004.safetensors").exists()
+            );
+        }
+        for own in [
+            b.clone(),
+            b.join(LATEST),
+            b.join("checkpoint-000000004.safetensors"),
+            dir.path().join("b/../b"),
+            PathBuf::from("auto"),
+        ] {
+            drop(RunDir::claim(&b, Some(&own), false).unwrap());
+        }
+        assert!(b.join("metrics.jsonl").exists());
+        drop(RunDir::claim(&empty, Some(&a.join(LATEST)), false).unwrap());
+        drop(RunDir::claim(&b, Some(&a), true).unwrap());
+        assert!(
+            !b.join("metrics.jsonl").exists(),
+            "--overwrite replaces B's run"
+        );
+    }
+
     #[test]
     fn a_used_directory_needs_resume_or_overwrite() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("run");
         // Empty or new: claimed; the claim ends with the value.
-        drop(RunDir::claim(&out, false, false).unwrap());
+        drop(RunDir::claim(&out, None, false).unwrap());
         std::fs::write(out.join("notes.txt"), b"mine").unwrap();
-        drop(RunDir::claim(&out, false, false).unwrap());
+        drop(RunDir::claim(&out, None, false).unwrap());
         for f in ["checkpoint-000000004.safetensors", "metrics.jsonl"] {
             std::fs::write(out.join(f), b"x").unwrap();
         }
@@ -162,15 +252,15 @@ mod tests {
         std::fs::create_dir(&tb).unwrap();
         std::fs::write(tb.join("events.out.tfevents.1700000000.node.1.0"), b"x").unwrap();
         std::fs::write(tb.join("my-notes.txt"), b"mine").unwrap();
-        let err = RunDir::claim(&out, false, false).err().unwrap().to_string();
+        let err = RunDir::claim(&out, None, false).err().unwrap().to_string();
         assert!(
             err.contains("already holds a run") && err.contains("--resume auto"),
             "{err}"
         );
         assert!(out.join("metrics.jsonl").exists());
-        drop(RunDir::claim(&out, true, false).unwrap());
+        drop(RunDir::claim(&out, Some(Path::new("auto")), false).unwrap());
         assert!(out.join("metrics.jsonl").exists(), "--resume keeps the run");
-        drop(RunDir::claim(&out, false, true).unwrap());
+        drop(RunDir::claim(&out, None, true).unwrap());
         let mut left: Vec<_> = std::fs::read_dir(&out)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -209,8 +299,8 @@ mod tests {
     #[test]
     fn one_claim_at_a_time() {
         let dir = tempfile::tempdir().unwrap();
-        let first = RunDir::claim(dir.path(), false, false).unwrap();
-        let err = RunDir::claim(dir.path(), true, false)
+        let first = RunDir::claim(dir.path(), None, false).unwrap();
+        let err = RunDir::claim(dir.path(), Some(Path::new("auto")), false)
             .err()
             .unwrap()
             .to_string();
@@ -220,6 +310,6 @@ mod tests {
             "{err}"
         );
         drop(first);
-        RunDir::claim(dir.path(), true, false).unwrap();
+        RunDir::claim(dir.path(), Some(Path::new("auto")), false).unwrap();
     }
 }

@@ -148,7 +148,7 @@ impl<'a> Setup<'a> {
         let rank0 = dist.is_main();
         // Rank 0 writes the run directory: claim it (or refuse to reuse it) before the model and data are set up.
         let _run_dir = (rank0 && !args.evaluate)
-            .then(|| RunDir::claim(&args.out, args.resume.is_some(), args.overwrite))
+            .then(|| RunDir::claim(&args.out, args.resume.as_deref(), args.overwrite))
             .transpose()?;
         // MLPerf's init interval starts here, once this process knows it is rank 0; it ends at run_start.
         let mut mllog = match (&args.mllog, rank0 && !args.evaluate) {
