@@ -784,6 +784,84 @@ fn a_used_run_directory_needs_resume_or_overwrite() {
     assert_eq!(std::fs::read(out.join("notes.txt")).unwrap(), b"the user's");
 }
 
+/// A start that fails writes nothing (issue 25): a batch larger than the dataset, a resume whose
+/// --accum-steps cannot fit an epoch, an unwritable tensorboard/ and --mllog naming the checkpoint each left
+/// config.toml, logs or TensorBoard files (or appended to the checkpoint), so the corrected command was refused
+/// as a second run. Each is now an error that leaves the directory byte for byte as it was.
+#[test]
+fn a_failed_start_writes_nothing_and_the_corrected_command_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    // 24 real photos: one batch of 64 is more than the dataset.
+    let data = dir.path().join("data");
+    tree(&data, 12, 12);
+    let out = dir.path().join("run");
+    let real = |extra: &[&str]| -> Vec<String> {
+        let flags = format!(
+            "train {} -a resnet18 --width 8 --image-size 32 --augment cifar --steps-per-epoch 1 --device cpu \
+             --precision fp32 -j 1 --out {}",
+            data.display(),
+            out.display()
+        );
+        let flags = flags.split_whitespace().chain(extra.iter().copied());
+        flags.map(String::from).collect()
+    };
+    let r = run_strs(&real(&["--epochs", "1", "-b", "64"]));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success(), "{err}");
+    assert!(
+        err.contains("smaller than one batch") && err.contains("24 images"),
+        "{err}"
+    );
+    assert!(
+        snapshot(&out).is_empty(),
+        "a failed start wrote {:?}",
+        snapshot(&out).iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
+    let r = run_strs(&real(&["--epochs", "1", "-b", "4"]));
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+
+    // The run has history; starts that fail after the checks that come first.
+    let before = snapshot(&out);
+    let ckpt = out.join("checkpoint.safetensors");
+    let resume = ["-b", "4", "--epochs", "2", "--resume", "auto"];
+    let failing: [(&[&str], &str); 2] = [
+        (&["--accum-steps", "100"], "fewer than --accum-steps 100"),
+        (&["--mllog", ckpt.to_str().unwrap()], "is not an MLPerf log"),
+    ];
+    for (extra, want) in failing {
+        let r = run_strs(&real(&[&resume[..], extra].concat()));
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert!(
+            !r.status.success() && err.contains(want),
+            "{extra:?}: {err}"
+        );
+        assert!(
+            before == snapshot(&out),
+            "{extra:?} changed the run directory"
+        );
+    }
+    // tensorboard/ that cannot be written (a file in its place: root writes into read-only folders).
+    let tb = out.join("tensorboard");
+    std::fs::rename(&tb, dir.path().join("tb-aside")).unwrap();
+    std::fs::write(&tb, b"not a folder").unwrap();
+    let before = snapshot(&out);
+    let r = run_strs(&real(&resume));
+    assert!(
+        !r.status.success(),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    assert!(
+        before == snapshot(&out),
+        "an unwritable tensorboard/ changed the run directory"
+    );
+    std::fs::remove_file(&tb).unwrap();
+    std::fs::rename(dir.path().join("tb-aside"), &tb).unwrap();
+    let r = run_strs(&real(&resume));
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(json_lines(&out.join("metrics.jsonl")).len(), 2);
+}
+
 /// Two `train` on one --out at once: the second is refused, naming the first's process.
 #[test]
 fn a_second_train_into_a_run_in_progress_is_refused() {

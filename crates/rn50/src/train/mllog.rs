@@ -51,8 +51,32 @@ pub struct MlLog {
 }
 
 impl MlLog {
-    /// Opens `path` for appending (creating it).
+    /// Refuses a `path` that holds something other than an MLPerf log (a checkpoint, a config, another
+    /// program's log): the log is appended to, and appending to such a file would damage it. Writes nothing.
+    pub fn check(path: &Path) -> Result<()> {
+        use std::io::Read;
+        let mut head = Vec::new();
+        match File::open(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e).with_context(|| format!("opening --mllog {}", path.display())),
+            Ok(f) => f
+                .take(PREFIX.len() as u64)
+                .read_to_end(&mut head)
+                .with_context(|| format!("reading --mllog {}", path.display()))?,
+        };
+        anyhow::ensure!(
+            head.is_empty() || head == PREFIX.as_bytes(),
+            "--mllog {} exists and is not an MLPerf log (it does not start with \"{}\"): appending to it would \
+             damage it; name a new file",
+            path.display(),
+            PREFIX.trim_end()
+        );
+        Ok(())
+    }
+
+    /// Opens `path` for appending (creating it), after [`MlLog::check`].
     pub fn open(path: &Path) -> Result<Self> {
+        Self::check(path)?;
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -79,6 +103,13 @@ impl MlLog {
         self.write(EventType::IntervalStart, key, Value::Null, metadata)
     }
 
+    /// [`MlLog::start`] of an interval that began at `at`, before the log could be opened (`init_start`: the
+    /// log is written only once every check of the start has passed).
+    #[track_caller]
+    pub fn started_at(&mut self, at: SystemTime, key: &str, metadata: Value) -> Result<()> {
+        self.write_at(at, EventType::IntervalStart, key, Value::Null, metadata)
+    }
+
     /// An `INTERVAL_END` event.
     #[track_caller]
     pub fn end(&mut self, key: &str, metadata: Value) -> Result<()> {
@@ -93,6 +124,18 @@ impl MlLog {
         value: Value,
         metadata: Value,
     ) -> Result<()> {
+        self.write_at(SystemTime::now(), event_type, key, value, metadata)
+    }
+
+    #[track_caller]
+    fn write_at(
+        &mut self,
+        time: SystemTime,
+        event_type: EventType,
+        key: &str,
+        value: Value,
+        metadata: Value,
+    ) -> Result<()> {
         let at = Location::caller();
         let extra = match metadata {
             Value::Object(m) => m,
@@ -100,7 +143,7 @@ impl MlLog {
         };
         let line = Line {
             namespace: "",
-            time_ms: SystemTime::now()
+            time_ms: time
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
             event_type,
@@ -165,5 +208,26 @@ mod tests {
         drop(log);
         MlLog::open(&path).unwrap().event("seed", 0).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 4);
+    }
+
+    /// `--mllog RUN/checkpoint.safetensors` used to append log lines to the checkpoint (issue 25): a file that
+    /// is not an MLPerf log is refused and left as it was; an empty one or a log is appended to.
+    #[test]
+    fn a_file_that_is_not_an_mlperf_log_is_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let ckpt = dir.path().join("checkpoint.safetensors");
+        std::fs::write(&ckpt, b"\x08\0\0\0\0\0\0\0{}      ").unwrap();
+        let err = MlLog::open(&ckpt).err().unwrap().to_string();
+        assert!(err.contains("is not an MLPerf log"), "{err}");
+        assert_eq!(std::fs::read(&ckpt).unwrap(), b"\x08\0\0\0\0\0\0\0{}      ");
+        let short = dir.path().join("short");
+        std::fs::write(&short, b":::ML").unwrap();
+        assert!(MlLog::check(&short).is_err());
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, b"").unwrap();
+        MlLog::open(&empty).unwrap().event("seed", 0).unwrap();
+        MlLog::check(&empty).unwrap();
+        MlLog::check(&dir.path().join("new")).unwrap();
+        assert!(!dir.path().join("new").exists());
     }
 }

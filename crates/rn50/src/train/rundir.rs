@@ -36,13 +36,17 @@ const TENSORBOARD: &str = "tensorboard";
 /// The claim on a run directory: the lock is released when this is dropped (or the process ends, however).
 pub struct RunDir {
     _lock: PidLock,
+    out: PathBuf,
+    /// With `--overwrite`: the earlier run's files, removed by [`RunDir::begin`].
+    replaced: Vec<PathBuf>,
 }
 
 impl RunDir {
     /// Creates `out` if needed and locks it for this process. If it holds an earlier run: a `resume` of that
-    /// run (`auto`, `out` itself or a checkpoint in it) goes on with it, `overwrite` removes that run's files
-    /// first, and otherwise it is an error that says which to use. Resuming another run's checkpoint into `out`
-    /// is such an error too: it would prune this run's checkpoints and mix the two runs' metrics.
+    /// run (`auto`, `out` itself or a checkpoint in it) goes on with it, `overwrite` replaces it (its files are
+    /// removed by [`RunDir::begin`], once every other check has passed), and otherwise it is an error that says
+    /// which to use. Resuming another run's checkpoint into `out` is such an error too: it would prune this
+    /// run's checkpoints and mix the two runs' metrics.
     pub fn claim(out: &Path, resume: Option<&Path>, overwrite: bool) -> Result<RunDir> {
         std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
         let path = out.join(LOCK);
@@ -56,33 +60,51 @@ impl RunDir {
         };
         let earlier = run_files(out)?;
         let continuing = resume.is_some_and(|r| resumes_run_in(r, out));
-        if !earlier.is_empty() && !continuing {
-            if !overwrite {
-                let from_elsewhere = match resume {
-                    Some(r) => format!(
-                        " and --resume {} is not a checkpoint of it (resuming another run here would prune this \
-                         one's checkpoints and mix their metrics)",
-                        r.display()
-                    ),
-                    None => String::new(),
-                };
-                bail!(
-                    "{} already holds a run ({}){from_elsewhere}: continue it with --resume auto, replace it \
-                     with --overwrite, or choose another --out",
-                    out.display(),
-                    describe(&earlier)
-                );
-            }
-            tracing::warn!(
-                "--overwrite: removing the earlier run in {} ({})",
+        if continuing || earlier.is_empty() {
+            return Ok(RunDir {
+                _lock: lock,
+                out: out.to_path_buf(),
+                replaced: Vec::new(),
+            });
+        }
+        if !overwrite {
+            let from_elsewhere = match resume {
+                Some(r) => format!(
+                    " and --resume {} is not a checkpoint of it (resuming another run here would prune this \
+                     one's checkpoints and mix their metrics)",
+                    r.display()
+                ),
+                None => String::new(),
+            };
+            bail!(
+                "{} already holds a run ({}){from_elsewhere}: continue it with --resume auto, replace it with \
+                 --overwrite, or choose another --out",
                 out.display(),
                 describe(&earlier)
             );
-            for f in &earlier {
-                std::fs::remove_file(f).with_context(|| format!("removing {}", f.display()))?;
-            }
         }
-        Ok(RunDir { _lock: lock })
+        Ok(RunDir {
+            _lock: lock,
+            out: out.to_path_buf(),
+            replaced: earlier,
+        })
+    }
+
+    /// The run starts writing: with `--overwrite`, the earlier run's files go first. Called when every check of
+    /// the start has passed, so a start that fails leaves the earlier run as it was.
+    pub fn begin(&mut self) -> Result<()> {
+        if self.replaced.is_empty() {
+            return Ok(());
+        }
+        tracing::warn!(
+            "--overwrite: removing the earlier run in {} ({})",
+            self.out.display(),
+            describe(&self.replaced)
+        );
+        for f in self.replaced.drain(..) {
+            std::fs::remove_file(&f).with_context(|| format!("removing {}", f.display()))?;
+        }
+        Ok(())
     }
 }
 
@@ -229,7 +251,7 @@ mod tests {
         }
         assert!(b.join("metrics.jsonl").exists());
         drop(RunDir::claim(&empty, Some(&a.join(LATEST)), false).unwrap());
-        drop(RunDir::claim(&b, Some(&a), true).unwrap());
+        RunDir::claim(&b, Some(&a), true).unwrap().begin().unwrap();
         assert!(
             !b.join("metrics.jsonl").exists(),
             "--overwrite replaces B's run"
@@ -260,7 +282,10 @@ mod tests {
         assert!(out.join("metrics.jsonl").exists());
         drop(RunDir::claim(&out, Some(Path::new("auto")), false).unwrap());
         assert!(out.join("metrics.jsonl").exists(), "--resume keeps the run");
+        // --overwrite removes the earlier run only once the start has passed every check (`begin`).
         drop(RunDir::claim(&out, None, true).unwrap());
+        assert!(out.join("metrics.jsonl").exists(), "a start that failed");
+        RunDir::claim(&out, None, true).unwrap().begin().unwrap();
         let mut left: Vec<_> = std::fs::read_dir(&out)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -91,7 +91,8 @@ struct Setup<'a> {
     world: usize,
     device: tch::Device,
     compute: Compute,
-    _run_dir: Option<RunDir>,
+    /// Rank 0 of a training run: the claim on `--out`.
+    run_dir: Option<RunDir>,
     data: Option<RealData>,
     /// With --dummy: one random batch, trained on at every step.
     dummy: Option<Source>,
@@ -105,7 +106,8 @@ struct Setup<'a> {
     peak_lr: f64,
     schedule: LrSchedule,
     resolution: Resolution,
-    /// Rank 0 with --mllog: MLPerf's log.
+    /// When MLPerf's init interval began; rank 0 with --mllog: MLPerf's log, once the run starts writing.
+    init_start: std::time::SystemTime,
     mllog: Option<MlLog>,
 }
 
@@ -147,16 +149,15 @@ impl<'a> Setup<'a> {
         let (rank, world) = (dist.rank(), dist.world_size());
         let rank0 = dist.is_main();
         // Rank 0 writes the run directory: claim it (or refuse to reuse it) before the model and data are set up.
-        let _run_dir = (rank0 && !args.evaluate)
+        // Nothing is written into it until every check of the start has passed (`Trainer::new`).
+        let run_dir = (rank0 && !args.evaluate)
             .then(|| RunDir::claim(&args.out, args.resume.as_deref(), args.overwrite))
             .transpose()?;
-        // MLPerf's init interval starts here, once this process knows it is rank 0; it ends at run_start.
-        let mut mllog = match (&args.mllog, rank0 && !args.evaluate) {
-            (Some(path), true) => Some(MlLog::open(path)?),
-            _ => None,
-        };
-        if let Some(log) = &mut mllog {
-            log.start("init_start", json!({}))?;
+        // MLPerf's init interval starts here, once this process knows it is rank 0; it ends at run_start. The log
+        // is opened when the run starts writing, and init_start is given this time.
+        let init_start = std::time::SystemTime::now();
+        if let (Some(path), true) = (&args.mllog, rank0 && !args.evaluate) {
+            MlLog::check(path)?;
         }
         let workers = args.workers.unwrap_or(per_rank);
         tch::manual_seed(args.seed as i64);
@@ -256,8 +257,6 @@ impl<'a> Setup<'a> {
             }
         };
         if rank0 {
-            std::fs::create_dir_all(&args.out)
-                .with_context(|| format!("creating {}", args.out.display()))?;
             tracing::info!(
                 "rn50 train: {} on {} ({}{}), global batch {global_batch} ({} x {} accum x {world} procs), \
                  {lr_line}; {schedule}",
@@ -268,12 +267,6 @@ impl<'a> Setup<'a> {
                 args.batch_size,
                 args.accum_steps,
             );
-            // What was run, every flag's value: reusable with --config.
-            if let (Some(toml), false) = (&args.resolved_config, args.evaluate) {
-                let path = args.out.join("config.toml");
-                rn50_util::atomic_write(&path, toml.as_bytes())
-                    .with_context(|| format!("writing {}", path.display()))?;
-            }
         }
         Ok(Self {
             args,
@@ -282,7 +275,7 @@ impl<'a> Setup<'a> {
             world,
             device,
             compute,
-            _run_dir,
+            run_dir,
             data,
             dummy,
             step,
@@ -293,7 +286,8 @@ impl<'a> Setup<'a> {
             peak_lr,
             schedule,
             resolution,
-            mllog,
+            init_start,
+            mllog: None,
         })
     }
 
@@ -518,22 +512,34 @@ fn finite(x: f64) -> Option<f64> {
     x.is_finite().then_some(x)
 }
 
-impl<'a> Trainer<'a> {
-    fn new(mut setup: Setup<'a>) -> Result<Self> {
-        let args = setup.args;
-        let (rank0, world, position) = (setup.rank0, setup.world, &setup.position);
-        // SLURM sends SIGTERM (or --signal=USR1) before preemption: checkpoint, then exit EXIT_PREEMPTED.
-        let stop = Arc::new(AtomicBool::new(false));
-        for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGUSR1] {
-            signal_hook::flag::register(sig, Arc::clone(&stop))?;
+/// Rank 0's logs in the run directory (nothing on the other ranks), and the epochs' records logged before.
+#[derive(Default)]
+struct RunLogs {
+    metrics: Option<File>,
+    steps_log: Option<File>,
+    tensorboard: Option<EventWriter>,
+    epochs: Vec<EpochMetrics>,
+    io: Option<IoMonitor>,
+}
+
+impl RunLogs {
+    /// Rank 0 starts writing the run directory, once every check of the start has passed. First a TensorBoard
+    /// file of its own (an unwritable tensorboard/ fails here, before anything else is written); then, with
+    /// --overwrite, the earlier run's files go; the logs are trimmed to the resumed position and opened;
+    /// config.toml, --mllog (with init_start's time) and io.jsonl follow.
+    fn start(setup: &mut Setup) -> Result<Self> {
+        let (args, position) = (setup.args, &setup.position);
+        let tensorboard = EventWriter::create(&args.out.join("tensorboard"))?;
+        if let Some(dir) = &mut setup.run_dir {
+            dir.begin()?;
         }
         let metrics_path = args.out.join("metrics.jsonl");
         let mut epochs = Vec::new();
-        if rank0 && args.resume.is_some() {
+        if args.resume.is_some() {
             // What was logged after the resumed position is logged again from here on.
             let (epoch, step) = (
                 position.epoch,
-                (position.start_batch(args.batch_size, world) / args.accum_steps) as u64,
+                (position.start_batch(args.batch_size, setup.world) / args.accum_steps) as u64,
             );
             let at = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap_or(0);
             rundir::trim_log(&metrics_path, |r| at(r, "epoch") < epoch)?;
@@ -544,26 +550,71 @@ impl<'a> Trainer<'a> {
                 epochs = rn50_report::schema::read_metrics(&metrics_path)?;
             }
         }
-        let (metrics, steps_log, tensorboard) = if rank0 {
-            (
-                Some(append(&args.out, "metrics.jsonl")?),
-                Some(append(&args.out, "steps.jsonl")?),
-                Some(EventWriter::create(&args.out.join("tensorboard"))?),
-            )
-        } else {
-            (None, None, None)
-        };
-        let keeper = Keeper::new(&args.out, args.keep_checkpoints, args.checkpoint_minutes)?;
-        if rank0 {
-            keeper.clear_stale();
+        let (metrics, steps_log) = (
+            append(&args.out, "metrics.jsonl")?,
+            append(&args.out, "steps.jsonl")?,
+        );
+        // What was run, every flag's value: reusable with --config.
+        if let Some(toml) = &args.resolved_config {
+            let path = args.out.join("config.toml");
+            rn50_util::atomic_write(&path, toml.as_bytes())
+                .with_context(|| format!("writing {}", path.display()))?;
         }
+        if let Some(path) = &args.mllog {
+            let mut log = MlLog::open(path)?;
+            log.started_at(setup.init_start, "init_start", json!({}))?;
+            setup.mllog = Some(log);
+        }
+        let io = match (&args.data, &setup.data) {
+            (Some(root), Some(_)) => Some(IoMonitor::start_logging(
+                root,
+                std::time::Duration::from_secs(1),
+                &args.out.join("io.jsonl"),
+            )?),
+            _ => None,
+        };
+        Ok(Self {
+            metrics: Some(metrics),
+            steps_log: Some(steps_log),
+            tensorboard: Some(tensorboard),
+            epochs,
+            io,
+        })
+    }
+}
+
+impl<'a> Trainer<'a> {
+    fn new(mut setup: Setup<'a>) -> Result<Self> {
+        let args = setup.args;
+        let (rank0, world) = (setup.rank0, setup.world);
+        // SLURM sends SIGTERM (or --signal=USR1) before preemption: checkpoint, then exit EXIT_PREEMPTED.
+        let stop = Arc::new(AtomicBool::new(false));
+        for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGUSR1] {
+            signal_hook::flag::register(sig, Arc::clone(&stop))?;
+        }
+        // Every check of the start comes before anything is written: a start that fails leaves the run
+        // directory as it was, so the corrected command is not refused as a second run.
         let micro_per_epoch = match &mut setup.data {
             Some(d) => d.batches_per_epoch(args)?,
             None => args.steps_per_epoch.unwrap_or(100) * args.accum_steps,
         };
+        if micro_per_epoch == 0 {
+            let images = setup.data.as_ref().map_or(0, |d| d.train_images);
+            bail!(
+                "the training set is smaller than one batch: {images} images{} and --batch-size {}; lower \
+                 --batch-size",
+                match world {
+                    1 => String::new(),
+                    w => format!(" over {w} processes"),
+                },
+                args.batch_size
+            );
+        }
         if micro_per_epoch < args.accum_steps {
             bail!(
-                "an epoch has {micro_per_epoch} batches, fewer than --accum-steps {}",
+                "an epoch has {micro_per_epoch} batches of {}, fewer than --accum-steps {}: lower --accum-steps \
+                 or --batch-size",
+                args.batch_size,
                 args.accum_steps
             );
         }
@@ -573,6 +624,20 @@ impl<'a> Trainer<'a> {
                 s.min(micro_per_epoch / args.accum_steps)
             })
             .max(1);
+        let keeper = Keeper::new(&args.out, args.keep_checkpoints, args.checkpoint_minutes)?;
+        let RunLogs {
+            metrics,
+            steps_log,
+            tensorboard,
+            epochs,
+            io,
+        } = match rank0 {
+            true => RunLogs::start(&mut setup)?,
+            false => RunLogs::default(),
+        };
+        if rank0 {
+            keeper.clear_stale();
+        }
         let run_start = Instant::now();
         let summary = TrainSummary {
             arch: args.arch.to_string(),
@@ -595,14 +660,6 @@ impl<'a> Trainer<'a> {
                 .filter(|_| !args.dummy)
                 .map_or("dummy".into(), |d| d.display().to_string()),
             ..Default::default()
-        };
-        let io = match (&args.data, rank0 && setup.data.is_some()) {
-            (Some(root), true) => Some(IoMonitor::start_logging(
-                root,
-                std::time::Duration::from_secs(1),
-                &args.out.join("io.jsonl"),
-            )?),
-            _ => None,
         };
         let position = &setup.position;
         let resume_batch = position.start_batch(args.batch_size, world);
