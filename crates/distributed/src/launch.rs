@@ -1,7 +1,8 @@
 //! `rn50 launch`: torchrun's job for rn50. Starts one worker per local rank with the rendezvous environment,
-//! prefixes their output with the rank, forwards SIGINT/SIGTERM/SIGUSR1 to them, and when one fails stops the
-//! others (SIGTERM) and exits non-zero naming the failed rank, or, with `--max-restarts N`, starts all of them
-//! again (as torchrun's elastic agent does), up to N times. Workers asked to stop either way are SIGKILLed after a
+//! prefixes their output with the rank, forwards SIGINT/SIGTERM/SIGUSR1 to them (and SIGHUP/SIGQUIT as SIGTERM,
+//! the stop request rn50 train checkpoints on: torchrun too takes all four as a request to end its workers), and
+//! when one fails stops the others (SIGTERM) and exits non-zero naming the failed rank, or, with
+//! `--max-restarts N`, starts all of them again (as torchrun's elastic agent does), up to N times. Workers asked to stop either way are SIGKILLed after a
 //! grace period. `--log-dir DIR` also writes each rank's output to `DIR/rankN.log`.
 //!
 //! Exit status 3 is rn50 train's "checkpointed after SIGTERM/SIGUSR1, requeue me": an orderly stop, so the other
@@ -43,8 +44,8 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub timeout: Option<u64>,
     /// Seconds the workers get to exit once asked to stop (SIGTERM after one of them failed, or a forwarded
-    /// SIGINT/SIGTERM/SIGUSR1; rn50 train saves a checkpoint in that time), before SIGKILL: 0 to 86400 (a day),
-    /// default 30 s, as torchrun and SLURM's default KillWait.
+    /// SIGINT/SIGTERM/SIGUSR1, or SIGHUP/SIGQUIT as SIGTERM; rn50 train saves a checkpoint in that time), before
+    /// SIGKILL: 0 to 86400 (a day), default 30 s, as torchrun and SLURM's default KillWait.
     #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub grace: u64,
     /// Pass worker output through unchanged instead of prefixing lines with "[rank]".
@@ -55,8 +56,9 @@ pub struct LaunchArgs {
     /// torchrun's elastic agent does. Workers see the attempt in RN50_RESTART_COUNT (0 first). An rn50 train
     /// run continues from its last checkpoint only with `--resume auto`
     /// (`rn50 launch --nproc-per-node 8 --max-restarts 3 -- train /data/imagenet --out runs/r50 --resume auto`):
-    /// without it a restarted train refuses its used --out. SIGINT/SIGTERM/SIGUSR1 sent to the launcher, and exit 3, never restart. With several
-    /// nodes each node's launcher restarts its own workers, which meet again at --master.
+    /// without it a restarted train refuses its used --out. SIGINT/SIGTERM/SIGUSR1/SIGHUP/SIGQUIT sent to the
+    /// launcher, and exit 3, never restart. With several nodes each node's launcher restarts its own workers,
+    /// which meet again at --master.
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = usize_in(0..=100))]
     pub max_restarts: usize,
     /// Also write each rank's output (stdout and stderr, unprefixed) to DIR/rank0.log, DIR/rank1.log, …,
@@ -285,6 +287,8 @@ fn describe(status: ExitStatus) -> String {
 
 fn signal_name(s: i32) -> &'static str {
     match s {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGQUIT => "SIGQUIT",
         libc::SIGKILL => "SIGKILL",
         libc::SIGTERM => "SIGTERM",
         libc::SIGINT => "SIGINT",
@@ -404,6 +408,27 @@ impl Shared {
     }
 }
 
+/// The signals the launcher takes as a request for the workers: stop (SIGINT, SIGTERM, SIGHUP when the terminal
+/// or ssh session that started it goes away, SIGQUIT), or checkpoint and stop (SIGUSR1, as SLURM's
+/// `--signal=USR1@T` sends ahead of the time limit). torchrun's agent likewise turns SIGINT/SIGTERM/SIGHUP/SIGQUIT
+/// into a termination of its workers.
+const FORWARDED: [i32; 5] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGUSR1,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+];
+
+/// What the workers get for a signal the launcher received: SIGHUP and SIGQUIT become SIGTERM, which rn50 train
+/// checkpoints on and exits 3 (SIGHUP would kill it outright, SIGQUIT dump its core); the rest go as they are.
+fn to_workers(sig: i32) -> i32 {
+    match sig {
+        libc::SIGHUP | libc::SIGQUIT => libc::SIGTERM,
+        s => s,
+    }
+}
+
 /// Closes the signal iterator (ending the forwarder thread) however `run` returns.
 struct CloseSignals(signal_hook::iterator::Handle);
 
@@ -449,8 +474,7 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
 
     // Signals to forward; registered before spawning so none is lost in between.
     let mut signals =
-        signal_hook::iterator::Signals::new([libc::SIGINT, libc::SIGTERM, libc::SIGUSR1])
-            .context("cannot install signal handlers")?;
+        signal_hook::iterator::Signals::new(FORWARDED).context("cannot install signal handlers")?;
     let _close = CloseSignals(signals.handle());
     let shared = Shared {
         pids: Arc::default(),
@@ -459,7 +483,15 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
     {
         let (pids, forwarded) = (shared.pids.clone(), shared.forwarded.clone());
         std::thread::spawn(move || {
-            for sig in signals.forever() {
+            for received in signals.forever() {
+                let sig = to_workers(received);
+                if sig != received {
+                    tracing::warn!(
+                        "rn50 launch: {}: asking the workers to stop ({} to each)",
+                        signal_name(received),
+                        signal_name(sig)
+                    );
+                }
                 if let Ok(mut f) = forwarded.lock() {
                     f.get_or_insert(sig);
                 }

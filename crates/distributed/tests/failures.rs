@@ -224,6 +224,68 @@ fn launch_forwards_sigusr1_and_exits_3() {
     }
 }
 
+/// SIGHUP (the terminal or ssh session that started the launcher went away) and SIGQUIT are stop requests, as
+/// SIGTERM and as in torchrun: each worker gets SIGTERM, checkpoints and exits 3, and so does the launcher. With
+/// SIGQUIT rank 1 is frozen: the same escalation to SIGKILL after --grace.
+#[test]
+fn launch_turns_sighup_and_sigquit_into_sigterm() {
+    let _serial = serial();
+    for (sig, name) in [(libc::SIGHUP, "SIGHUP"), (libc::SIGQUIT, "SIGQUIT")] {
+        let up = tempfile::tempdir().unwrap();
+        let master = format!("127.0.0.1:{}", free_port());
+        let child = launcher(
+            &[
+                "--nproc-per-node",
+                "2",
+                "--master",
+                &master,
+                "--grace",
+                "3",
+                "--",
+                "sleep",
+            ],
+            up.path(),
+        );
+        let start = Instant::now();
+        while !(up.path().join("up-0").exists() && up.path().join("up-1").exists()) {
+            assert!(start.elapsed() < GUARD, "workers did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let freeze = sig == libc::SIGQUIT;
+        let frozen = freeze.then(|| sigstop(worker_pid(child.id(), 1).expect("rank 1's pid")));
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let (status, stdout, stderr) = finish(child);
+        drop(frozen);
+        let stopped: &[usize] = if freeze { &[0] } else { &[0, 1] };
+        for r in stopped {
+            assert!(
+                stdout.contains(&format!("[rank {r}] rank {r}: stop requested")),
+                "{name} not forwarded as SIGTERM to rank {r}:\n{stdout}\n{stderr}"
+            );
+        }
+        if freeze {
+            assert!(
+                stderr.contains("rn50 launch: rank 1 still running 3 s after SIGTERM: SIGKILL"),
+                "{name}:\n{stdout}\n{stderr}"
+            );
+            assert_eq!(
+                status.code(),
+                Some(128 + libc::SIGKILL),
+                "{name}:\n{stderr}"
+            );
+        } else {
+            assert_eq!(status.code(), Some(3), "{name}:\n{stdout}\n{stderr}");
+        }
+        assert!(
+            stderr.contains(&format!(
+                "rn50 launch: {name}: asking the workers to stop (SIGTERM to each)"
+            )),
+            "{name}:\n{stdout}\n{stderr}"
+        );
+    }
+}
+
 #[test]
 fn launch_runs_a_training_job() {
     let _serial = serial();

@@ -6,9 +6,14 @@
 //! the model), and returns the logits. Tracing records the operations, not the example's shape: the module runs
 //! on any batch size and image size (tests/export.rs checks both against torchvision). The weights are frozen
 //! into the graph as constants, so the module has no trainable parameters.
-use std::path::PathBuf;
+//!
+//! Before any work, --out's (and --json's) folder is checked to take a new file: a missing or read-only folder is
+//! a one-line error naming the path, not libtorch's C++ stack after the tracing. An export killed mid-write
+//! (kill -9) leaves its temporary `.NAME.tmpPID` (see [`rn50_util::atomic`]) next to --out: the next export to
+//! that name removes those of processes that are gone, as `rn50 train` does in its run directory.
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use rn50_args::UsageError;
 use tch::{CModule, Device, Kind, Tensor};
@@ -67,6 +72,10 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         ))
         .into());
     }
+    prepare_out("--out", &args.out)?;
+    if let Some(p) = &args.json {
+        prepare_out("--json", p)?;
+    }
     // CPU, fp32, NCHW: the module computes in the dtype and on the device of its input, like torchvision's.
     let compute = ComputeArgs {
         device: "cpu".into(),
@@ -86,9 +95,12 @@ pub fn run(args: &ExportArgs) -> Result<()> {
             vec![model.forward_t(&x[0], false)]
         })
     })
+    .map_err(torch_error)
     .context("tracing the model")?;
-    rn50_util::atomic_write_with(&args.out, |tmp| -> Result<()> { Ok(module.save(tmp)?) })
-        .with_context(|| format!("writing {}", args.out.display()))?;
+    rn50_util::atomic_write_with(&args.out, |tmp| -> Result<()> {
+        module.save(tmp).map_err(torch_error)
+    })
+    .with_context(|| format!("writing {}", args.out.display()))?;
     let exported = Exported {
         out: args.out.clone(),
         arch: args.arch,
@@ -109,4 +121,101 @@ pub fn run(args: &ExportArgs) -> Result<()> {
             .with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
+}
+
+/// Readies `path` (the value of `flag`) to be written: removes the temporary files that killed writers of it left
+/// (`.NAME.tmpPID` of a process that is gone; a live writer's, and other files' temporaries, are left alone: the
+/// folder is the user's, not rn50's), then checks that its folder exists and takes a new file, by creating and
+/// removing this process's own temporary file there. Each failure is one line naming `path`.
+fn prepare_out(flag: &str, path: &Path) -> Result<()> {
+    let tmp = rn50_util::atomic::temp_path(path)
+        .map_err(|e| anyhow!("{flag} {}: {e}", path.display()))?;
+    let dir = tmp.parent().unwrap_or(Path::new("."));
+    let ours = format!(
+        ".{}.tmp",
+        path.file_name().unwrap_or_default().to_string_lossy()
+    );
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let of_path = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(&ours))
+                .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()));
+            if of_path && rn50_util::atomic::is_stale_temp(&name) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(anyhow!(
+                "{flag} {}: there is no folder {}",
+                path.display(),
+                dir.display()
+            ))
+        }
+        Err(e) => {
+            return Err(anyhow!(
+                "{flag} {}: its folder {} cannot be used: {e}",
+                path.display(),
+                dir.display()
+            ))
+        }
+        Ok(m) if !m.is_dir() => {
+            return Err(anyhow!(
+                "{flag} {}: {} is not a folder",
+                path.display(),
+                dir.display()
+            ))
+        }
+        Ok(_) => {}
+    }
+    std::fs::File::create(&tmp)
+        .and_then(|_| std::fs::remove_file(&tmp))
+        .map_err(|e| {
+            anyhow!(
+                "{flag} {}: cannot write in {}: {e}",
+                path.display(),
+                dir.display()
+            )
+        })
+}
+
+/// A libtorch error without the C++ stack that follows its message ("Exception raised from ...", "frame #0: ..."),
+/// on one line.
+fn torch_error(e: tch::TchError) -> anyhow::Error {
+    let text = e.to_string();
+    let message: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.starts_with("Exception raised from") && !l.starts_with("frame #"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    anyhow!("{}", message.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torch_errors_lose_their_cpp_stack() {
+        // What libtorch's save says of a missing folder (17 frames in all), and a message with its source line.
+        let save = "Parent directory /x does not exist.\nframe #0: c10::Error::Error(c10::SourceLocation) + \
+                    0x9d (0x7f in libc10.so)\nframe #1: <unknown function> + 0x11 (0x55 in rn50)\n";
+        let check =
+            "Expected a tensor\nof rank 4\nException raised from f at a.cpp:9 (most recent call \
+                     first):\nframe #0: g + 0x1 (0x7f in libc10.so)";
+        for (raw, want) in [
+            (
+                save,
+                "Internal torch error: Parent directory /x does not exist.",
+            ),
+            (check, "Internal torch error: Expected a tensor of rank 4"),
+        ] {
+            let e = torch_error(tch::TchError::Torch(raw.into()));
+            assert_eq!(format!("{e:#}"), want);
+        }
+    }
 }

@@ -311,3 +311,85 @@ fn start_line_shows_the_effective_rate_and_config_toml_runs_the_same_again() {
     again.insert("out".into(), written["out"].clone());
     assert_eq!(again, written);
 }
+
+/// Issue 25: every string flag is written to config.toml as a TOML string, however it looks, and reads back as
+/// the same text: `--out 007` is `out = "007"` (not 7), DATA `0042` is `data = "0042"` (not a number, which
+/// `--config` would refuse), `--mllog 1e5` stays `1e5` (not 100000); an integer beyond i64 is a string too.
+#[test]
+fn number_like_strings_stay_strings_through_config_toml() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--out",
+        "007",
+        "--mllog",
+        "1e5",
+        "--init-weights",
+        "0x10",
+        "--device",
+        "1",
+        "--seed",
+        "18446744073709551615",
+        "0042",
+    ];
+    let r = resolved(&args);
+    for (key, want) in [
+        ("out", "007"),
+        ("mllog", "1e5"),
+        ("init-weights", "0x10"),
+        ("device", "1"),
+        ("data", "0042"),
+        ("seed", "18446744073709551615"),
+    ] {
+        assert_eq!(r[key].as_str(), Some(want), "{key}: {r:?}");
+    }
+    // Numbers stay numbers.
+    assert_eq!(r["batch-size"].as_integer(), Some(256));
+    assert_eq!(r["momentum"].as_float(), Some(0.9));
+    let saved = write(dir.path(), "c.toml", &toml::to_string(&r).unwrap());
+    assert_eq!(resolved(&["--config", &saved]), r);
+}
+
+/// Issue 25: a file's string that looks like a flag stays a value: DATA `--nesterov` is a folder of that name,
+/// not the switch, and a flag's value `--overwrite` is that flag's value. Such a DATA given after `--` on the
+/// command line round-trips through config.toml.
+#[test]
+fn a_string_that_looks_like_a_flag_stays_a_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "f.toml",
+        "data = \"--nesterov\"\nout = \"--overwrite\"\nmllog = \"-b\"\n",
+    );
+    for extra in [&[][..], &["--"][..]] {
+        let mut args = vec!["--config", &file];
+        args.extend_from_slice(extra);
+        let r = resolved(&args);
+        assert_eq!(r["data"].as_str(), Some("--nesterov"), "{args:?}: {r:?}");
+        assert_eq!(r["nesterov"].as_bool(), Some(false), "{args:?}: {r:?}");
+        assert_eq!(r["out"].as_str(), Some("--overwrite"), "{args:?}: {r:?}");
+        assert_eq!(r["mllog"].as_str(), Some("-b"), "{args:?}: {r:?}");
+        assert_eq!(r["batch-size"].as_integer(), Some(256), "{args:?}: {r:?}");
+    }
+    // The command line's DATA still wins.
+    let r = resolved(&["--config", &file, "/cli"]);
+    assert_eq!(r["data"].as_str(), Some("/cli"));
+    let r = resolved(&["--", "-j"]);
+    assert_eq!(r["data"].as_str(), Some("-j"));
+    let saved = write(dir.path(), "c.toml", &toml::to_string(&r).unwrap());
+    assert_eq!(resolved(&["--config", &saved]), r);
+}
+
+/// Issue 25: `--overwrite` (replace a used run directory) is decided on the command line each time: a file that
+/// sets it is refused, naming the file and the key, whatever the command line says.
+#[test]
+fn overwrite_in_a_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for value in ["true", "false"] {
+        let file = write(dir.path(), "o.toml", &format!("overwrite = {value}\n"));
+        for extra in [&[][..], &["--overwrite"][..]] {
+            let mut args = vec!["--dummy", "--config", &file];
+            args.extend_from_slice(extra);
+            refused(&args, &["o.toml", "`overwrite`", "command line"]);
+        }
+    }
+}

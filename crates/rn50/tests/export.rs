@@ -151,3 +151,94 @@ fn weights_of_another_arch_are_a_clear_error() {
         .collect();
     assert_eq!(names.len(), 1, "nothing written: {names:?}");
 }
+
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Issue 25: an --out (or --json) whose folder is missing, is a file, or cannot be written (/sys: not even root
+/// may create a file there) is a one-line error naming the path, found before the tracing: not libtorch's C++
+/// stack frames.
+#[test]
+fn an_out_that_cannot_be_written_is_a_one_line_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = dir.path().join("w.safetensors");
+    rn50_weights(rn50::model::Arch::ResNet18, &weights);
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let good = dir.path().join("model.pt");
+    let cases = [
+        (dir.path().join("missing/model.pt"), None),
+        (file.join("model.pt"), None),
+        (PathBuf::from("/sys/rn50-export-test.pt"), None),
+        (good.clone(), Some(dir.path().join("missing/export.json"))),
+    ];
+    for (model, json) in &cases {
+        let extra: Vec<&str> = json
+            .iter()
+            .flat_map(|j| ["--json", j.to_str().unwrap()])
+            .collect();
+        let out = export(&weights, "resnet18", model, &extra);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {err}", model.display());
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{}: one line: {err}",
+            model.display()
+        );
+        let named = json.as_ref().unwrap_or(model);
+        assert!(
+            err.contains(named.to_str().unwrap()),
+            "the error names {}: {err}",
+            named.display()
+        );
+        assert!(!err.contains("frame #"), "{err}");
+    }
+    assert_eq!(
+        names(dir.path()),
+        ["file", "w.safetensors"],
+        "nothing written"
+    );
+    assert!(!Path::new("/sys/rn50-export-test.pt").exists());
+}
+
+/// Issue 25: an export killed mid-write (kill -9) leaves its temporary `.model.pt.tmpPID`: the next export to
+/// that name removes it, and keeps another running process's, and other files' temporaries (the folder is the
+/// user's, not rn50's).
+#[test]
+fn temporary_files_of_killed_exports_are_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = dir.path().join("w.safetensors");
+    rn50_weights(rn50::model::Arch::ResNet18, &weights);
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let live = std::process::id();
+    let stale = format!(".model.pt.tmp{dead}");
+    let kept = [
+        format!(".model.pt.tmp{live}"),
+        format!(".notes.txt.tmp{dead}"),
+        format!(".model.pt.tmp{dead}x"),
+    ];
+    for f in kept.iter().chain([&stale]) {
+        std::fs::write(dir.path().join(f), b"half a module").unwrap();
+    }
+    let model = dir.path().join("model.pt");
+    let out = export(&weights, "resnet18", &model, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut want: Vec<String> = kept.to_vec();
+    want.extend(["model.pt".into(), "w.safetensors".into()]);
+    want.sort();
+    assert_eq!(names(dir.path()), want);
+}

@@ -1,8 +1,13 @@
 //! `rn50 train --config FILE.toml`: a recipe as a file whose keys are train's long flag names (`batch-size = 256`,
 //! `no-bn-wd = true`, `lr-milestones = [30, 60]`, `data = "/path"` for DATA). The file becomes command-line flags
 //! put before the user's own, then clap parses everything once: the values go through the flags' own parsers and
-//! ranges, and a flag given on the command line wins over the file's ([`expand`]). [`resolved_toml`] writes every
-//! flag's value back in the same form: the run directory's config.toml, reusable with `--config`.
+//! ranges, and a flag given on the command line wins over the file's ([`expand`]). A value is passed as
+//! `--flag=VALUE`, and DATA after `--`, so that no string from the file is read as a flag (`data = "--nesterov"` is
+//! the folder `--nesterov`). `overwrite` is refused in a file: replacing a run directory is decided on the command
+//! line, each time. [`resolved_toml`] writes every flag's value back in the same form, typed as the flag is (a
+//! path or any other string flag as a TOML string, `out = "007"`, never the number 7): the run directory's
+//! config.toml, reusable with `--config`.
+use std::any::TypeId;
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 
@@ -14,6 +19,9 @@ use crate::train::TrainArgs;
 
 /// Flags that are about this invocation, not the recipe: left out of the written config.toml.
 const NOT_RECIPE: &[&str] = &["config", "resume", "overwrite"];
+
+/// Flags a file may not give: decisions for each invocation that a reused config.toml must never make on its own.
+const COMMAND_LINE_ONLY: &[&str] = &["overwrite"];
 
 /// Flags that exclude each other: one given on the command line drops the other from the file.
 const EXCLUSIVE: &[(&str, &str)] = &[("lr", "lr_base"), ("resume", "overwrite")];
@@ -37,6 +45,8 @@ fn find_short(cmd: &Command, short: char) -> Option<&Arg> {
 struct Given {
     ids: HashSet<String>,
     data: bool,
+    /// Whether the arguments have a `--` (after which everything is DATA).
+    dashdash: bool,
     config: Option<OsString>,
 }
 
@@ -51,6 +61,7 @@ fn scan(cmd: &Command, args: &[OsString]) -> Given {
         };
         let (arg, inline) = if t == "--" {
             given.data |= i + 1 < args.len();
+            given.dashdash = true;
             break;
         } else if let Some(long) = t.strip_prefix("--") {
             let (name, value) = match long.split_once('=') {
@@ -84,7 +95,9 @@ fn scan(cmd: &Command, args: &[OsString]) -> Given {
 
 /// `argv` (the whole command line, program name first) with the flags of `train --config FILE` inserted before the
 /// user's own `train` arguments; any other command line as it is. An unreadable file, a key that is no long flag
-/// of train, or a value of the wrong shape is a [`UsageError`] (exit 2) naming the file and the key.
+/// of train, a command-line-only flag (`overwrite`), or a value of the wrong shape is a [`UsageError`] (exit 2)
+/// naming the file and the key. The file's values are `--flag=VALUE` and its DATA comes last, after `--`: no
+/// value can be taken for a flag.
 pub fn expand(argv: Vec<OsString>) -> Result<Vec<OsString>, UsageError> {
     if argv.get(1).map(OsString::as_os_str) != Some(OsStr::new("train")) {
         return Ok(argv);
@@ -101,6 +114,7 @@ pub fn expand(argv: Vec<OsString>) -> Result<Vec<OsString>, UsageError> {
         .parse()
         .map_err(|e| UsageError(format!("--config {shown}: {e}")))?;
     let mut file_args: Vec<OsString> = Vec::new();
+    let mut file_data: Option<OsString> = None;
     for (key, value) in &table {
         let bad = |why: &str| UsageError(format!("--config {shown}: key `{key}`: {why}"));
         if key == "data" {
@@ -108,7 +122,7 @@ pub fn expand(argv: Vec<OsString>) -> Result<Vec<OsString>, UsageError> {
                 return Err(bad("DATA must be a string"));
             };
             if !given.data {
-                file_args.push(data.into());
+                file_data = Some(data.into());
             }
             continue;
         }
@@ -118,6 +132,11 @@ pub fn expand(argv: Vec<OsString>) -> Result<Vec<OsString>, UsageError> {
                 bad("no such flag (the keys are `rn50 train`'s long flag names, and `data`)")
             })?;
         let id = arg.get_id().as_str();
+        if COMMAND_LINE_ONLY.contains(&id) {
+            return Err(bad(&format!(
+                "--{id} is given on the command line only, never by a recipe or a reused config.toml"
+            )));
+        }
         let overridden = given.ids.contains(id)
             || EXCLUSIVE.iter().any(|&(a, b)| {
                 (id == a && given.ids.contains(b)) || (id == b && given.ids.contains(a))
@@ -148,6 +167,13 @@ pub fn expand(argv: Vec<OsString>) -> Result<Vec<OsString>, UsageError> {
     let mut out = argv[..2].to_vec();
     out.extend(file_args);
     out.extend_from_slice(&argv[2..]);
+    // DATA last, after a `--` (the user's own, when they ended with one): a positional value, whatever it looks like.
+    if let Some(data) = file_data {
+        if !given.dashdash {
+            out.push("--".into());
+        }
+        out.push(data);
+    }
     Ok(out)
 }
 
@@ -161,23 +187,34 @@ fn scalar(v: &toml::Value) -> Option<String> {
     }
 }
 
-/// A flag's value as TOML: integers and floats as numbers, true/false as booleans, the rest (and integers beyond
-/// i64) as strings.
-fn typed(raw: &str) -> toml::Value {
-    if let Ok(i) = raw.parse::<i64>() {
-        return toml::Value::Integer(i);
-    }
-    let looks_numeric = raw
-        .chars()
-        .all(|c| c.is_ascii_digit() || "+-.eE".contains(c));
-    match raw.parse::<f64>() {
-        Ok(f) if looks_numeric && raw.parse::<u64>().is_err() => toml::Value::Float(f),
-        _ => match raw {
-            "true" => toml::Value::Boolean(true),
-            "false" => toml::Value::Boolean(false),
-            _ => toml::Value::String(raw.to_string()),
-        },
-    }
+/// A flag's value as TOML, typed as the flag's parser is: an integer flag's as an integer (one beyond i64 as a
+/// string), a float flag's as a float, a switch's as true/false, and every other flag's (paths, names, choices) as
+/// a string, however it looks: `--out 007` is `out = "007"`. [`expand`] reads each back to the same text.
+fn typed(arg: &Arg, raw: &str) -> toml::Value {
+    let t = arg.get_value_parser().type_id();
+    let is = |ids: &[TypeId]| ids.iter().any(|id| t == *id);
+    let integer = [
+        TypeId::of::<u8>(),
+        TypeId::of::<u16>(),
+        TypeId::of::<u32>(),
+        TypeId::of::<u64>(),
+        TypeId::of::<usize>(),
+        TypeId::of::<i8>(),
+        TypeId::of::<i16>(),
+        TypeId::of::<i32>(),
+        TypeId::of::<i64>(),
+        TypeId::of::<isize>(),
+    ];
+    let parsed = if is(&integer) {
+        raw.parse::<i64>().ok().map(toml::Value::Integer)
+    } else if is(&[TypeId::of::<f64>(), TypeId::of::<f32>()]) {
+        raw.parse::<f64>().ok().map(toml::Value::Float)
+    } else if is(&[TypeId::of::<bool>()]) {
+        raw.parse::<bool>().ok().map(toml::Value::Boolean)
+    } else {
+        None
+    };
+    parsed.unwrap_or_else(|| toml::Value::String(raw.to_string()))
 }
 
 /// Every `train` flag's value in `matches` (defaults included, unset optional flags left out) as a TOML document
@@ -212,7 +249,7 @@ pub fn resolved_toml(matches: &ArgMatches) -> String {
         let Some(raw) = matches.get_raw(id).filter(|_| !excluded) else {
             continue;
         };
-        let values: Vec<toml::Value> = raw.map(|v| typed(&v.to_string_lossy())).collect();
+        let values: Vec<toml::Value> = raw.map(|v| typed(arg, &v.to_string_lossy())).collect();
         let value = if arg.get_value_delimiter().is_some() {
             toml::Value::Array(values)
         } else {
