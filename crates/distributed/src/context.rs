@@ -106,6 +106,15 @@ impl DistContext {
         }
     }
 
+    /// Element-wise sums over ranks, an error when a rank is in another collective (see
+    /// [`ProcessGroup::sum_in_step`]).
+    pub fn sum_in_step(&self, values: &mut [f64], what: &str) -> Result<(), CommError> {
+        match &self.group {
+            Some(g) => g.sum_in_step(values, what),
+            None => Ok(()),
+        }
+    }
+
     /// Whether `flag` is set on any rank (e.g. a stop request that reached only some ranks).
     pub fn any_rank(&self, flag: bool, what: &str) -> Result<bool, CommError> {
         match &self.group {

@@ -454,6 +454,26 @@ impl ProcessGroup {
         Ok(v[0] > 0.0)
     }
 
+    /// Element-wise sums of `values` over ranks, checked as [`ProcessGroup::any_rank`] is: every rank also sends
+    /// the tag of `what`, so a rank in another collective at this point is an error, not numbers read as counts.
+    pub fn sum_in_step(&self, values: &mut [f64], what: &str) -> Result<(), CommError> {
+        let t = tag(what);
+        let mut v: Vec<f64> = values.iter().copied().chain([t, -t]).collect();
+        self.allreduce_f64(&mut v, ReduceOp::Sum, what)?;
+        let all = t * self.world_size() as f64;
+        let n = values.len();
+        if v[n] != all || v[n + 1] != -all {
+            return Err(self.inner.fail(
+                &format!("all-reduce of {what}"),
+                "the ranks are out of step: another rank was in a different collective (were they started with \
+                 different settings or data?)"
+                    .into(),
+            ));
+        }
+        values.copy_from_slice(&v[..n]);
+        Ok(())
+    }
+
     /// Starts an in-place broadcast of rank `root`'s `ts` to every rank.
     pub fn broadcast_async(
         &self,

@@ -336,6 +336,13 @@ pub struct EpochMetrics {
     pub data_wait_share: Option<f64>,
     /// Training images skipped as unreadable that epoch (all ranks).
     pub bad_images: Option<u64>,
+    /// Training batches not trained on that epoch (all ranks): batches that unreadable images left empty, or
+    /// with one value per channel for batch norm; the same batch of every rank is left out.
+    #[serde(default)]
+    pub skipped_batches: Option<u64>,
+    /// Validation images skipped as unreadable in that epoch's evaluation (all ranks).
+    #[serde(default)]
+    pub val_bad_images: Option<u64>,
     /// The epoch's I/O, from `IoMonitor` snapshots at its start and end (`IoDelta`'s fields of the same names).
     pub disk_read_gbs: Option<f64>,
     pub disk_read_iops: Option<f64>,

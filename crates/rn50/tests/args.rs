@@ -102,6 +102,8 @@ const CASES: &[(&str, &[&str], &str)] = &[
     ("train", &["--min-res", "32", "--start-ramp", "1", "--end-ramp", "0.5"], "--end-ramp"),
     ("train", &["--warmup-epochs", "1"], "--warmup-epochs"),
     ("train", &["--batch-size", "65536", "--image-size", "4096"], "--batch-size"),
+    ("train", &["--batch-size", "1", "--image-size", "32"], "--batch-size"),
+    ("train", &["-b", "1", "--image-size", "64", "--min-res", "32"], "--batch-size"),
     // eval
     ("eval", &["--batch-size", "0"], "--batch-size"),
     ("eval", &["--batch-size", "65537"], "--batch-size"),

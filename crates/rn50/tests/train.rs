@@ -936,6 +936,149 @@ fn unreadable_training_images_are_counted_per_epoch() {
     assert_eq!(bad, [2, 2]);
 }
 
+/// Whether every tensor of the weights file `path` is finite.
+fn all_finite(path: &Path) -> Vec<String> {
+    tch::Tensor::read_safetensors(path)
+        .unwrap()
+        .into_iter()
+        .filter(|(_, t)| t.is_floating_point() && !bool::try_from(t.isfinite().all()).unwrap())
+        .map(|(k, _)| k)
+        .collect()
+}
+
+/// A batch with no readable image (`-b 1` and a 2-byte file) made the loss NaN and stopped the run; one image
+/// left of a batch whose last stage is 1x1 gave batch norm one value per channel and NaN running variances
+/// that `eval` then scored (issue 25). Such batches are skipped and counted, never trained on; unreadable
+/// validation images are counted per epoch; a resumed epoch counts the images skipped before the stop.
+#[test]
+fn batches_with_nothing_to_train_on_are_skipped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    tree(&data, 2, 2);
+    let class = |split: &str| {
+        let mut c: Vec<_> = std::fs::read_dir(data.join(split))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        c.sort();
+        c.remove(0)
+    };
+    let train_class = class("train");
+    std::fs::write(train_class.join("junk_1.JPEG"), b"\xff\xd8").unwrap();
+    std::fs::write(train_class.join("junk_2.JPEG"), b"").unwrap();
+    std::fs::copy(
+        common::shared().join("jpeg/crashtest/invalid-dimensions.jpg"),
+        train_class.join("junk_3.JPEG"),
+    )
+    .unwrap();
+    std::fs::write(class("val").join("junk.JPEG"), b"\xff\xd8").unwrap();
+    let args = |run: &Path, flags: &str| -> Vec<String> {
+        let mut v = vec![
+            "train".to_string(),
+            data.to_str().unwrap().into(),
+            "--out".into(),
+            run.to_str().unwrap().into(),
+        ];
+        v.extend(
+            "-a resnet18 --width 8 -j 2 --epochs 2 -p 1 --device cpu --precision fp32"
+                .split_whitespace()
+                .chain(flags.split_whitespace())
+                .map(String::from),
+        );
+        v
+    };
+    // -b 1: each junk file is a batch of no image.
+    let one = "-b 1 --image-size 64 --val-resize 64 --val-crop 64";
+    let whole = dir.path().join("whole");
+    let r = run_strs(&args(&whole, one));
+    let log = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{log}");
+    let m = json_lines(&whole.join("metrics.jsonl"));
+    for (e, rec) in m.iter().enumerate() {
+        assert_eq!(
+            (
+                &rec["bad_images"],
+                &rec["skipped_batches"],
+                &rec["val_bad_images"],
+                &rec["val_images"]
+            ),
+            (&3.into(), &3.into(), &1.into(), &2.into()),
+            "{rec}"
+        );
+        assert!(
+            log.contains(&format!("epoch {e}: did not train on 3 batches")),
+            "{log}"
+        );
+        assert!(
+            log.contains(&format!(
+                "epoch {e}: evaluated without 1 unreadable validation images"
+            )),
+            "{log}"
+        );
+    }
+    assert_eq!(
+        all_finite(&whole.join("final.safetensors")),
+        Vec::<String>::new()
+    );
+
+    // Stopped after its second step and resumed, the epoch counts what it skipped before the stop too.
+    let part = dir.path().join("part");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rn50"))
+        .args(args(&part, one))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    // The progress line of a step trained past the third ("epoch 0 [    5/7] ..."; skipped steps print none).
+    let step_of = |l: &str| -> Option<usize> {
+        let (_, rest) = l.split_once("epoch 0 [")?;
+        rest.split_once('/')?.0.trim().parse().ok()
+    };
+    let mut line = String::new();
+    while step_of(&line).is_none_or(|s| s < 4) {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "ended early");
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert_eq!(child.wait().unwrap().code(), Some(3));
+    let (pos, _) =
+        rn50::train::checkpoint::read_meta(&part.join("checkpoint.safetensors")).unwrap();
+    assert!(pos.epoch == 0 && pos.batch_in_epoch > 0, "{pos:?}");
+    let mut resume = args(&part, one);
+    resume.extend(["--resume".to_string(), "auto".to_string()]);
+    let r = run_strs(&resume);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let counts = |run: &Path| -> Vec<(u64, u64)> {
+        json_lines(&run.join("metrics.jsonl"))
+            .iter()
+            .map(|r| {
+                (
+                    r["bad_images"].as_u64().unwrap(),
+                    r["skipped_batches"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(counts(&part), counts(&whole));
+
+    // -b 2 at 32 px: the last stage is 1x1, and a batch with one junk file leaves one image.
+    let small = dir.path().join("small");
+    let r = run_strs(&args(
+        &small,
+        "-b 2 --image-size 32 --val-resize 32 --val-crop 32",
+    ));
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(
+        all_finite(&small.join("final.safetensors")),
+        Vec::<String>::new()
+    );
+    assert!(
+        counts(&small).iter().any(|&(_, skipped)| skipped > 0),
+        "{:?}",
+        counts(&small)
+    );
+}
+
 /// `--init-weights`: with the same classes the model starts as the file (`-e` scores what `rn50 eval` scores on
 /// those weights); with other classes, or `--reset-head`, the backbone is loaded and the classifier starts afresh,
 /// and training runs.
@@ -1090,7 +1233,7 @@ fn mlperf_time_to_accuracy_eval_schedule_and_mllog() {
     // One class: every evaluation scores 100%.
     tree(&data, 1, 1);
     let small = |out: &Path, log: &Path| -> Vec<String> {
-        let flags = "-a resnet18 --width 16 -b 1 --image-size 32 --val-resize 32 --val-crop 32 \
+        let flags = "-a resnet18 --width 16 -b 2 --image-size 32 --val-resize 32 --val-crop 32 \
                      --steps-per-epoch 1 --device cpu --precision fp32 --optimizer lars \
                      --lr-schedule poly --lr-end 0.0001";
         ["train", data.to_str().unwrap()]
@@ -1155,7 +1298,7 @@ fn mlperf_time_to_accuracy_eval_schedule_and_mllog() {
             .unwrap_or_else(|| panic!("{key}"))["value"]
             .clone()
     };
-    assert_eq!(value("global_batch_size"), 1);
+    assert_eq!(value("global_batch_size"), 2);
     assert_eq!(value("opt_name"), "lars");
     assert_eq!(value("lars_opt_end_learning_rate"), 0.0001);
     assert_eq!(value("lars_opt_learning_rate_decay_poly_power"), 2.0);

@@ -118,6 +118,17 @@ impl ResNetConfig {
     pub fn narrowest_conv(&self) -> i64 {
         self.width
     }
+
+    /// The side of the last stage's feature maps for input images of side `side`: every stride-2 layer (the
+    /// ImageNet stem's conv and max pool, the first block of stages 2 to 4) maps `n` to `ceil(n / 2)`. Batch
+    /// norm there sees batch × side² values per channel, the fewest of the network.
+    pub fn last_stage_side(&self, side: usize) -> usize {
+        let halvings = match self.stem {
+            Stem::ImageNet => 5,
+            Stem::Cifar => 3,
+        };
+        (0..halvings).fold(side, |n, _| n.div_ceil(2))
+    }
 }
 
 const BN_EPS: f64 = 1e-5;
@@ -368,5 +379,33 @@ impl ResNet {
         }
         let y = y.adaptive_avg_pool2d([1, 1]).flatten(1, -1);
         y.linear(&self.fc.ws, self.fc.bs.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `last_stage_side` is the side of the last stage's output, for both stems and odd sides.
+    #[test]
+    fn last_stage_side_is_what_the_network_computes() {
+        for stem in [Stem::ImageNet, Stem::Cifar] {
+            let mut cfg = ResNetConfig::new(Arch::ResNet18);
+            (cfg.stem, cfg.width, cfg.num_classes) = (stem, 4, 2);
+            let vs = nn::VarStore::new(tch::Device::Cpu);
+            let net = ResNet::new(&vs.root(), cfg.clone());
+            for side in [1usize, 7, 8, 9, 31, 32, 33, 63, 64, 65, 100] {
+                let x = Tensor::zeros([1, 3, side as i64, side as i64], tch::kind::FLOAT_CPU);
+                let mut y = net.stem.forward_relu(&x, false, None);
+                if stem == Stem::ImageNet {
+                    y = y.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false);
+                }
+                for block in &net.layers {
+                    y = block.forward(&y, false);
+                }
+                let got = cfg.last_stage_side(side) as i64;
+                assert_eq!(y.size()[2..], [got, got], "{stem:?} at {side} px");
+            }
+        }
     }
 }

@@ -169,6 +169,25 @@ pub(crate) fn copy_into(
                     t.size()
                 );
             }
+            // Weights are floating point and finite: integers would be converted silently, and a NaN or an
+            // infinity (a diverged run's batch-norm variance) scores and classifies as nonsense without an error.
+            if src.kind() != t.kind() {
+                bail!(
+                    "{}: {k} is {:?}, expected {:?}",
+                    path.display(),
+                    src.kind(),
+                    t.kind()
+                );
+            }
+            let bad = src.isfinite().logical_not().sum(tch::Kind::Int64);
+            let bad = i64::try_from(&bad).with_context(|| format!("checking {k}"))?;
+            if bad > 0 {
+                bail!(
+                    "{}: {k} has {bad} value(s) that are NaN or infinite (a run that diverged?): refusing \
+                     weights that are not finite",
+                    path.display()
+                );
+            }
             t.f_copy_(src).with_context(|| format!("copying {k}"))?;
         }
         Ok(())
@@ -224,5 +243,54 @@ mod tests {
             format!("{err:#}").contains("does not match resnet34"),
             "{err:#}"
         );
+    }
+
+    /// Weights with a NaN or infinite value, or an integer tensor, are refused by every loader (`eval`,
+    /// `classify`, `export`, `--init-weights`, resume): they used to load, and `eval` printed Acc@1 50.000 for
+    /// NaN batch-norm variances (issue 25).
+    #[test]
+    fn non_finite_or_integer_weights_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = ResNetConfig::new(Arch::ResNet18);
+        cfg.width = 8;
+        let model = Model::new(cfg.clone(), Device::Cpu);
+        let good = dir.path().join("good.safetensors");
+        save(&model, &good).unwrap();
+        let state: Vec<(String, Tensor)> = Tensor::read_safetensors(&good).unwrap();
+        let with = |name: &str, key: &str, f: &dyn Fn(&Tensor) -> Tensor| {
+            let path = dir.path().join(name);
+            let ts: Vec<(String, Tensor)> = state
+                .iter()
+                .map(|(k, t)| (k.clone(), if k == key { f(t) } else { t.shallow_clone() }))
+                .collect();
+            Tensor::write_safetensors(&ts, &path).unwrap();
+            path
+        };
+        let var = "layer4.1.bn2.running_var";
+        for (path, want) in [
+            (
+                with("nan.safetensors", var, &|t| t.fill(f64::NAN)),
+                "NaN or infinite",
+            ),
+            (
+                with("inf.safetensors", var, &|t| t.fill(f64::INFINITY)),
+                "NaN or infinite",
+            ),
+            (
+                with("int.safetensors", "conv1.weight", &|t| {
+                    t.to_kind(tch::Kind::Int64)
+                }),
+                "Int64",
+            ),
+        ] {
+            let fresh = Model::new(cfg.clone(), Device::Cpu);
+            for err in [
+                load(&fresh, &path).unwrap_err(),
+                load_backbone(&fresh, &path).unwrap_err(),
+            ] {
+                assert!(format!("{err:#}").contains(want), "{err:#}");
+            }
+        }
+        load(&Model::new(cfg, Device::Cpu), &good).unwrap();
     }
 }

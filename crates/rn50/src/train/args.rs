@@ -9,7 +9,7 @@ use serde::Serialize;
 use rn50_args::{check_batch_bytes, finite_in, positive, usize_in, UsageError};
 
 use crate::device::ComputeArgs;
-use crate::model::Arch;
+use crate::model::{Arch, ResNetConfig, Stem};
 use crate::train::schedule::scaled_lr;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -315,6 +315,21 @@ impl TrainArgs {
                     self.start_ramp
                 ));
             }
+        }
+        // Batch norm in training needs more than one value per channel (PyTorch refuses: "Expected more than 1
+        // value per channel when training"). One image whose last stage is 1x1 gave NaN running variances.
+        let mut net = ResNetConfig::new(self.arch);
+        if self.augment == Augment::Cifar {
+            net.stem = Stem::Cifar;
+        }
+        let smallest = self.min_res.unwrap_or(self.image_size);
+        let side = net.last_stage_side(smallest);
+        if !self.evaluate && self.batch_size * side * side < 2 {
+            return usage(format!(
+                "--batch-size {} with {smallest} px images leaves batch norm one value per channel (the last \
+                 stage is {side}x{side}): its statistics would be NaN; use --batch-size 2 or more, or larger images",
+                self.batch_size
+            ));
         }
         let b = self.batch_size as u64;
         check_batch_bytes("--batch-size", b, "--image-size", self.image_size as u64)?;

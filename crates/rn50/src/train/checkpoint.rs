@@ -32,6 +32,12 @@ pub struct Position {
     pub world_size: u64,
     #[serde(default)]
     pub batch_size: u64,
+    /// Unreadable images and batches not trained on in `epoch` before `batch_in_epoch` (all ranks), so that a
+    /// resumed epoch's record counts the whole epoch.
+    #[serde(default)]
+    pub bad_images: u64,
+    #[serde(default)]
+    pub skipped_batches: u64,
 }
 
 impl Position {
@@ -287,6 +293,8 @@ mod tests {
             best_acc1: 12.5,
             world_size: 1,
             batch_size: 4,
+            bad_images: 7,
+            skipped_batches: 1,
         };
         let config = serde_json::json!({"arch": "resnet18", "lr": 0.05});
         save(&path, &a, Some(&ema_a), &pos, &config).unwrap();

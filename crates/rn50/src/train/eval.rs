@@ -55,10 +55,10 @@ impl EvalResult {
     }
 }
 
-/// Runs `model` over `pass`, one pass of `loader` (queued beforehand, so it may already be decoding).
+/// Runs `model` over `pass`, one pass of a loader (queued beforehand, so it may already be decoding); its
+/// unreadable images are counted.
 pub fn evaluate(
     model: &Model,
-    loader: &Loader,
     pass: Epoch,
     precision: Precision,
     channels_last: bool,
@@ -67,8 +67,10 @@ pub fn evaluate(
     let mut norm = Normalizer::new(device, channels_last);
     let mut acc = Accuracy::new(device);
     let start = Instant::now();
+    let mut bad_images = 0;
     for batch in pass {
         let b = batch?;
+        bad_images += b.skipped() as u64;
         if b.n() == 0 {
             continue;
         }
@@ -91,7 +93,7 @@ pub fn evaluate(
         correct5,
         loss: acc.loss_sum() / acc.images.max(1) as f64,
         images: acc.images,
-        bad_images: loader.stats().bad_images,
+        bad_images,
         seconds,
         images_per_sec: acc.images as f64 / seconds.max(1e-9),
     })
@@ -206,13 +208,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         ..LoaderConfig::val(args.batch_size, workers)
     };
     let loader = Loader::new(dataset, loader_cfg)?;
-    let r = evaluate(
-        &model,
-        &loader,
-        loader.epoch(0, 0),
-        precision,
-        channels_last,
-    )?;
+    let r = evaluate(&model, loader.epoch(0, 0), precision, channels_last)?;
     println!(
         "eval {} on {} ({}, {precision}): Acc@1 {:.3}  Acc@5 {:.3}  ({} images, {} unreadable, {:.1} img/s)",
         args.arch,

@@ -355,7 +355,7 @@ impl<'a> Setup<'a> {
     /// Top-1/top-5 of the scored weights over `pass`, one pass of the validation set queued beforehand, all
     /// ranks together; NaN without a dataset.
     fn evaluate(&self, pass: Option<Epoch>) -> Result<EvalResult> {
-        let (Some(d), Some(pass)) = (&self.data, pass) else {
+        let (Some(_), Some(pass)) = (&self.data, pass) else {
             return Ok(EvalResult {
                 acc1: f64::NAN,
                 acc5: f64::NAN,
@@ -364,8 +364,7 @@ impl<'a> Setup<'a> {
             });
         };
         let (precision, channels_last) = (self.compute.precision, self.compute.channels_last);
-        eval::evaluate(self.scored_model(), &d.val, pass, precision, channels_last)?
-            .all_ranks(&self.dist)
+        eval::evaluate(self.scored_model(), pass, precision, channels_last)?.all_ranks(&self.dist)
     }
 
     /// `-e`: evaluate the resumed (or fresh) weights once and print the accuracy.
@@ -456,6 +455,33 @@ struct Trainer<'a> {
     target_reached: bool,
     /// When the last epoch record was logged (this process's first epoch: when training was set up).
     last_record: Instant,
+    /// What the epoch in training left out so far (a resumed epoch: from its checkpoint on).
+    so_far: EpochCounts,
+}
+
+/// One step's batches as this rank got them: `None` for one batch norm cannot train on.
+struct Fetched {
+    batches: Vec<Option<Staged>>,
+    /// Unreadable images this rank skipped in them.
+    bad_images: u64,
+}
+
+/// What all ranks agreed for a step.
+struct Agreed {
+    stop: bool,
+    /// Unreadable images of the step's batches, all ranks.
+    bad_images: u64,
+    /// Per micro-batch: every rank can train on it.
+    train: Vec<bool>,
+}
+
+/// What an epoch left out so far, all ranks; checkpoints keep it, so a resumed epoch counts from the start.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct EpochCounts {
+    /// Unreadable training images skipped.
+    pub bad_images: u64,
+    /// Batches not trained on (see [`EpochMetrics::skipped_batches`]).
+    pub skipped_batches: u64,
 }
 
 /// One epoch's passes over the data, queued on the loader threads.
@@ -484,8 +510,8 @@ struct EpochStats {
     /// Seconds a step waited for the loader, on average.
     data_wait_per_step: f64,
     resolution: usize,
-    /// Unreadable training images this process skipped.
-    bad_images: usize,
+    /// What the epoch left out, all ranks.
+    counts: EpochCounts,
 }
 
 /// Opens the JSON-lines log `name` of `dir` for appending.
@@ -670,6 +696,10 @@ impl<'a> Trainer<'a> {
             );
         }
         let first_epoch = position.epoch as usize;
+        let so_far = EpochCounts {
+            bad_images: position.bad_images,
+            skipped_batches: position.skipped_batches,
+        };
         let mut t = Trainer {
             setup,
             stop,
@@ -688,6 +718,7 @@ impl<'a> Trainer<'a> {
             block_first: first_epoch,
             target_reached: false,
             last_record: Instant::now(),
+            so_far,
         };
         if t.first_epoch < args.epochs {
             t.next_train = t.queue_train(t.first_epoch)?;
@@ -718,6 +749,12 @@ impl<'a> Trainer<'a> {
             best_acc1: self.setup.position.best_acc1,
             world_size: self.setup.world as u64,
             batch_size: self.setup.args.batch_size as u64,
+            bad_images: if s > 0 { self.so_far.bad_images } else { 0 },
+            skipped_batches: if s > 0 {
+                self.so_far.skipped_batches
+            } else {
+                0
+            },
         }
     }
 
@@ -819,31 +856,53 @@ impl<'a> Trainer<'a> {
             self.setup.rank0,
             later,
         );
-        let (mut loss_sum, mut loss_n, mut lr, mut bad_images) = (0.0, 0usize, 0.0, 0);
+        let (mut loss_sum, mut loss_n, mut lr) = (0.0, 0usize, 0.0);
+        // A mid-epoch resume goes on counting from the checkpoint's counts.
+        if start == 0 {
+            self.so_far = EpochCounts::default();
+        }
         for s in start..per_epoch {
-            if self.stop_requested()? {
+            // The step's batches, then one agreement of all ranks: a stop signal (which may reach only some),
+            // and the batches every rank can train on.
+            let fetched = self.fetch_step(batches.as_mut(), &mut prog)?;
+            let agreed = self.agree(&fetched)?;
+            if agreed.stop {
                 prog.finish();
                 return Ok(Trained::Stopped(self.position_at(epoch, s)));
             }
-            self.setup.step.opt.zero_grad();
-            let loss = self.forward_backward(batches.as_mut(), &mut prog, &mut bad_images)?;
+            // Counted once the step is taken (a stopped one is fetched again on resume).
+            self.so_far.bad_images += agreed.bad_images;
             lr = self
                 .setup
                 .schedule
                 .at(epoch as f64 + (s + 1) as f64 / per_epoch as f64);
-            let skipped = self.setup.step.apply(lr)?;
-            if let Some(e) = &mut self.setup.ema {
-                e.ema.update();
-            }
-            let logged = if (s + 1).is_multiple_of(self.setup.args.print_freq) || s + 1 == per_epoch
-            {
-                let loss = self.log_step(epoch, s, &loss, &skipped, lr)?;
+            let trained: Vec<Staged> = fetched
+                .batches
+                .into_iter()
+                .zip(&agreed.train)
+                .filter_map(|(b, &train)| b.filter(|_| train))
+                .collect();
+            self.so_far.skipped_batches += (agreed.train.len() - trained.len()) as u64;
+            let logged = if trained.is_empty() {
+                // No batch to train on anywhere: no step (never one on an empty batch), as for a skipped fp16 step.
+                None
+            } else {
+                self.setup.step.opt.zero_grad();
+                let loss = self.forward_backward(trained, &mut prog)?;
+                let skipped = self.setup.step.apply(lr)?;
+                if let Some(e) = &mut self.setup.ema {
+                    e.ema.update();
+                }
+                let due = (s + 1).is_multiple_of(self.setup.args.print_freq) || s + 1 == per_epoch;
+                match due {
+                    true => Some(self.log_step(epoch, s, &loss, &skipped, lr)?),
+                    false => None,
+                }
+            };
+            if let Some(loss) = logged {
                 loss_sum += loss;
                 loss_n += 1;
-                Some(loss)
-            } else {
-                None
-            };
+            }
             prog.step(s, start, logged, lr);
             if self.setup.rank0 && self.keeper.due() && s + 1 < per_epoch {
                 let at = self.position_at(epoch, s + 1);
@@ -862,52 +921,89 @@ impl<'a> Trainer<'a> {
             data_wait_share: prog.data_wait.as_secs_f64() / train_secs.max(1e-9),
             data_wait_per_step: prog.data_wait.as_secs_f64() / (per_epoch - start).max(1) as f64,
             resolution: self.setup.resolution.at(epoch),
-            bad_images,
+            counts: self.so_far,
         })))
     }
 
-    /// Whether any rank got a stop signal. Every rank must stop at the same step (a signal may reach only some):
-    /// they agree on it each step.
-    fn stop_requested(&self) -> Result<bool> {
-        let here = self.stop.load(Ordering::Relaxed);
-        Ok(self
-            .setup
-            .dist
-            .any_rank(here, "checking for a stop signal")?)
-    }
-
-    /// Forward and backward over the step's `--accum-steps` micro-batches; returns their mean loss (on the
-    /// device).
-    fn forward_backward(
+    /// This rank's batches of one step (`--accum-steps` of them; the dummy batch without a dataset), each
+    /// `None` when batch norm cannot train on it here: no image (every one unreadable), or one value per channel
+    /// (one image whose last stage is 1x1), which gives NaN statistics.
+    fn fetch_step(
         &mut self,
         mut batches: Option<&mut Epoch>,
         prog: &mut EpochProgress,
-        bad_images: &mut usize,
-    ) -> Result<Tensor> {
-        let accum = self.setup.args.accum_steps;
-        let mut loss = Tensor::zeros([], (Kind::Float, self.setup.device));
-        for micro in 0..accum {
-            let batch = match batches.as_deref_mut() {
-                Some(it) => {
-                    let t = Instant::now();
-                    let b = it
-                        .next()
-                        .context("the loader ended before the epoch's last step")??;
-                    prog.data_wait += t.elapsed();
-                    *bad_images += b.skipped();
-                    Staged::from(DeviceBatch::new(b, self.setup.device)?)
-                }
-                None => self
+    ) -> Result<Fetched> {
+        let (accum, device) = (self.setup.args.accum_steps, self.setup.device);
+        let mut fetched = Fetched {
+            batches: Vec::with_capacity(accum),
+            bad_images: 0,
+        };
+        for _ in 0..accum {
+            let Some(it) = batches.as_deref_mut() else {
+                let dummy = self
                     .setup
                     .dummy
                     .as_mut()
-                    .expect("dummy batch without a dataset")
-                    .next(self.setup.device)?,
+                    .expect("dummy batch without a dataset");
+                fetched.batches.push(Some(dummy.next(device)?));
+                continue;
             };
+            let t = Instant::now();
+            let b = it
+                .next()
+                .context("the loader ended before the epoch's last step")??;
+            prog.data_wait += t.elapsed();
+            fetched.bad_images += b.skipped() as u64;
+            let net = &self.setup.step.model.net.config;
+            let (h, w) = (net.last_stage_side(b.h()), net.last_stage_side(b.w()));
+            let trainable = b.n() * h * w > 1;
+            fetched.batches.push(match trainable {
+                true => Some(Staged::from(DeviceBatch::new(b, device)?)),
+                false => None,
+            });
+        }
+        Ok(fetched)
+    }
+
+    /// What every rank must do alike this step, agreed in one collective: stop (a signal may reach only some
+    /// ranks), and train on each micro-batch only where every rank can (DDP's backward is collective); with the
+    /// unreadable images of all ranks.
+    fn agree(&self, here: &Fetched) -> Result<Agreed> {
+        let mut v = vec![
+            f64::from(u8::from(self.stop.load(Ordering::Relaxed))),
+            here.bad_images as f64,
+        ];
+        v.extend(
+            here.batches
+                .iter()
+                .map(|b| f64::from(u8::from(b.is_none()))),
+        );
+        self.setup
+            .dist
+            .sum_in_step(&mut v, "the stop signal and the step's batches")?;
+        Ok(Agreed {
+            stop: v[0] > 0.0,
+            bad_images: v[1] as u64,
+            train: v[2..]
+                .iter()
+                .map(|&untrainable| untrainable == 0.0)
+                .collect(),
+        })
+    }
+
+    /// Forward and backward over the step's micro-batches; returns their mean loss (on the device).
+    fn forward_backward(
+        &mut self,
+        batches: Vec<Staged>,
+        prog: &mut EpochProgress,
+    ) -> Result<Tensor> {
+        let n = batches.len();
+        let mut loss = Tensor::zeros([], (Kind::Float, self.setup.device));
+        for (micro, batch) in batches.into_iter().enumerate() {
             let step = &mut self.setup.step;
             let x = step.input.normalize(&batch.images);
-            let l = step.backward(&x, &batch.labels, micro, accum)?;
-            loss += l / accum as f64;
+            let l = step.backward(&x, &batch.labels, micro, n)?;
+            loss += l / n as f64;
             prog.images += batch.labels.size()[0] as usize;
         }
         Ok(loss)
@@ -974,10 +1070,6 @@ impl<'a> Trainer<'a> {
         if let (Some(log), None) = (&mut self.setup.mllog, eval) {
             log.end("epoch_stop", json!({"epoch_num": epoch + 1}))?;
         }
-        let mut bad = [stats.bad_images as f64];
-        self.setup
-            .dist
-            .sum_f64(&mut bad, "counting unreadable images")?;
         let io = self
             .io
             .as_ref()
@@ -995,7 +1087,9 @@ impl<'a> Trainer<'a> {
             seconds: None,
             resolution: Some(stats.resolution as u64),
             data_wait_share: finite(stats.data_wait_share),
-            bad_images: Some(bad[0] as u64),
+            bad_images: Some(stats.counts.bad_images),
+            skipped_batches: Some(stats.counts.skipped_batches),
+            val_bad_images: eval.map(|e| e.bad_images),
             disk_read_gbs: io.as_ref().and_then(|d| d.disk_read_gbs),
             disk_read_iops: io.as_ref().and_then(|d| d.disk_read_iops),
             process_read_gbs: io.as_ref().and_then(|d| d.process_read_gbs),
@@ -1088,6 +1182,22 @@ impl<'a> Trainer<'a> {
             tracing::warn!(
                 "epoch {}: skipped {bad_images} unreadable training images (they could not be read or decoded)",
                 record.epoch
+            );
+        }
+        let skipped = record.skipped_batches.unwrap_or(0);
+        if skipped > 0 {
+            tracing::warn!(
+                "epoch {}: did not train on {skipped} batches (no readable image, or one value per channel for \
+                 batch norm)",
+                record.epoch
+            );
+        }
+        let val_bad = record.val_bad_images.unwrap_or(0);
+        if val_bad > 0 {
+            tracing::warn!(
+                "epoch {}: evaluated without {val_bad} unreadable validation images (accuracy is over the {} read)",
+                record.epoch,
+                record.val_images.unwrap_or(0)
             );
         }
         self.epochs.push(record);
