@@ -23,7 +23,8 @@ pub struct BenchResult {
     /// Images decoded (or found bad) by the workers per second while the timed batches were taken.
     pub images_per_sec: f64,
     pub images_per_sec_per_core: f64,
-    /// Images that could not be decoded (over warmup and timed batches).
+    /// Images that could not be decoded (in every batch decoded: warmup, timed, and those decoded
+    /// ahead and never taken).
     pub bad_images: u64,
     /// Per-image worker time, averaged over all loaded images.
     pub read_ms_per_image: f64,
@@ -108,6 +109,8 @@ pub fn run(
         }
     }
     let seconds = start.elapsed().as_secs_f64();
+    // The epochs are dropped: a bad image in a batch decoded ahead and never taken counts too.
+    loader.check_bad_images()?;
     let ips = (decoded() - decoded_before) as f64 / seconds;
     let stats = loader.stats();
     let per = |d: std::time::Duration| d.as_secs_f64() * 1e3 / stats.images.max(1) as f64;

@@ -350,9 +350,17 @@ impl Decoder {
         let (sw, sh) = (w.div_ceil(d), h.div_ceil(d));
         let (mut x0, y0) = (rx / d, ry / d);
         let x1 = (rx + rw).div_ceil(d).min(sw);
-        let y1 = (ry + rh).div_ceil(d).min(sh);
+        let mut y1 = (ry + rh).div_ceil(d).min(sh);
+        // Partial decompression needs a known subsampling (for the iMCU width below); other
+        // files are decoded whole.
+        let croppable = (0..7).contains(&hdr.subsamp);
+        // A crop that stops above the last row may leave the end of the file unread, and with it
+        // the file's verdict: then it goes on to the bottom (see `any_crop_reads_to_the_end`).
+        if croppable && y1 < sh && !any_crop_reads_to_the_end(bytes) {
+            y1 = sh;
+        }
         // Partial decompression needs the left edge on a (scaled) iMCU boundary.
-        let region = if (0..7).contains(&hdr.subsamp) && (x0, y0, x1, y1) != (0, 0, sw, sh) {
+        let region = if croppable && (x0, y0, x1, y1) != (0, 0, sw, sh) {
             let mcu = MCU_WIDTH[hdr.subsamp as usize];
             let smcu = mcu.div_ceil(d);
             x0 -= x0 % smcu;
@@ -445,6 +453,107 @@ fn clamp_region([x, y, w, h]: [usize; 4], iw: usize, ih: usize) -> [usize; 4] {
     let x = x.min(iw - 1);
     let y = y.min(ih - 1);
     [x, y, w.clamp(1, iw - x), h.clamp(1, ih - y)]
+}
+
+/// Whether libjpeg reads `bytes` to their end (what decides the file's verdict) even when the
+/// cropping region stops above the image's last row; if not, the region must go on to the bottom.
+///
+/// Without that, a truncated photo was good for the crops above its missing rows and bad for the
+/// others, so its verdict changed from epoch to epoch. For a single-scan (baseline) JPEG, skipping
+/// the rows below the crop (`jpeg_skip_scanlines` to the bottom) marks the end of the image as
+/// reached without reading on: the entropy-coded rows below and the markers after them, a
+/// premature end of the file or a marker that is an error, go unseen. A multi-scan (progressive)
+/// file is read whole before any row comes out, and so is a single-scan one whose entropy-coded
+/// data ends at its end-of-image marker: the rows below the crop can then only hold corrupt data,
+/// which libjpeg warns about and decodes anyway, as it does for a full decode. Both are recognised
+/// here by walking the markers as libjpeg's `next_marker` finds them and searching the entropy-coded
+/// data for its first marker: a pass over the bytes, no decoding, so good files keep the cropped
+/// decode. Anything else (cut short, or some other marker first) answers `false`, which costs
+/// only the decoding of the rows below the crop.
+fn any_crop_reads_to_the_end(bytes: &[u8]) -> bool {
+    let (mut at, mut progressive, mut components) = (2, false, 0);
+    loop {
+        let Some((marker, after)) = next_marker(bytes, at) else {
+            return false;
+        };
+        at = after;
+        if marker == 0x01 || (0xD0..=0xD7).contains(&marker) {
+            continue; // no length; libjpeg traces and skips these
+        }
+        if marker == 0xD8 || marker == 0xD9 {
+            return false; // a second SOI, or the end before any scan: no image
+        }
+        let Some(len) = bytes
+            .get(at..at + 2)
+            .map(|b| u16::from_be_bytes([b[0], b[1]]) as usize)
+        else {
+            return false;
+        };
+        let Some(segment) = bytes.get(at + 2..at + len.max(2)) else {
+            return false;
+        };
+        at += len.max(2);
+        match marker {
+            // SOF0..SOF15 less DHT, JPG and DAC: P, Y, X, then the number of components.
+            0xC0..=0xCF if ![0xC4, 0xC8, 0xCC].contains(&marker) => {
+                progressive = matches!(marker, 0xC2 | 0xC6 | 0xCA | 0xCE);
+                components = segment.get(5).copied().unwrap_or(0);
+            }
+            0xDA => {
+                let in_scan = segment.first().copied().unwrap_or(0);
+                if progressive || in_scan < components {
+                    return true; // several scans: all read before the first row
+                }
+                // One scan: its first marker, past stuffed zeros and restarts, must be EOI.
+                return matches!(next_marker_in_scan(bytes, at), Some(0xD9));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The marker code at or after `at` and the position after it, as libjpeg's `next_marker` finds
+/// it: bytes up to an 0xFF are skipped, then fill bytes (0xFF), and `FF 00` is no marker.
+fn next_marker(bytes: &[u8], mut at: usize) -> Option<(u8, usize)> {
+    loop {
+        at = find_ff(bytes, at)?;
+        while *bytes.get(at + 1)? == 0xFF {
+            at += 1;
+        }
+        let code = bytes[at + 1];
+        at += 2;
+        if code != 0 {
+            return Some((code, at));
+        }
+    }
+}
+
+/// The first marker of entropy-coded data starting at `at` that ends it: not a restart (RSTn).
+fn next_marker_in_scan(bytes: &[u8], mut at: usize) -> Option<u8> {
+    loop {
+        let (code, after) = next_marker(bytes, at)?;
+        if !(0xD0..=0xD7).contains(&code) {
+            return Some(code);
+        }
+        at = after;
+    }
+}
+
+/// Position of the first 0xFF at or after `from`. Entropy-coded data is most of a JPEG: 32 bytes
+/// at a time, through a byte-wise maximum the compiler vectorises.
+fn find_ff(bytes: &[u8], from: usize) -> Option<usize> {
+    let rest = bytes.get(from..)?;
+    let mut base = from;
+    for c in rest.chunks_exact(32) {
+        if c.iter().fold(0, |m: u8, &b| m.max(b)) == 0xFF {
+            break;
+        }
+        base += 32;
+    }
+    bytes[base..]
+        .iter()
+        .position(|&b| b == 0xFF)
+        .map(|i| base + i)
 }
 
 /// libjpeg's warning for data that ends before the image does (JWRN_JPEG_EOF).
@@ -548,6 +657,56 @@ mod tests {
             .sum::<f64>()
             / rgb.len() as f64;
         assert!(mae < 3.0, "mean abs error {mae}");
+    }
+
+    /// `jpeg/<sub>` in the shared test data (`RN50_SHARED_DATA`, as the integration tests).
+    fn shared_jpeg(sub: &str) -> std::path::PathBuf {
+        std::env::var_os("RN50_SHARED_DATA")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data").into())
+            .join("jpeg")
+            .join(sub)
+    }
+
+    /// The 220 ImageNet photos in the shared test data, read.
+    fn imagenet_photos() -> Vec<Vec<u8>> {
+        let dir = shared_jpeg("imagenet");
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("cannot list {} ({e}): set RN50_SHARED_DATA", dir.display()))
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        files.iter().map(|f| std::fs::read(f).unwrap()).collect()
+    }
+
+    /// Real photos keep the cropped decode (the scan finds their end-of-image marker); the same
+    /// photos cut short anywhere after their header, or with a stray marker after their data, decode
+    /// on to the bottom; progressive files are read whole anyway.
+    #[test]
+    fn only_files_read_to_their_end_keep_the_cropped_decode() {
+        let photos = imagenet_photos();
+        assert_eq!(photos.len(), 220);
+        for (i, p) in photos.iter().enumerate() {
+            assert!(any_crop_reads_to_the_end(p), "photo {i}");
+            let data = p.len() / 2;
+            for cut in [data, p.len() * 9 / 10, p.len() - 2, p.len() - 1] {
+                assert!(
+                    !any_crop_reads_to_the_end(&p[..cut]),
+                    "photo {i} cut to {cut}"
+                );
+            }
+            let mut sof_after = p[..p.len() - 2].to_vec();
+            sof_after.extend_from_slice(&[0xFF, 0xC0, 0x00, 0x02, 0xFF, 0xD9]);
+            assert!(!any_crop_reads_to_the_end(&sof_after), "photo {i} + SOF");
+            // Trailing bytes after EOI are not read by libjpeg, cropped or not.
+            let mut trailing = p.clone();
+            trailing.extend_from_slice(b"\xFF\xC0 trailing junk");
+            assert!(any_crop_reads_to_the_end(&trailing), "photo {i} + junk");
+        }
+        let progressive = std::fs::read(shared_jpeg("edge/progressive_imagenet.jpg")).unwrap();
+        assert!(any_crop_reads_to_the_end(
+            &progressive[..progressive.len() / 2]
+        ));
     }
 
     #[test]

@@ -345,6 +345,26 @@ impl Loader {
         }
     }
 
+    /// With [`BadImagePolicy::Fail`], an error naming the first bad image this loader met, in a
+    /// batch taken or not. A consumer that stops before an epoch's end (a benchmark, a step limit,
+    /// the last of [`Loader::epochs`]) leaves batches decoded ahead that it never takes, and a bad
+    /// image in one of them was counted and never reported: "fail" must fail on any bad image
+    /// seen. Call it once the epochs are dropped (dropping waits for the samples being decoded).
+    /// Always `Ok` with [`BadImagePolicy::Skip`].
+    pub fn check_bad_images(&self) -> Result<()> {
+        if self.config.on_bad_image == BadImagePolicy::Skip {
+            return Ok(());
+        }
+        let s = self.stats();
+        match s.bad_examples.first() {
+            None => Ok(()),
+            Some(first) if s.bad_images > 1 => {
+                Err(anyhow!("bad image {first} (and {} more)", s.bad_images - 1))
+            }
+            Some(first) => Err(anyhow!("bad image {first}")),
+        }
+    }
+
     /// Iterate over `epoch`'s batches, starting at batch `start_batch` (to resume a run).
     /// Queued behind the epochs already queued on the workers; dropping the iterator cancels it.
     pub fn epoch(&self, epoch: u64, start_batch: usize) -> Epoch {

@@ -5,6 +5,11 @@
 //! `max_side`, images whose shorter side exceeds it are shrunk to that shorter side (Pillow's
 //! bilinear filter, torchvision's size rounding) and re-encoded as JPEG at `quality`, like FFCV's
 //! `max_resolution`; smaller images keep their original bytes.
+//!
+//! The shard directory's manifest ([`crate::source::shards::MANIFEST`]) is written last, after
+//! every shard is finished and on disk: a pack killed or failed before then leaves shards that
+//! look complete, and the manifest's absence is what marks them as not a dataset. A class whose
+//! images are all bad fails the pack, as it would make a dataset that opening refuses.
 
 use std::path::{Path, PathBuf};
 
@@ -16,7 +21,9 @@ use rayon::prelude::*;
 use crate::crop::resize_shorter;
 use crate::decode::{decode_rgb_with_limit, encode_jpeg, DecodeError};
 use crate::loader::BadImagePolicy;
-use crate::source::shards::{ShardMeta, ShardWriter, EXTENSION, FORMAT_VERSION};
+use crate::source::shards::{
+    write_manifest, ShardMeta, ShardWriter, EXTENSION, FORMAT_VERSION, MANIFEST,
+};
 use crate::source::Dataset;
 
 #[derive(Clone, Debug)]
@@ -53,7 +60,7 @@ enum Record {
     Bad(String),
 }
 
-/// Pack `dataset` into `out_dir/shard-NNNNN.rn50shard`.
+/// Pack `dataset` into `out_dir/shard-NNNNN.rn50shard`, then write `out_dir`'s manifest.
 pub fn pack(dataset: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<PackReport> {
     if let Some(s) = opts.max_side {
         anyhow::ensure!(s > 0, "--max-side must be positive");
@@ -65,6 +72,12 @@ pub fn pack(dataset: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<Pac
             "{} already holds {} .{EXTENSION} files; choose an empty directory",
             out_dir.display(),
             existing.len()
+        );
+    }
+    if out_dir.join(MANIFEST).exists() {
+        bail!(
+            "{} already holds a packed dataset ({MANIFEST}); choose an empty directory",
+            out_dir.display()
         );
     }
     let pool = rayon::ThreadPoolBuilder::new()
@@ -86,6 +99,7 @@ pub fn pack(dataset: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<Pac
         index_crc32: None,
     };
     let mut report = PackReport::default();
+    let mut class_images = vec![0u64; dataset.classes().len()];
     let mut writer: Option<ShardWriter> = None;
     let chunk = 64 * opts.workers.max(1);
     for start in (0..dataset.len()).step_by(chunk) {
@@ -126,7 +140,9 @@ pub fn pack(dataset: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<Pac
                         writer = Some(ShardWriter::create(&path, meta.clone())?);
                     }
                     let w = writer.as_mut().expect("created above");
-                    w.push(&bytes, dataset.label(i) as u32)?;
+                    let label = dataset.label(i);
+                    w.push(&bytes, label as u32)?;
+                    class_images[label as usize] += 1;
                     report.records += 1;
                     report.reencoded += u64::from(reencoded);
                     report.input_bytes += input_len as u64;
@@ -143,6 +159,24 @@ pub fn pack(dataset: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<Pac
     if report.records == 0 {
         bail!("no loadable images in {}", dataset.description());
     }
+    let empty: Vec<&str> = dataset
+        .classes()
+        .iter()
+        .zip(&class_images)
+        .filter(|(_, &n)| n == 0)
+        .map(|(c, _)| c.as_str())
+        .collect();
+    if !empty.is_empty() {
+        bail!(
+            "no loadable images for the classes {} of {}: all of their images are bad (the first \
+             bad images: {}); {} is left unfinished, not a dataset",
+            empty.join(", "),
+            dataset.description(),
+            report.bad_examples.join("; "),
+            out_dir.display()
+        );
+    }
+    write_manifest(out_dir, &report.shards)?;
     Ok(report)
 }
 

@@ -426,6 +426,67 @@ fn a_symlink_loop_lists_each_file_once_and_is_reported() {
     }
 }
 
+/// A link inside a class to a directory above it (`n02979186/up -> ..`, the dataset root) listed every other
+/// class's photos again under that class (24 images became 40); `find -L` stops there. Links to the root, to the
+/// folder holding it, and to the parent of a class that is a link to a folder elsewhere are cut and reported like
+/// the loops within a class; each photo is listed once, under its own class.
+#[test]
+fn a_symlink_to_a_folder_above_its_class_is_cut_and_reported() {
+    use rn50_pipeline::source::folder::ImageFolder;
+    use std::os::unix::fs::symlink;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("tree");
+    let photos = jpeg_files("imagenet");
+    for (i, rel) in [
+        "tree/a/1.jpg",
+        "tree/a/2.jpg",
+        "tree/b/3.jpg",
+        "tree/b/deep/4.jpg",
+        "outside/c/5.jpg",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let p = tmp.path().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::copy(&photos[i], &p).unwrap();
+    }
+    symlink("..", root.join("a/up")).unwrap();
+    symlink(&root, root.join("b/deep/root")).unwrap();
+    symlink("../../..", root.join("b/deep/above")).unwrap();
+    // Class c is a link to outside/c, whose `..` is outside.
+    symlink(tmp.path().join("outside/c"), root.join("c")).unwrap();
+    symlink("..", tmp.path().join("outside/c/parent")).unwrap();
+    let want: Vec<String> = ["a/1.jpg", "a/2.jpg", "b/3.jpg", "b/deep/4.jpg", "c/5.jpg"]
+        .iter()
+        .map(|rel| root.join(rel).display().to_string())
+        .collect();
+    let ds = Dataset::open(&root).unwrap();
+    let names: Vec<String> = (0..ds.len()).map(|i| ds.name(i)).collect();
+    assert_eq!(names, want);
+    let labels: Vec<i64> = (0..ds.len()).map(|i| ds.label(i)).collect();
+    assert_eq!(labels, [0, 0, 1, 1, 2]);
+    let loops = ImageFolder::open(&root).unwrap().loops().to_vec();
+    let outside = std::fs::canonicalize(tmp.path().join("outside")).unwrap();
+    let tmp_real = std::fs::canonicalize(tmp.path()).unwrap();
+    for (link, back_to) in [
+        (root.join("a/up"), root.clone()),
+        (root.join("b/deep/root"), root.clone()),
+        (root.join("b/deep/above"), tmp_real),
+        (root.join("c/parent"), outside),
+    ] {
+        assert!(
+            loops.iter().any(|l| l.starts_with(&format!(
+                "{} leads back to {} ",
+                link.display(),
+                back_to.display()
+            ))),
+            "{link:?} not reported: {loops:?}"
+        );
+    }
+    assert_eq!(loops.len(), 4, "{loops:?}");
+}
+
 /// Images over the pixel limit (Pillow's MAX_IMAGE_PIXELS unless `max_image_pixels` says otherwise) are bad
 /// images: skipped, counted and named like unreadable ones. A 16000x16000 PNG was loaded (768 MB a decode).
 #[test]
@@ -524,4 +585,65 @@ fn bad_files_do_not_change_the_verdict_on_the_files_after_them() {
             "{workers} threads: {s:?}"
         );
     }
+}
+
+/// `bench-loader --on-bad-image fail` exited 0 reporting "bad images: 1" when the bad image was in a batch decoded
+/// ahead of the last one timed. Here the timed batch is one photo and the junk file is the next batch; both are
+/// named pipes, fed in turn, so the junk is known to be decoded (by the second worker) before the photo's batch
+/// is complete and the benchmark stops. Then each pipe is replaced by a plain file, for the epoch queued next.
+#[test]
+fn bench_loader_fails_on_a_bad_image_decoded_ahead_with_on_bad_image_fail() {
+    use clap::Parser;
+    use rn50_pipeline::cli::bench_loader::{run, BenchLoaderArgs};
+    use std::io::Write;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        cmd: BenchLoaderArgs,
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("data");
+    let photo = std::fs::read(&jpeg_files("imagenet")[0]).unwrap();
+    let (good, junk) = (root.join("a/photo.jpg"), root.join("b/junk.jpg"));
+    for (fifo, bytes) in [(&good, &photo[..]), (&junk, b"not a JPEG" as &[u8])] {
+        std::fs::create_dir_all(fifo.parent().unwrap()).unwrap();
+        mkfifo(fifo);
+        std::fs::write(fifo.with_extension("plain"), bytes).unwrap();
+    }
+    let feeder = {
+        let (good, junk, photo) = (good.clone(), junk.clone(), photo.clone());
+        std::thread::spawn(move || {
+            for (fifo, bytes) in [(&junk, &b"not a JPEG"[..]), (&good, &photo[..])] {
+                // Returns once a worker has opened the pipe to read it.
+                let mut w = std::fs::OpenOptions::new().write(true).open(fifo).unwrap();
+                std::fs::rename(fifo.with_extension("plain"), fifo).unwrap();
+                let _ = w.write_all(bytes); // the reader may be the test below, gone
+            }
+        })
+    };
+    let args = Cli::try_parse_from([
+        "bench-loader",
+        root.to_str().unwrap(),
+        "--val",
+        "--size=32",
+        "--val-resize=32",
+        "-j2",
+        "-b1",
+        "--prefetch=2",
+        "--steps=1",
+        "--warmup=0",
+        "--on-bad-image=fail",
+    ])
+    .unwrap();
+    let result = run(&args.cmd);
+    // Had the run not read both pipes, the feeder would wait for a reader: be it.
+    for fifo in [&junk, &good] {
+        drop(std::fs::File::open(fifo).unwrap());
+    }
+    feeder.join().unwrap();
+    let err = format!("{:#}", result.expect_err("bench-loader succeeded"));
+    assert!(
+        err.contains("bad image") && err.contains("b/junk.jpg"),
+        "{err}"
+    );
 }

@@ -180,15 +180,17 @@ fn pack_counts_images_over_the_pixel_limit_as_bad() {
     let src = tmp.path().join("src");
     std::fs::create_dir_all(src.join("a")).unwrap();
     std::fs::create_dir_all(src.join("b")).unwrap();
-    for f in &jpeg_files("imagenet")[..4] {
-        std::fs::copy(f, src.join("a").join(f.file_name().unwrap())).unwrap();
+    for (i, f) in jpeg_files("imagenet")[..5].iter().enumerate() {
+        // One photo in b too: a class left without images would fail the pack.
+        let class = if i < 4 { "a" } else { "b" };
+        std::fs::copy(f, src.join(class).join(f.file_name().unwrap())).unwrap();
     }
     for (name, bytes) in pixel_bombs() {
         std::fs::write(src.join("b").join(name), bytes).unwrap();
     }
     let ds = Dataset::open(&src).unwrap();
     let report = pack(&ds, &tmp.path().join("out"), &options(None)).unwrap();
-    assert_eq!((report.records, report.bad_images), (4, 3), "{report:?}");
+    assert_eq!((report.records, report.bad_images), (5, 3), "{report:?}");
     assert!(
         report
             .bad_examples
@@ -406,4 +408,294 @@ fn a_damaged_shard_reads_right_or_fails() {
     eprintln!("{refused} of 1000 mutants refused; {bad} bad records in the others");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(refused > 100 && bad > 100, "{refused} refused, {bad} bad");
+}
+
+/// An ImageFolder at `root` of `classes` classes (`c0`, `c1`, …) of `per_class` small ImageNet photos each
+/// (`p000.jpg`, `p001.jpg`, …; the 30 smallest photos, repeated as needed).
+fn photo_folder(root: &std::path::Path, classes: usize, per_class: usize) {
+    let mut photos = jpeg_files("imagenet");
+    photos.sort_by_key(|f| std::fs::metadata(f).unwrap().len());
+    for i in 0..classes * per_class {
+        let dir = root.join(format!("c{}", i / per_class));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(&photos[i % 30], dir.join(format!("p{i:03}.jpg"))).unwrap();
+    }
+}
+
+/// `rn50 pack`'s options with shards of about `kib` KiB (a few images each).
+fn small_shards(kib: u64) -> PackOptions {
+    PackOptions {
+        shard_bytes: kib << 10,
+        ..options(None)
+    }
+}
+
+/// What opening a copy of the shard directory `dir`, changed by `change`, says; panics if it opens.
+fn open_changed(dir: &std::path::Path, change: impl FnOnce(&std::path::Path)) -> String {
+    let copy = dir.with_extension("changed");
+    let _ = std::fs::remove_dir_all(&copy);
+    std::fs::create_dir(&copy).unwrap();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, copy.join(p.file_name().unwrap())).unwrap();
+    }
+    change(&copy);
+    match Dataset::open(&copy) {
+        Ok(ds) => panic!("the changed shard directory opened: {ds:?}"),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+/// A shard directory is the dataset its manifest, written last by pack, says it is. Without the manifest (a pack
+/// killed, or failed, after some shards: they look complete) it is refused, as it is with a shard missing, one
+/// too many, or one swapped for another: each was once read as the whole dataset, with exit 0.
+#[test]
+fn a_shard_directory_is_refused_unless_it_matches_its_manifest() {
+    let tmp = tempfile::tempdir().unwrap();
+    photo_folder(&tmp.path().join("src"), 4, 4);
+    let ds = Dataset::open(tmp.path().join("src")).unwrap();
+    let out = tmp.path().join("shards");
+    let report = pack(&ds, &out, &small_shards(40)).unwrap();
+    assert!(report.shards.len() >= 4, "{} shards", report.shards.len());
+    let whole = Dataset::open(&out).unwrap();
+    assert_eq!((whole.len(), whole.classes()), (16, ds.classes()));
+
+    let err = open_changed(&out, |d| {
+        std::fs::remove_file(d.join("rn50-pack.json")).unwrap()
+    });
+    assert!(
+        err.contains("was not finished by rn50 pack (killed?): run pack again"),
+        "{err}"
+    );
+    let last = report
+        .shards
+        .last()
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_owned();
+    let err = open_changed(&out, |d| std::fs::remove_file(d.join(&last)).unwrap());
+    assert!(
+        err.contains(&format!("{} is missing", last.to_string_lossy())),
+        "{err}"
+    );
+    let err = open_changed(&out, |d| {
+        std::fs::copy(d.join(&last), d.join("shard-99999.rn50shard")).unwrap();
+    });
+    assert!(
+        err.contains("shard-99999.rn50shard is not part of the dataset"),
+        "{err}"
+    );
+    let err = open_changed(&out, |d| {
+        let path = d.join("rn50-pack.json");
+        let mut m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        m["class_images"][0] = 5.into();
+        m["images"] = 17.into();
+        std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
+    });
+    assert!(
+        err.contains("hold 4 images of class c0, rn50-pack.json says 5"),
+        "{err}"
+    );
+    // The first shard's file replaced by the second's: every shard is still a valid file.
+    let [first, second] = [0, 1].map(|i| report.shards[i].file_name().unwrap().to_owned());
+    let err = open_changed(&out, |d| {
+        std::fs::copy(d.join(&second), d.join(&first)).unwrap();
+    });
+    assert!(
+        err.contains(&format!(
+            "{} is not the shard rn50-pack.json lists",
+            first.to_string_lossy()
+        )),
+        "{err}"
+    );
+}
+
+/// Run by `a_killed_pack_leaves_a_directory_that_is_refused` in a child process, which the test kills mid-way;
+/// a no-op without the child's environment.
+#[test]
+#[ignore = "a child process of a_killed_pack_leaves_a_directory_that_is_refused"]
+fn pack_until_killed() {
+    let (Some(src), Some(out)) = (
+        std::env::var_os("RN50_TEST_PACK_SRC"),
+        std::env::var_os("RN50_TEST_PACK_OUT"),
+    ) else {
+        return;
+    };
+    let ds = Dataset::open(src).unwrap();
+    let opts = PackOptions {
+        workers: 1,
+        shard_bytes: 1,
+        ..options(None)
+    };
+    pack(&ds, std::path::Path::new(&out), &opts).unwrap();
+}
+
+/// A real `kill -9` of a pack mid-way (the hostile test's SIGKILL at 1.2 s left 4 complete shards, classes 5-9
+/// empty, that train used as the whole dataset): the directory it leaves is refused. The pack runs in a child
+/// process; the dataset's 65th image is a named pipe, so the child is known to be stuck there, with the first 64
+/// images (classes c0-c7 of ten) in finished one-image shards, when it is killed.
+#[test]
+fn a_killed_pack_leaves_a_directory_that_is_refused() {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, out) = (tmp.path().join("src"), tmp.path().join("out"));
+    photo_folder(&src, 10, 8);
+    // Sorted before the class's photos (p…): index 64, the first of pack's second chunk of 64.
+    let fifo = src.join("c8/0.jpg");
+    mkfifo(&fifo);
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "pack_until_killed", "--ignored", "--nocapture"])
+        .env("RN50_TEST_PACK_SRC", &src)
+        .env("RN50_TEST_PACK_OUT", &out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Opening the pipe for writing returns once the child opens it to read the image.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = fifo.clone();
+    std::thread::spawn(move || tx.send(std::fs::OpenOptions::new().write(true).open(path)));
+    let pipe = loop {
+        if let Ok(pipe) = rx.recv_timeout(std::time::Duration::from_millis(100)) {
+            break pipe.unwrap();
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            let _ = std::fs::File::open(&fifo); // lets the opening thread go
+            let mut err = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            panic!("the pack child ended before reaching the pipe ({status}):\n{err}");
+        }
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(pipe);
+    let shards = std::fs::read_dir(&out)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().extension() == Some("rn50shard".as_ref()))
+        .count();
+    assert!(
+        shards >= 60,
+        "{shards} finished shards: the kill came too early"
+    );
+    let err = format!("{:#}", Dataset::open(&out).unwrap_err());
+    assert!(
+        err.contains("was not finished by rn50 pack (killed?): run pack again"),
+        "{err}"
+    );
+}
+
+/// A class whose images are all bad fails the pack instead of leaving a dataset with an empty class.
+#[test]
+fn a_pack_that_would_leave_a_class_empty_fails() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    photo_folder(&src, 2, 2);
+    std::fs::create_dir(src.join("c2")).unwrap();
+    std::fs::write(src.join("c2/junk.jpg"), b"\xff\xd8 not a photo").unwrap();
+    let ds = Dataset::open(&src).unwrap();
+    let out = tmp.path().join("out");
+    let err = format!("{:#}", pack(&ds, &out, &options(None)).unwrap_err());
+    assert!(
+        err.contains("no loadable images for the classes c2") && err.contains("junk.jpg"),
+        "{err}"
+    );
+    assert!(Dataset::open(&out).is_err());
+}
+
+/// A shard directory whose manifest agrees with its shards but has a class without images (written by hand
+/// here; pack refuses to finish one) is refused as an ImageFolder with an empty class is.
+#[test]
+fn a_shard_directory_with_an_empty_class_is_refused() {
+    use rn50_pipeline::source::shards::{write_manifest, ShardMeta, ShardWriter};
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("shard-00000.rn50shard");
+    let meta = ShardMeta {
+        format_version: 2,
+        classes: vec!["a".into(), "b".into(), "c".into()],
+        records: 0,
+        max_side: None,
+        quality: None,
+        index_crc32: None,
+    };
+    let mut w = ShardWriter::create(&path, meta).unwrap();
+    for f in &jpeg_files("imagenet")[..3] {
+        w.push(&std::fs::read(f).unwrap(), 1).unwrap();
+    }
+    w.finish().unwrap();
+    write_manifest(tmp.path(), &[path]).unwrap();
+    let err = format!("{:#}", Dataset::open(tmp.path()).unwrap_err());
+    assert!(
+        err.contains(&format!(
+            "{}: no image files for the classes a, c",
+            tmp.path().display()
+        )),
+        "{err}"
+    );
+}
+
+/// `bytes`, a shard file, with its metadata JSON replaced by `edit`'s output (the footer's length fixed).
+fn with_meta(bytes: &[u8], edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+    let footer = &bytes[bytes.len() - 40..];
+    let word = |i: usize| u64::from_le_bytes(footer[i * 8..i * 8 + 8].try_into().unwrap());
+    let (index_off, count, meta_off, meta_len) = (word(0), word(1), word(2), word(3));
+    let mut meta: serde_json::Value =
+        serde_json::from_slice(&bytes[meta_off as usize..(meta_off + meta_len) as usize]).unwrap();
+    edit(&mut meta);
+    let meta = serde_json::to_vec(&meta).unwrap();
+    let mut out = bytes[..meta_off as usize].to_vec();
+    out.extend_from_slice(&meta);
+    for v in [index_off, count, meta_off, meta.len() as u64] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(b"RN50SHDE");
+    out
+}
+
+/// The metadata's index checksum cannot be dropped: without `index_crc32` a format 2 shard was read unchecked (as
+/// format 1, which had none), so deleting the field let a flipped label through. Format 1 is known by its
+/// version alone; a format 2 shard without the field is refused, with a flipped label or not.
+#[test]
+fn a_shard_whose_index_checksum_was_removed_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    photo_folder(&src, 2, 2);
+    let ds = Dataset::open(&src).unwrap();
+    let report = pack(&ds, &tmp.path().join("shards"), &options(None)).unwrap();
+    let path = &report.shards[0];
+    let original = std::fs::read(path).unwrap();
+    let without = with_meta(&original, |m| {
+        m.as_object_mut().unwrap().remove("index_crc32").unwrap();
+    });
+    let (at, _, _) = index_entry(&without, 0);
+    let mut relabelled = without.clone();
+    relabelled[at + 12] ^= 1; // record 0: class 0 -> 1
+    for (what, bytes) in [
+        ("the checksum removed", &without),
+        ("the checksum removed and a label flipped", &relabelled),
+    ] {
+        std::fs::write(path, bytes).unwrap();
+        for opened in [path.as_path(), tmp.path().join("shards").as_path()] {
+            match ShardSet::open(opened) {
+                Ok(set) => panic!(
+                    "{what}: {} opened, record 0 of class {}",
+                    opened.display(),
+                    Source::label(&set, 0)
+                ),
+                Err(e) => assert!(
+                    format!("{e:#}").contains("format 2 metadata without index_crc32"),
+                    "{what}: {e:#}"
+                ),
+            }
+        }
+    }
+    std::fs::write(path, &original).unwrap();
+    ShardSet::open(path).unwrap();
 }

@@ -59,7 +59,8 @@ pub struct BenchLoaderArgs {
     /// Seed for shuffling and augmentation.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// What to do with images that cannot be decoded.
+    /// What to do with images that cannot be decoded. With fail, any bad image decoded fails the
+    /// command, also one in a batch decoded ahead of the last one timed.
     #[arg(long, value_enum, default_value_t = BadImagePolicy::Skip)]
     pub on_bad_image: BadImagePolicy,
     #[command(flatten)]

@@ -6,15 +6,19 @@
 //! system loop. torchvision's `os.walk(followlinks=True)` goes round it until the path is too long
 //! (80 images became 36,080); here, as in `find -L`, it is recognised by the device and inode of
 //! the directories on the current path, reported with a warning and not followed, so every real
-//! directory of a class is read once. A warning, not an error, because a loop adds no file that the
-//! walk does not already list, and `find -L` and `du -L` too carry on after reporting one.
+//! directory of a class is read once. The directories above the class count as on the path too:
+//! the dataset root and everything above it, and above the class's real directory (a class may be
+//! a link to elsewhere). A link to one of them (`a/up -> ..`) would list every other class's photos
+//! again under this one (24 images became 40), and `find -L` stops there as well. A warning, not an
+//! error, because a loop adds no file that the walk does not already list, and `find -L` and `du
+//! -L` too carry on after reporting one.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use super::Source;
+use super::{refuse_empty_classes, Source};
 
 /// torchvision's `IMG_EXTENSIONS` (matched case-insensitively, as `has_file_allowed_extension`).
 const IMG_EXTENSIONS: &[&str] = &[
@@ -55,9 +59,17 @@ impl ImageFolder {
         let mut labels = Vec::new();
         let mut counts = Vec::with_capacity(classes.len());
         let mut loops = Vec::new();
+        let above_root = ancestors(root, root)?;
         for (label, class) in classes.iter().enumerate() {
+            let dir = root.join(class);
+            let mut path = above_root.clone();
+            for a in ancestors(&dir, root)?.into_iter().skip(1) {
+                if !path.iter().any(|(id, _)| *id == a.0) {
+                    path.push(a);
+                }
+            }
             let mut found = Vec::new();
-            walk(&root.join(class), &mut Vec::new(), &mut found, &mut loops)?;
+            walk(&dir, &mut path, &mut found, &mut loops)?;
             // sorted(os.walk(...)) then sorted(fnames): order by (directory, file name).
             // Compare directories as strings (Python's order), not component-wise.
             found.sort_by_cached_key(|p| {
@@ -66,25 +78,17 @@ impl ImageFolder {
                     p.file_name().map(|f| f.to_owned()),
                 )
             });
-            counts.push(found.len());
+            counts.push(found.len() as u64);
             labels.extend(std::iter::repeat_n(label as u32, found.len()));
             files.extend(found);
         }
         // torchvision refuses empty classes too (a sign of an incomplete extraction).
-        let empty: Vec<&str> = classes
-            .iter()
-            .zip(&counts)
-            .filter(|(_, &n)| n == 0)
-            .map(|(c, _)| c.as_str())
-            .collect();
-        if !empty.is_empty() {
-            bail!(
-                "{}: no image files for the classes {} (extensions: {})",
-                root.display(),
-                empty.join(", "),
-                IMG_EXTENSIONS.join(", ")
-            );
-        }
+        refuse_empty_classes(
+            root,
+            &classes,
+            &counts,
+            &format!(" (extensions: {})", IMG_EXTENSIONS.join(", ")),
+        )?;
         for l in &loops {
             tracing::warn!("{l}");
         }
@@ -115,9 +119,31 @@ impl ImageFolder {
     }
 }
 
+/// (device, inode) and path of `dir` and of every directory above its real location, `dir` first. Named
+/// as `dir` itself and, above it, by their real paths, except `root`, named as given.
+fn ancestors(dir: &Path, root: &Path) -> Result<Vec<((u64, u64), PathBuf)>> {
+    let real =
+        std::fs::canonicalize(dir).with_context(|| format!("cannot resolve {}", dir.display()))?;
+    let root_id = std::fs::metadata(root).map(|m| (m.dev(), m.ino())).ok();
+    let mut out = Vec::new();
+    for (i, a) in real.ancestors().enumerate() {
+        let meta = std::fs::metadata(a).with_context(|| format!("cannot list {}", a.display()))?;
+        let id = (meta.dev(), meta.ino());
+        let name = if i == 0 {
+            dir
+        } else if Some(id) == root_id {
+            root
+        } else {
+            a
+        };
+        out.push((id, name.to_path_buf()));
+    }
+    Ok(out)
+}
+
 /// Lists the image files under `dir` into `out`. `path` holds the (device, inode) and path of each
-/// directory from the class directory down to `dir`'s parent: a directory found among them is a
-/// loop, described in `loops` and not entered.
+/// directory above the class directory ([`ancestors`]) and from it down to `dir`'s parent: a
+/// directory found among them is a loop, described in `loops` and not entered.
 fn walk(
     dir: &Path,
     path: &mut Vec<((u64, u64), PathBuf)>,

@@ -23,6 +23,31 @@ pub trait Source: Send + Sync {
     fn name(&self, i: usize) -> String;
 }
 
+/// Refuses a dataset in which a class has no images, as torchvision's ImageFolder does: it is the
+/// sign of an incomplete extraction, copy or pack, and a class never seen would still count in the
+/// accuracy. `counts` are the images of each of `classes`; `detail` ends the message.
+pub(crate) fn refuse_empty_classes(
+    root: &Path,
+    classes: &[String],
+    counts: &[u64],
+    detail: &str,
+) -> Result<()> {
+    let empty: Vec<&str> = classes
+        .iter()
+        .zip(counts)
+        .filter(|(_, &n)| n == 0)
+        .map(|(c, _)| c.as_str())
+        .collect();
+    if !empty.is_empty() {
+        anyhow::bail!(
+            "{}: no image files for the classes {}{detail}",
+            root.display(),
+            empty.join(", ")
+        );
+    }
+    Ok(())
+}
+
 /// A dataset: a [`Source`] plus its class names (index = position, as torchvision's).
 #[derive(Clone)]
 pub struct Dataset {
@@ -32,13 +57,14 @@ pub struct Dataset {
 }
 
 impl Dataset {
-    /// Open `path`, detecting its kind: a shard file (`*.rn50shard`), a directory holding shard
-    /// files, or an ImageFolder directory (`class/…/image`).
+    /// Open `path`, detecting its kind: a shard file (`*.rn50shard`), a shard directory (shard
+    /// files and the manifest `rn50 pack` writes last, see [`shards`]), or an ImageFolder directory
+    /// (`class/…/image`).
     pub fn open(path: impl AsRef<Path>) -> Result<Dataset> {
         let path = path.as_ref();
         let meta = std::fs::metadata(path)
             .with_context(|| format!("cannot open dataset {}", path.display()))?;
-        if meta.is_file() || shards::shard_files(path)?.is_some() {
+        if meta.is_file() || shards::is_shard_dir(path)? {
             let s = shards::ShardSet::open(path)?;
             let classes = s.classes().to_vec();
             let description = format!("shards {} ({} files)", path.display(), s.num_files());

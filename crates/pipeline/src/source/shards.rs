@@ -16,9 +16,16 @@
 //! record's CRC-32 is checked when it is read: a flipped bit is a bad image (skipped and counted),
 //! not a silently different one. Those do not cover the labels and class names, so the metadata
 //! also holds a CRC-32 of the index and the class list, checked when the shard is opened: a flipped
-//! label bit is a refused shard, not a silently relabelled image. Format 1 (rn50 before checksums)
-//! has no crc32 field and is still read, unchecked, and so is the index of format 2 files written
-//! before its checksum.
+//! label bit is a refused shard, not a silently relabelled image. That checksum is required from
+//! format 2 on: a file is read unchecked only when its metadata says `"format_version": 1` (rn50
+//! before checksums, whose 16-byte index entries a format 2 index does not fit), never because the
+//! field is missing, or deleting it would let an edited label through.
+//!
+//! A shard directory is a dataset only with its [`MANIFEST`], which `rn50 pack` writes last, once
+//! every shard is finished and on disk: the shard files and the images of each class. Without it
+//! the directory is what a killed pack left (complete shards holding the first classes, the last
+//! ones empty), and it is refused, as are shards missing from it or not listed in it, and a class
+//! without images (as an ImageFolder's).
 //! Readers use positioned reads (`pread`), not mmap, so a file shrinking under us is an I/O
 //! error rather than a SIGBUS.
 
@@ -30,9 +37,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, ensure, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::Source;
+use super::{refuse_empty_classes, Source};
 
 pub const EXTENSION: &str = "rn50shard";
+/// The file in a shard directory that makes it a finished dataset (see the module doc and
+/// [`Manifest`]).
+pub const MANIFEST: &str = "rn50-pack.json";
+/// The manifest format [`write_manifest`] writes.
+pub const MANIFEST_VERSION: u32 = 1;
 const MAGIC: &[u8; 8] = b"RN50SHD1";
 const END_MAGIC: &[u8; 8] = b"RN50SHDE";
 const FOOTER_LEN: u64 = 40;
@@ -59,10 +71,34 @@ pub struct ShardMeta {
     /// Shorter-side cap used when re-encoding (None: original bytes stored).
     pub max_side: Option<usize>,
     pub quality: Option<u8>,
-    /// CRC-32 of the file's index followed by `classes` as JSON; absent in files written before
-    /// it, and in a [`ShardSet`]'s merged metadata.
+    /// CRC-32 of the file's index followed by `classes` as JSON. Required in a file from format 2
+    /// on; absent in format 1 and in a [`ShardSet`]'s merged metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index_crc32: Option<u32>,
+}
+
+/// What `rn50 pack` writes into a shard directory as [`MANIFEST`] once all its shards are on disk:
+/// the dataset's totals, against which opening the directory checks what it finds.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Manifest {
+    pub format_version: u32,
+    /// Images in all shards.
+    pub images: u64,
+    /// Images of each class, in class order.
+    pub class_images: Vec<u64>,
+    /// The shards, in dataset order.
+    pub shards: Vec<ManifestShard>,
+}
+
+/// One shard of a [`Manifest`].
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ManifestShard {
+    /// File name, in the manifest's directory.
+    pub file: String,
+    pub images: u64,
+    /// The CRC-32 of the file's index and class list (as [`ShardMeta::index_crc32`]): another
+    /// shard, or this one rewritten, does not pass for it.
+    pub index_crc32: u32,
 }
 
 /// What [`ShardMeta::index_crc32`] holds: the CRC-32 of `index`, then of `classes` as JSON.
@@ -83,6 +119,12 @@ struct Entry {
     crc: Option<u32>,
 }
 
+/// Whether `path` is a shard directory: a directory with shard files or a [`MANIFEST`] (one whose
+/// shards were all deleted is still one, refused for what it misses).
+pub fn is_shard_dir(path: &Path) -> Result<bool> {
+    Ok(path.join(MANIFEST).is_file() || shard_files(path)?.is_some())
+}
+
 /// The list of shard files in `dir`, sorted by name; `None` if `dir` holds none.
 pub fn shard_files(dir: &Path) -> Result<Option<Vec<PathBuf>>> {
     if !dir.is_dir() {
@@ -99,7 +141,8 @@ pub fn shard_files(dir: &Path) -> Result<Option<Vec<PathBuf>>> {
     Ok((!files.is_empty()).then_some(files))
 }
 
-/// One or more shard files read as one dataset (records in file-name order, then file order).
+/// One or more shard files read as one dataset (records in the order of the manifest's shards, then
+/// file order).
 pub struct ShardSet {
     files: Vec<(PathBuf, File)>,
     entries: Vec<Entry>,
@@ -107,14 +150,19 @@ pub struct ShardSet {
 }
 
 impl ShardSet {
-    /// Open a single shard file or every shard in a directory.
+    /// Open a single shard file, or a shard directory with its [`MANIFEST`].
     pub fn open(path: &Path) -> Result<ShardSet> {
-        let paths = match shard_files(path)? {
-            Some(p) => p,
-            None if path.is_file() => vec![path.to_path_buf()],
-            None => bail!("{} contains no .{EXTENSION} files", path.display()),
-        };
-        let mut set = ShardSet {
+        if path.is_dir() {
+            return ShardSet::open_dir(path);
+        }
+        let mut set = ShardSet::empty();
+        set.add(path)
+            .with_context(|| format!("invalid shard file {}", path.display()))?;
+        Ok(set)
+    }
+
+    fn empty() -> ShardSet {
+        ShardSet {
             files: Vec::new(),
             entries: Vec::new(),
             meta: ShardMeta {
@@ -125,30 +173,150 @@ impl ShardSet {
                 quality: None,
                 index_crc32: None,
             },
-        };
-        for (i, p) in paths.iter().enumerate() {
-            let (file, meta, entries) =
-                read_shard(p).with_context(|| format!("invalid shard file {}", p.display()))?;
-            if i == 0 {
-                set.meta = meta.clone();
-                set.meta.records = 0;
-                set.meta.index_crc32 = None;
-            } else {
-                ensure!(
-                    meta.classes == set.meta.classes,
-                    "shard {} has different classes than {}",
-                    p.display(),
-                    paths[0].display()
+        }
+    }
+
+    /// Appends the shard file `path`'s records; returns the CRC-32 of its index and classes.
+    fn add(&mut self, path: &Path) -> Result<u32> {
+        let (file, meta, entries, crc) = read_shard(path)?;
+        if self.files.is_empty() {
+            self.meta = ShardMeta {
+                records: 0,
+                index_crc32: None,
+                ..meta.clone()
+            };
+        } else {
+            ensure!(
+                meta.classes == self.meta.classes,
+                "shard {} has different classes than {}",
+                path.display(),
+                self.files[0].0.display()
+            );
+        }
+        let i = self.files.len() as u32;
+        self.meta.records += meta.records;
+        self.entries
+            .extend(entries.into_iter().map(|e| Entry { file: i, ..e }));
+        self.files.push((path.to_path_buf(), file));
+        Ok(crc)
+    }
+
+    /// The shards `dir`'s manifest lists, each checked against it; refused without the manifest
+    /// (a pack killed or failed, or rn50 before manifests), with a shard missing or one too many,
+    /// or with a class that has no images.
+    fn open_dir(dir: &Path) -> Result<ShardSet> {
+        let manifest_path = dir.join(MANIFEST);
+        let present = shard_files(dir)?.unwrap_or_default();
+        let text = match std::fs::read(&manifest_path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if present.is_empty() {
+                    bail!("{} contains no .{EXTENSION} files", dir.display());
+                }
+                bail!(
+                    "{} was not finished by rn50 pack (killed?): run pack again. It holds {} \
+                     .{EXTENSION} files but no {MANIFEST}, which pack writes once all are complete \
+                     (shard directories written by rn50 before it have none either)",
+                    dir.display(),
+                    present.len()
                 );
             }
-            set.meta.records += meta.records;
-            set.entries.extend(entries.into_iter().map(|e| Entry {
-                file: i as u32,
-                ..e
-            }));
-            set.files.push((p.clone(), file));
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot read {}", manifest_path.display()))
+            }
+        };
+        let manifest: Manifest = serde_json::from_slice(&text)
+            .with_context(|| format!("corrupt {}", manifest_path.display()))?;
+        ensure!(
+            manifest.format_version == MANIFEST_VERSION,
+            "{} is of format {}; this rn50 reads {MANIFEST_VERSION}: update rn50",
+            manifest_path.display(),
+            manifest.format_version
+        );
+        let mut listed = Vec::with_capacity(manifest.shards.len());
+        for s in &manifest.shards {
+            // A bare file name: the manifest names files in its own directory, nothing else.
+            ensure!(
+                Path::new(&s.file).file_name() == Some(s.file.as_ref())
+                    && s.file.ends_with(&format!(".{EXTENSION}")),
+                "corrupt {}: {:?} is not a shard file name",
+                manifest_path.display(),
+                s.file
+            );
+            let path = dir.join(&s.file);
+            ensure!(
+                !listed.contains(&path),
+                "corrupt {}: it lists {} twice",
+                manifest_path.display(),
+                s.file
+            );
+            ensure!(
+                path.is_file(),
+                "{} is missing: {} lists it as part of the dataset (run pack again)",
+                path.display(),
+                manifest_path.display()
+            );
+            listed.push(path);
         }
+        if let Some(extra) = present.iter().find(|p| !listed.contains(p)) {
+            bail!(
+                "{} is not part of the dataset packed in {} ({MANIFEST} does not list it): remove \
+                 it, or run pack again",
+                extra.display(),
+                dir.display()
+            );
+        }
+        let mut set = ShardSet::empty();
+        for (path, s) in listed.iter().zip(&manifest.shards) {
+            let before = set.entries.len() as u64;
+            let crc = set
+                .add(path)
+                .with_context(|| format!("invalid shard file {}", path.display()))?;
+            let images = set.entries.len() as u64 - before;
+            ensure!(
+                images == s.images && crc == s.index_crc32,
+                "{} is not the shard {MANIFEST} lists ({images} images, index CRC-32 {crc:08x}; \
+                 the manifest says {} and {:08x}): run pack again",
+                path.display(),
+                s.images,
+                s.index_crc32
+            );
+        }
+        let counts = set.class_images();
+        ensure!(
+            counts.len() == manifest.class_images.len(),
+            "the shards in {} have {} classes, {MANIFEST} {}: run pack again",
+            dir.display(),
+            counts.len(),
+            manifest.class_images.len()
+        );
+        if let Some(c) = (0..counts.len()).find(|&c| counts[c] != manifest.class_images[c]) {
+            bail!(
+                "the shards in {} hold {} images of class {}, {MANIFEST} says {}: run pack again",
+                dir.display(),
+                counts[c],
+                set.classes()[c],
+                manifest.class_images[c]
+            );
+        }
+        ensure!(
+            set.entries.len() as u64 == manifest.images,
+            "the shards in {} hold {} images, {MANIFEST} says {}: run pack again",
+            dir.display(),
+            set.entries.len(),
+            manifest.images
+        );
+        refuse_empty_classes(dir, set.classes(), &counts, " in its shards")?;
         Ok(set)
+    }
+
+    /// Images of each class.
+    fn class_images(&self) -> Vec<u64> {
+        let mut counts = vec![0u64; self.meta.classes.len()];
+        for e in &self.entries {
+            counts[e.label as usize] += 1;
+        }
+        counts
     }
 
     pub fn classes(&self) -> &[String] {
@@ -172,7 +340,9 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
-fn read_shard(path: &Path) -> Result<(File, ShardMeta, Vec<Entry>)> {
+/// Opens and checks one shard file: its metadata, its index entries, and the CRC-32 of its index and
+/// classes (computed, whatever its format).
+fn read_shard(path: &Path) -> Result<(File, ShardMeta, Vec<Entry>, u32)> {
     let file = File::open(path)?;
     let size = file.metadata()?.len();
     ensure!(
@@ -234,14 +404,21 @@ fn read_shard(path: &Path) -> Result<(File, ShardMeta, Vec<Entry>)> {
         );
         entries.push(entry);
     }
-    if let Some(stored) = meta.index_crc32 {
-        let computed = index_crc32(&index, &meta.classes)?;
-        ensure!(
+    let computed = index_crc32(&index, &meta.classes)?;
+    match meta.index_crc32 {
+        Some(stored) => ensure!(
             computed == stored,
             "damaged index or class list: CRC-32 {computed:08x}, the metadata says {stored:08x}"
-        );
+        ),
+        // Format 1 is identified by its version alone (see the module doc).
+        None => ensure!(
+            meta.format_version == 1,
+            "format {} metadata without index_crc32: damaged, or written by an rn50 before \
+             checksums; run rn50 pack again",
+            meta.format_version
+        ),
     }
-    Ok((file, meta, entries))
+    Ok((file, meta, entries, computed))
 }
 
 impl Source for ShardSet {
@@ -278,6 +455,48 @@ impl Source for ShardSet {
             e.offset
         )
     }
+}
+
+/// Writes `dir`'s [`MANIFEST`] for the shard files `files` (in `dir`, in dataset order), atomically
+/// and durably ([`rn50_util::atomic_write`]): the last step of `rn50 pack`, once every shard is
+/// finished and on disk, so that a pack killed at any moment before it leaves a directory that is
+/// refused. The shards are read back and checked first; the totals are what they hold.
+pub fn write_manifest(dir: &Path, files: &[PathBuf]) -> Result<Manifest> {
+    let mut set = ShardSet::empty();
+    let mut shards = Vec::with_capacity(files.len());
+    for path in files {
+        let file = path
+            .file_name()
+            .and_then(|f| f.to_str())
+            .filter(|_| path.parent() == Some(dir))
+            .with_context(|| {
+                format!(
+                    "{} is not a shard file in {}",
+                    path.display(),
+                    dir.display()
+                )
+            })?;
+        let before = set.entries.len() as u64;
+        let index_crc32 = set
+            .add(path)
+            .with_context(|| format!("invalid shard file {}", path.display()))?;
+        shards.push(ManifestShard {
+            file: file.to_string(),
+            images: set.entries.len() as u64 - before,
+            index_crc32,
+        });
+    }
+    let manifest = Manifest {
+        format_version: MANIFEST_VERSION,
+        images: set.entries.len() as u64,
+        class_images: set.class_images(),
+        shards,
+    };
+    let text = serde_json::to_string_pretty(&manifest)? + "\n";
+    let path = dir.join(MANIFEST);
+    rn50_util::atomic_write(&path, text.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(manifest)
 }
 
 /// Streams records into one shard file; [`ShardWriter::finish`] writes index, metadata and

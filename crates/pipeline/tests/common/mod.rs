@@ -191,3 +191,11 @@ pub fn mutate(bytes: &[u8], rng: &mut impl rand::Rng) -> Vec<u8> {
     }
     b
 }
+
+/// Makes a named pipe at `path` (`mkfifo`). A reader's `open` blocks until a writer opens it, so a
+/// test that puts one among a dataset's files knows, deterministically, when a worker has reached
+/// that file, and holds the worker there until it writes.
+pub fn mkfifo(path: &Path) {
+    let status = Command::new("mkfifo").arg(path).status().unwrap();
+    assert!(status.success(), "mkfifo {} failed", path.display());
+}
