@@ -26,7 +26,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, ensure, Result};
+use anyhow::{anyhow, ensure, Context, Result};
 
 use crate::decode::MAX_IMAGE_PIXELS;
 use crate::sampler::{sample_rng, Sampler};
@@ -161,6 +161,24 @@ impl Pool {
         }
     }
 
+    /// Allocates a buffer of `bytes` into the pool unless it has one; an error when memory runs out.
+    fn reserve(&self, bytes: usize) -> Result<()> {
+        let mut free = lock(&self.free);
+        if free.iter().any(|b| b.len() == bytes) {
+            return Ok(());
+        }
+        let mut b = Vec::new();
+        b.try_reserve_exact(bytes).map_err(|_| {
+            anyhow!(
+                "cannot allocate {:.1} GiB",
+                bytes as f64 / (1u64 << 30) as f64
+            )
+        })?;
+        b.resize(bytes, 0);
+        free.push(b);
+        Ok(())
+    }
+
     fn put(&self, b: Vec<u8>) {
         let mut free = lock(&self.free);
         if free.len() < self.keep.load(Ordering::Relaxed) {
@@ -256,7 +274,7 @@ impl Loader {
         ensure!(config.workers > 0, "need at least one worker");
         Loader::check(&config)?;
         let workers = Arc::new(Workers::spawn(config.workers)?);
-        Ok(Loader::on(workers, dataset, config))
+        Loader::on(workers, dataset, config)
     }
 
     /// A loader for `dataset` and `config` whose epochs run on this loader's threads
@@ -264,7 +282,7 @@ impl Loader {
     /// queued behind a training epoch decodes as soon as that epoch's batches are all handed out.
     pub fn share_workers(&self, dataset: Dataset, config: LoaderConfig) -> Result<Loader> {
         Loader::check(&config)?;
-        Ok(Loader::on(self.workers.clone(), dataset, config))
+        Loader::on(self.workers.clone(), dataset, config)
     }
 
     fn check(config: &LoaderConfig) -> Result<()> {
@@ -282,15 +300,27 @@ impl Loader {
         config.transform.validate()
     }
 
-    fn on(workers: Arc<Workers>, dataset: Dataset, config: LoaderConfig) -> Loader {
+    fn on(workers: Arc<Workers>, dataset: Dataset, config: LoaderConfig) -> Result<Loader> {
         workers.pool.serve(config.prefetch);
-        Loader {
+        // The first batch's buffer now, where running out of memory is an error: a loader thread that cannot
+        // allocate one aborts the process.
+        let s = config.transform.output_size();
+        workers
+            .pool
+            .reserve(config.batch_size * s * s * 3)
+            .with_context(|| {
+                format!(
+                    "no memory for one batch of {} images of {s}x{s}: lower the batch size",
+                    config.batch_size
+                )
+            })?;
+        Ok(Loader {
             dataset,
             config,
             counters: Arc::default(),
             pool: workers.pool.clone(),
             workers,
-        }
+        })
     }
 
     pub fn dataset(&self) -> &Dataset {

@@ -86,31 +86,25 @@ fn main() -> ExitCode {
         .map(|w| w.rank);
     rn50_util::log::init(rank);
     rn50::alloc::keep_freed_memory();
-    let result = match &cli.command {
-        Command::Prepare(a) => rn50_data::cli::run(a),
-        Command::Pack(a) => rn50_pipeline::cli::pack::run(a),
-        Command::Bench(a) => rn50::bench::run(a),
-        Command::Train(a) => match rn50::train::run(a) {
-            Ok(Outcome::Done) => Ok(()),
-            // Checkpointed on SIGTERM/SIGUSR1: the job script may requeue.
-            Ok(Outcome::Preempted) => return ExitCode::from(rn50::train::EXIT_PREEMPTED),
-            Err(e) => Err(e),
+    // libtorch's out-of-memory error reaches rn50 as a panic of tch's tensor methods: it becomes an error that
+    // names the batch size (other panics keep Rust's report).
+    let rust_report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if out_of_memory(info.payload()).is_none() {
+            rust_report(info)
+        }
+    }));
+    let result = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&cli.command)))
+    {
+        Ok(Ok(code)) => return code,
+        Ok(Err(e)) => Err(e),
+        Err(panic) => match out_of_memory(&*panic) {
+            Some(what) => Err(anyhow::anyhow!(
+                "out of memory ({what}) {}",
+                memory_advice(&cli.command)
+            )),
+            None => std::panic::resume_unwind(panic),
         },
-        Command::Eval(a) => rn50::train::eval::run(a),
-        Command::Classify(a) => rn50::classify::run(a),
-        Command::Export(a) => rn50::export::run(a),
-        Command::BenchLoader(a) => rn50_pipeline::cli::bench_loader::run(a),
-        Command::Doctor(a) => rn50::doctor::run(a),
-        Command::Launch(a) => std::env::current_exe()
-            .map_err(anyhow::Error::from)
-            .and_then(|exe| rn50_distributed::launch::run(a, &exe))
-            .map(|code| {
-                if code != 0 {
-                    std::process::exit(code)
-                }
-            }),
-        Command::Report(a) => rn50_report::report::run(a),
-        Command::Scaling(a) => rn50_report::scaling::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -123,5 +117,81 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+    }
+}
+
+/// Runs the subcommand; its exit code when it ends without an error.
+fn run(cmd: &Command) -> anyhow::Result<ExitCode> {
+    match cmd {
+        Command::Prepare(a) => rn50_data::cli::run(a)?,
+        Command::Pack(a) => rn50_pipeline::cli::pack::run(a)?,
+        Command::Bench(a) => rn50::bench::run(a)?,
+        Command::Train(a) => {
+            return Ok(match rn50::train::run(a)? {
+                Outcome::Done => ExitCode::SUCCESS,
+                // Checkpointed on SIGTERM/SIGUSR1: the job script may requeue.
+                Outcome::Preempted => ExitCode::from(rn50::train::EXIT_PREEMPTED),
+            });
+        }
+        Command::Eval(a) => rn50::train::eval::run(a)?,
+        Command::Classify(a) => rn50::classify::run(a)?,
+        Command::Export(a) => rn50::export::run(a)?,
+        Command::BenchLoader(a) => rn50_pipeline::cli::bench_loader::run(a)?,
+        Command::Doctor(a) => rn50::doctor::run(a)?,
+        Command::Launch(a) => {
+            let code = rn50_distributed::launch::run(a, &std::env::current_exe()?)?;
+            if code != 0 {
+                std::process::exit(code)
+            }
+        }
+        Command::Report(a) => rn50_report::report::run(a)?,
+        Command::Scaling(a) => rn50_report::scaling::run(a)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What ran out, when a panic is libtorch's allocation failing ("DefaultCPUAllocator: can't allocate memory: you
+/// tried to allocate 1233125376 bytes", "CUDA out of memory. Tried to allocate 2.00 GiB ..."): the message's
+/// first line from there, without libtorch's C++ stack.
+fn out_of_memory(panic: &(dyn std::any::Any + Send)) -> Option<String> {
+    let text = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())?;
+    let at = [
+        "can't allocate memory",
+        "CUDA out of memory",
+        "out of memory",
+    ]
+    .iter()
+    .find_map(|m| text.find(m))?;
+    let what = text[at..].split(['\n', '\\']).next().unwrap_or_default();
+    Some(
+        what.split(" Error code")
+            .next()
+            .unwrap_or(what)
+            .trim_end_matches('.')
+            .to_string(),
+    )
+}
+
+/// What to lower when memory runs out in `cmd`.
+fn memory_advice(cmd: &Command) -> String {
+    match cmd {
+        Command::Train(a) => format!(
+            "at --batch-size {} per process: lower --batch-size (--accum-steps keeps the global batch) or \
+             --image-size; the run directory is as it was before the step that failed",
+            a.batch_size
+        ),
+        Command::Bench(a) => match a.batch_size {
+            Some(b) => format!("at --batch-size {b}: lower --batch-size or --image-size"),
+            None => "at the default batch size: set a lower --batch-size or --image-size".into(),
+        },
+        Command::Eval(a) => format!("at --batch-size {}: lower --batch-size", a.batch_size),
+        Command::BenchLoader(a) => format!(
+            "at --batch-size {}: lower --batch-size or --prefetch",
+            a.batch_size
+        ),
+        _ => "with these inputs: free memory, or use smaller ones".into(),
     }
 }

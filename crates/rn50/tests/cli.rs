@@ -1,4 +1,6 @@
 //! The `rn50` binary end to end: bench output and JSON, doctor, and clear errors on bad input.
+mod common;
+
 use std::process::{Command, Output};
 
 use rn50_report::schema::{BenchResult, SweepResult};
@@ -284,4 +286,153 @@ fn bad_distributed_time_settings_exit_2() {
         assert!(!err.contains("panicked"), "{err}");
         assert!(!out.exists(), "{k}={v}: the run directory was made");
     }
+}
+
+/// Runs `rn50 args` in `cwd` under an address-space limit of `gib` GiB (`ulimit -v`).
+fn rn50_limited(args: &[&str], cwd: &std::path::Path, gib: u64) -> Output {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rn50"));
+    cmd.args(args).current_dir(cwd);
+    let limit = libc::rlimit {
+        rlim_cur: gib << 30,
+        rlim_max: gib << 30,
+    };
+    // SAFETY: setrlimit is async-signal-safe; the child only calls it before exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.output().expect("run rn50")
+}
+
+/// Out of memory (`ulimit -v 6G`) is an error naming the batch size, never a panic (bench, train: exit 101 on
+/// tch's unwrap) or an abort (eval, bench-loader: exit 134 on a 9 GiB batch buffer); a train that ran out at
+/// its first step leaves no run behind, so the corrected command starts without --overwrite (issue 25).
+#[test]
+fn out_of_memory_is_an_error_that_names_the_batch_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path();
+    for split in ["train", "val"] {
+        let class = cwd.join("data").join(split).join("n01440764");
+        std::fs::create_dir_all(&class).unwrap();
+        let photo = std::fs::read_dir(common::shared().join("jpeg/imagenet"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .min()
+            .unwrap();
+        std::fs::copy(&photo, class.join("a.JPEG")).unwrap();
+    }
+    let small = "--dummy -a resnet18 --width 8 -b 2 --image-size 64 --epochs 1 --steps-per-epoch 1 --device cpu";
+    let train = |extra: &str| -> Vec<String> {
+        format!("train {small} --out run {extra}")
+            .split_whitespace()
+            .map(String::from)
+            .collect()
+    };
+    let weights = rn50_limited(
+        &[
+            "train",
+            "data",
+            "-a",
+            "resnet18",
+            "--width",
+            "8",
+            "-b",
+            "1",
+            "--image-size",
+            "64",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            "w",
+        ],
+        cwd,
+        64,
+    );
+    assert!(
+        weights.status.success(),
+        "{}",
+        String::from_utf8_lossy(&weights.stderr)
+    );
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &[
+                "bench", "-a", "resnet18", "-b", "4096", "--steps", "1", "--device", "cpu",
+            ],
+            "--batch-size 4096",
+        ),
+        (
+            &[
+                "eval",
+                "data",
+                "--weights",
+                "w/final.safetensors",
+                "-a",
+                "resnet18",
+                "-b",
+                "65536",
+                "--device",
+                "cpu",
+            ],
+            "batch of 65536 images",
+        ),
+        (
+            &["bench-loader", "data/train", "-b", "65536"],
+            "batch of 65536 images",
+        ),
+        (
+            &[
+                "train",
+                "--dummy",
+                "-a",
+                "resnet18",
+                "-b",
+                "512",
+                "--epochs",
+                "1",
+                "--steps-per-epoch",
+                "1",
+                "--device",
+                "cpu",
+                "--out",
+                "run",
+            ],
+            "--batch-size 512",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = rn50_limited(args, cwd, 6);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}:\n{err}");
+        assert!(
+            (err.contains("out of memory") || err.contains("no memory")) && err.contains(needle),
+            "{args:?}: expected '{needle}' in:\n{err}"
+        );
+        assert!(
+            !err.contains("panicked") && !err.contains("frame #"),
+            "{args:?}:\n{err}"
+        );
+    }
+    let left: Vec<_> = std::fs::read_dir(cwd.join("run"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != ".rn50-train.lock")
+        .collect();
+    assert!(left.is_empty(), "the failed run left {left:?}");
+    let again = rn50_limited(
+        &train("").iter().map(String::as_str).collect::<Vec<_>>(),
+        cwd,
+        64,
+    );
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
 }

@@ -5,7 +5,7 @@
 //! EMA, resumed weights, schedule), `Trainer` adds what training needs (signals, logs, checkpoints, epochs).
 use std::fs::File;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -457,6 +457,8 @@ struct Trainer<'a> {
     last_record: Instant,
     /// What the epoch in training left out so far (a resumed epoch: from its checkpoint on).
     so_far: EpochCounts,
+    /// Rank 0: what the start created, until the first step is taken.
+    first_step: FirstStep,
 }
 
 /// One step's batches as this rank got them: `None` for one batch norm cannot train on.
@@ -546,6 +548,7 @@ struct RunLogs {
     tensorboard: Option<EventWriter>,
     epochs: Vec<EpochMetrics>,
     io: Option<IoMonitor>,
+    undo: FirstStep,
 }
 
 impl RunLogs {
@@ -555,7 +558,13 @@ impl RunLogs {
     /// config.toml, --mllog (with init_start's time) and io.jsonl follow.
     fn start(setup: &mut Setup) -> Result<Self> {
         let (args, position) = (setup.args, &setup.position);
-        let tensorboard = EventWriter::create(&args.out.join("tensorboard"))?;
+        // What this start creates, removed again if it fails before the first step.
+        let mut undo = FirstStep::default();
+        let out = &args.out;
+        let new = |name: &str| Some(out.join(name)).filter(|p| !p.exists());
+        undo.created.extend(new("tensorboard"));
+        let tensorboard = EventWriter::create(&out.join("tensorboard"))?;
+        undo.created.push(tensorboard.path().to_path_buf());
         if let Some(dir) = &mut setup.run_dir {
             dir.begin()?;
         }
@@ -576,6 +585,10 @@ impl RunLogs {
                 epochs = rn50_report::schema::read_metrics(&metrics_path)?;
             }
         }
+        let created = ["metrics.jsonl", "steps.jsonl", "config.toml", "io.jsonl"].map(new);
+        undo.created.extend(created.into_iter().flatten());
+        undo.created
+            .extend(args.mllog.clone().filter(|p| !p.exists()));
         let (metrics, steps_log) = (
             append(&args.out, "metrics.jsonl")?,
             append(&args.out, "steps.jsonl")?,
@@ -605,7 +618,32 @@ impl RunLogs {
             tensorboard: Some(tensorboard),
             epochs,
             io,
+            undo,
         })
+    }
+}
+
+/// The files (and the tensorboard/ folder) a start created, removed again when training fails before its
+/// first step is taken or checkpointed: memory running out at the first step, say. The corrected command then
+/// starts as after a start that failed its checks, without --overwrite.
+#[derive(Default)]
+struct FirstStep {
+    created: Vec<PathBuf>,
+}
+
+impl FirstStep {
+    /// A step was taken (or a checkpoint saved): the run is one from here on.
+    fn taken(&mut self) {
+        self.created.clear();
+    }
+}
+
+impl Drop for FirstStep {
+    fn drop(&mut self) {
+        // Files before the folder they are in.
+        for p in self.created.iter().rev() {
+            let _ = std::fs::remove_file(p).or_else(|_| std::fs::remove_dir(p));
+        }
     }
 }
 
@@ -657,6 +695,7 @@ impl<'a> Trainer<'a> {
             tensorboard,
             epochs,
             io,
+            undo,
         } = match rank0 {
             true => RunLogs::start(&mut setup)?,
             false => RunLogs::default(),
@@ -719,6 +758,7 @@ impl<'a> Trainer<'a> {
             target_reached: false,
             last_record: Instant::now(),
             so_far,
+            first_step: undo,
         };
         if t.first_epoch < args.epochs {
             t.next_train = t.queue_train(t.first_epoch)?;
@@ -890,6 +930,7 @@ impl<'a> Trainer<'a> {
                 self.setup.step.opt.zero_grad();
                 let loss = self.forward_backward(trained, &mut prog)?;
                 let skipped = self.setup.step.apply(lr)?;
+                self.first_step.taken();
                 if let Some(e) = &mut self.setup.ema {
                     e.ema.update();
                 }
@@ -1051,6 +1092,7 @@ impl<'a> Trainer<'a> {
         let path = self
             .keeper
             .save(&self.setup.step, ema, at, &self.setup.config)?;
+        self.first_step.taken();
         tracing::warn!(
             "signal received: checkpoint saved to {} (resume with --resume {})",
             path.display(),
