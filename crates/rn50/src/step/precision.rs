@@ -54,7 +54,7 @@ impl Precision {
         narrowest_conv: i64,
     ) -> Result<Precision> {
         let narrow_bf16_unsafe = narrow_bf16_unsafe(cpu, narrowest_conv);
-        let p = requested.unwrap_or(match (device.is_cuda(), cpu.has_bf16()) {
+        let p = requested.unwrap_or_else(|| match (device.is_cuda(), cpu.has_bf16()) {
             (true, _) => Precision::Fp16,
             (false, true) if narrow_bf16_unsafe => {
                 tracing::info!(
