@@ -153,6 +153,21 @@ fn a_rank_that_never_starts_is_named() {
     }
 }
 
+/// `rn50 launch` of two workers running `sleep`, with the launcher flags `extra`, once both are up.
+fn two_sleeping_workers(up: &std::path::Path, extra: &[&str]) -> std::process::Child {
+    let master = format!("127.0.0.1:{}", free_port());
+    let mut args = vec!["--nproc-per-node", "2", "--master", &master];
+    args.extend(extra);
+    args.extend(["--", "sleep"]);
+    let child = launcher(&args, up);
+    let start = Instant::now();
+    while !(up.join("up-0").exists() && up.join("up-1").exists()) {
+        assert!(start.elapsed() < GUARD, "workers did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
 #[test]
 fn launch_stops_everyone_when_a_worker_fails() {
     let _serial = serial();
@@ -196,16 +211,7 @@ fn launch_stops_everyone_when_a_worker_fails() {
 fn launch_forwards_sigusr1_and_exits_3() {
     let _serial = serial();
     let up = tempfile::tempdir().unwrap();
-    let master = format!("127.0.0.1:{}", free_port());
-    let child = launcher(
-        &["--nproc-per-node", "2", "--master", &master, "--", "sleep"],
-        up.path(),
-    );
-    let start = Instant::now();
-    while !(up.path().join("up-0").exists() && up.path().join("up-1").exists()) {
-        assert!(start.elapsed() < GUARD, "workers did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let child = two_sleeping_workers(up.path(), &[]);
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
     let (status, stdout, stderr) = finish(child);
@@ -232,25 +238,7 @@ fn launch_turns_sighup_and_sigquit_into_sigterm() {
     let _serial = serial();
     for (sig, name) in [(libc::SIGHUP, "SIGHUP"), (libc::SIGQUIT, "SIGQUIT")] {
         let up = tempfile::tempdir().unwrap();
-        let master = format!("127.0.0.1:{}", free_port());
-        let child = launcher(
-            &[
-                "--nproc-per-node",
-                "2",
-                "--master",
-                &master,
-                "--grace",
-                "3",
-                "--",
-                "sleep",
-            ],
-            up.path(),
-        );
-        let start = Instant::now();
-        while !(up.path().join("up-0").exists() && up.path().join("up-1").exists()) {
-            assert!(start.elapsed() < GUARD, "workers did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let child = two_sleeping_workers(up.path(), &["--grace", "3"]);
         let freeze = sig == libc::SIGQUIT;
         let frozen = freeze.then(|| sigstop(worker_pid(child.id(), 1).expect("rank 1's pid")));
         // SAFETY: kill(2) on our own child's pid.
@@ -408,25 +396,7 @@ fn launch_ends_a_job_whose_rank_0_is_frozen() {
 fn launch_escalates_its_sigterm_to_sigkill() {
     let _serial = serial();
     let up = tempfile::tempdir().unwrap();
-    let master = format!("127.0.0.1:{}", free_port());
-    let child = launcher(
-        &[
-            "--nproc-per-node",
-            "2",
-            "--master",
-            &master,
-            "--grace",
-            "3",
-            "--",
-            "sleep",
-        ],
-        up.path(),
-    );
-    let start = Instant::now();
-    while !(up.path().join("up-0").exists() && up.path().join("up-1").exists()) {
-        assert!(start.elapsed() < GUARD, "workers did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let child = two_sleeping_workers(up.path(), &["--grace", "3"]);
     // Rank 1 cannot act on SIGTERM: the launcher must not wait for it forever.
     let _frozen = sigstop(worker_pid(child.id(), 1).expect("rank 1's pid"));
     // SAFETY: kill(2) on our own child's pid.
