@@ -361,6 +361,24 @@ fn image_folder_matches_torchvision() {
     }
 }
 
+/// Copies `photos[i]` to `dir/rels[i]`, making the folders.
+fn copy_photos(dir: &std::path::Path, photos: &[std::path::PathBuf], rels: &[&str]) {
+    for (photo, rel) in photos.iter().zip(rels) {
+        let p = dir.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::copy(photo, &p).unwrap();
+    }
+}
+
+/// `loops` (an ImageFolder's report) says that `link` was cut because it leads back to `back_to`.
+fn assert_cut(loops: &[String], link: &std::path::Path, back_to: &std::path::Path) {
+    let said = format!("{} leads back to {} ", link.display(), back_to.display());
+    assert!(
+        loops.iter().any(|l| l.starts_with(&said)),
+        "{link:?} not reported: {loops:?}"
+    );
+}
+
 /// A symlink back into the class (`a/self -> .`) made the walk go round until the path was too long: 80
 /// images became 36,080. Loops are now cut where they close, as `find -L` cuts them, and reported; every real
 /// file is listed once, and symlinks to files and to directories outside the class still count.
@@ -371,20 +389,17 @@ fn a_symlink_loop_lists_each_file_once_and_is_reported() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("tree");
     let photos = jpeg_files("imagenet");
-    for (i, rel) in [
-        "tree/a/1.jpg",
-        "tree/a/2.jpg",
-        "tree/b/3.jpg",
-        "tree/b/sub/4.jpg",
-        "outside/5.jpg",
-    ]
-    .iter()
-    .enumerate()
-    {
-        let p = tmp.path().join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::copy(&photos[i], &p).unwrap();
-    }
+    copy_photos(
+        tmp.path(),
+        &photos,
+        &[
+            "tree/a/1.jpg",
+            "tree/a/2.jpg",
+            "tree/b/3.jpg",
+            "tree/b/sub/4.jpg",
+            "outside/5.jpg",
+        ],
+    );
     // One loop a class: with two in one class the unfixed walk branches at every level and never ends.
     symlink(".", root.join("a/self")).unwrap();
     symlink("..", root.join("b/sub/up")).unwrap();
@@ -414,15 +429,7 @@ fn a_symlink_loop_lists_each_file_once_and_is_reported() {
     let loops = ImageFolder::open(&root).unwrap().loops().to_vec();
     assert_eq!(loops.len(), 3, "{loops:?}");
     for (link, back_to) in [("a/self", "a"), ("b/sub/up", "b"), ("c/sub/up", "c")] {
-        let (link, back_to) = (root.join(link), root.join(back_to));
-        assert!(
-            loops.iter().any(|l| l.starts_with(&format!(
-                "{} leads back to {} ",
-                link.display(),
-                back_to.display()
-            ))),
-            "{link:?} not reported: {loops:?}"
-        );
+        assert_cut(&loops, &root.join(link), &root.join(back_to));
     }
 }
 
@@ -437,20 +444,17 @@ fn a_symlink_to_a_folder_above_its_class_is_cut_and_reported() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("tree");
     let photos = jpeg_files("imagenet");
-    for (i, rel) in [
-        "tree/a/1.jpg",
-        "tree/a/2.jpg",
-        "tree/b/3.jpg",
-        "tree/b/deep/4.jpg",
-        "outside/c/5.jpg",
-    ]
-    .iter()
-    .enumerate()
-    {
-        let p = tmp.path().join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::copy(&photos[i], &p).unwrap();
-    }
+    copy_photos(
+        tmp.path(),
+        &photos,
+        &[
+            "tree/a/1.jpg",
+            "tree/a/2.jpg",
+            "tree/b/3.jpg",
+            "tree/b/deep/4.jpg",
+            "outside/c/5.jpg",
+        ],
+    );
     symlink("..", root.join("a/up")).unwrap();
     symlink(&root, root.join("b/deep/root")).unwrap();
     symlink("../../..", root.join("b/deep/above")).unwrap();
@@ -475,14 +479,7 @@ fn a_symlink_to_a_folder_above_its_class_is_cut_and_reported() {
         (root.join("b/deep/above"), tmp_real),
         (root.join("c/parent"), outside),
     ] {
-        assert!(
-            loops.iter().any(|l| l.starts_with(&format!(
-                "{} leads back to {} ",
-                link.display(),
-                back_to.display()
-            ))),
-            "{link:?} not reported: {loops:?}"
-        );
+        assert_cut(&loops, &link, &back_to);
     }
     assert_eq!(loops.len(), 4, "{loops:?}");
 }
