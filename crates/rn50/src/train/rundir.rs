@@ -118,18 +118,8 @@ fn resumes_run_in(resume: &Path, out: &Path) -> bool {
         return false;
     };
     // A checkpoint is named by its file (the latest one is a link, whose target is in the same folder).
-    let parent = || {
-        resume
-            .parent()
-            .map(|p| {
-                if p.as_os_str().is_empty() {
-                    Path::new(".")
-                } else {
-                    p
-                }
-            })
-            .and_then(|p| std::fs::canonicalize(p).ok())
-    };
+    let folder = resume.parent().filter(|p| !p.as_os_str().is_empty());
+    let parent = || std::fs::canonicalize(folder.unwrap_or(Path::new("."))).ok();
     r == out || (!r.is_dir() && parent().is_some_and(|p| p == out))
 }
 
