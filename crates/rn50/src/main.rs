@@ -64,7 +64,7 @@ fn main() -> ExitCode {
         .get_matches_from(argv);
     let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let (Command::Train(a), Some(m)) = (&mut cli.command, matches.subcommand_matches("train")) {
-        a.resolved_config = Some(rn50::train::config::resolved_toml(m));
+        a.resolved_config = Some(rn50::train::config::resolved_flags(m));
     }
     // Stop after parsing: how tests/help_examples.rs checks that every example in `--help` is a valid command line.
     // For train, the rules between flags are checked too, and the resolved flags (the run directory's config.toml)
@@ -75,7 +75,9 @@ fn main() -> ExitCode {
                 eprintln!("error: {e}");
                 return ExitCode::from(2);
             }
-            print!("{}", a.resolved_config.as_deref().unwrap_or_default());
+            if let Some(flags) = &a.resolved_config {
+                print!("{}", rn50::train::config::document(flags, None));
+            }
         }
         return ExitCode::SUCCESS;
     }

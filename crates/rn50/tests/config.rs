@@ -7,8 +7,13 @@ use std::process::{Command, Output};
 
 /// `rn50 ARGS…`, only parsed (RN50_PARSE_ONLY: train prints its resolved flags as TOML and stops) or run.
 fn rn50(args: &[&str], parse_only: bool) -> Output {
+    rn50_in(Path::new("."), args, parse_only)
+}
+
+/// [`rn50`] in the working directory `cwd`.
+fn rn50_in(cwd: &Path, args: &[&str], parse_only: bool) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rn50"));
-    cmd.args(args);
+    cmd.current_dir(cwd).args(args);
     if parse_only {
         cmd.env("RN50_PARSE_ONLY", "1");
     } else {
@@ -292,35 +297,38 @@ fn start_line_shows_the_effective_rate_and_config_toml_runs_the_same_again() {
     let mut args = vec!["--out", out_a.to_str().unwrap()];
     args.extend_from_slice(TINY);
     args.extend_from_slice(&["--lr-base", "0.2", "--lr-base-size", "4"]);
-    let direct = resolved(&args);
-    let written: toml::Table = config.parse().unwrap();
+    let mut direct = resolved(&args);
+    let mut written: toml::Table = config.parse().unwrap();
+    // What config.toml adds: the precision the machine chose, and the [run] table.
+    let run = written.remove("run").expect("a [run] table");
+    assert!(written.contains_key("precision") && !direct.contains_key("precision"));
+    direct.insert("precision".into(), written["precision"].clone());
     assert_eq!(written, direct);
     let saved = write(dir.path(), "again.toml", &config);
     assert_eq!(resolved(&["--config", &saved]), written);
-    // A run started from it writes the same config.toml (its --out is the first run's: give another).
+    written.insert("run".into(), run);
+    // A run started from it writes the same config.toml.
     let c = dir.path().join("c2");
     let o = rn50(
         &["train", "--config", &saved, "--out", c.to_str().unwrap()],
         false,
     );
     assert!(o.status.success(), "{}", text(&o.stderr));
-    let mut again: toml::Table = std::fs::read_to_string(c.join("config.toml"))
+    let again: toml::Table = std::fs::read_to_string(c.join("config.toml"))
         .unwrap()
         .parse()
         .unwrap();
-    again.insert("out".into(), written["out"].clone());
     assert_eq!(again, written);
 }
 
 /// Issue 25: every string flag is written to config.toml as a TOML string, however it looks, and reads back as
-/// the same text: `--out 007` is `out = "007"` (not 7), DATA `0042` is `data = "0042"` (not a number, which
-/// `--config` would refuse), `--mllog 1e5` stays `1e5` (not 100000); an integer beyond i64 is a string too.
+/// the same text: `--device 1` is `device = "1"` (not 1), DATA `0042` is `data = "<cwd>/0042"` (not a number,
+/// which `--config` would refuse), `--mllog 1e5` stays `1e5` (not 100000); an integer beyond i64 is a string too.
 #[test]
 fn number_like_strings_stay_strings_through_config_toml() {
     let dir = tempfile::tempdir().unwrap();
+    let cwd = std::env::current_dir().unwrap();
     let args = [
-        "--out",
-        "007",
         "--mllog",
         "1e5",
         "--init-weights",
@@ -332,15 +340,15 @@ fn number_like_strings_stay_strings_through_config_toml() {
         "0042",
     ];
     let r = resolved(&args);
+    let absolute = |name: &str| cwd.join(name).to_str().unwrap().to_string();
     for (key, want) in [
-        ("out", "007"),
-        ("mllog", "1e5"),
-        ("init-weights", "0x10"),
-        ("device", "1"),
-        ("data", "0042"),
-        ("seed", "18446744073709551615"),
+        ("mllog", absolute("1e5")),
+        ("init-weights", absolute("0x10")),
+        ("device", "1".into()),
+        ("data", absolute("0042")),
+        ("seed", "18446744073709551615".into()),
     ] {
-        assert_eq!(r[key].as_str(), Some(want), "{key}: {r:?}");
+        assert_eq!(r[key].as_str(), Some(want.as_str()), "{key}: {r:?}");
     }
     // Numbers stay numbers.
     assert_eq!(r["batch-size"].as_integer(), Some(256));
@@ -358,23 +366,23 @@ fn a_string_that_looks_like_a_flag_stays_a_value() {
     let file = write(
         dir.path(),
         "f.toml",
-        "data = \"--nesterov\"\nout = \"--overwrite\"\nmllog = \"-b\"\n",
+        "data = \"/--nesterov\"\ndevice = \"--overwrite\"\nmllog = \"/-b\"\n",
     );
     for extra in [&[][..], &["--"][..]] {
         let mut args = vec!["--config", &file];
         args.extend_from_slice(extra);
         let r = resolved(&args);
-        assert_eq!(r["data"].as_str(), Some("--nesterov"), "{args:?}: {r:?}");
+        assert_eq!(r["data"].as_str(), Some("/--nesterov"), "{args:?}: {r:?}");
         assert_eq!(r["nesterov"].as_bool(), Some(false), "{args:?}: {r:?}");
-        assert_eq!(r["out"].as_str(), Some("--overwrite"), "{args:?}: {r:?}");
-        assert_eq!(r["mllog"].as_str(), Some("-b"), "{args:?}: {r:?}");
+        assert_eq!(r["device"].as_str(), Some("--overwrite"), "{args:?}: {r:?}");
+        assert_eq!(r["mllog"].as_str(), Some("/-b"), "{args:?}: {r:?}");
         assert_eq!(r["batch-size"].as_integer(), Some(256), "{args:?}: {r:?}");
     }
     // The command line's DATA still wins.
     let r = resolved(&["--config", &file, "/cli"]);
     assert_eq!(r["data"].as_str(), Some("/cli"));
-    let r = resolved(&["--", "-j"]);
-    assert_eq!(r["data"].as_str(), Some("-j"));
+    let r = resolved(&["--", "/-j"]);
+    assert_eq!(r["data"].as_str(), Some("/-j"));
     let saved = write(dir.path(), "c.toml", &toml::to_string(&r).unwrap());
     assert_eq!(resolved(&["--config", &saved]), r);
 }
@@ -392,4 +400,163 @@ fn overwrite_in_a_file_is_refused() {
             refused(&args, &["o.toml", "`overwrite`", "command line"]);
         }
     }
+}
+
+/// Issue 26: a run's config.toml is portable. It leaves out `out` (so `rn50 train --config RUN/config.toml` alone
+/// starts a new run in runs/train instead of being refused), its paths are absolute (it runs from any
+/// directory), it records what `--device auto` and the default precision resolved to, and in `[run]` the
+/// processes, global batch, device and libtorch. Re-run with another global batch, it warns naming what differs;
+/// given to a machine without the recorded device (a GPU run's file on this CPU machine), it is refused before
+/// anything is written, naming the device.
+#[test]
+fn config_toml_is_portable_and_says_what_differs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (here, elsewhere) = (dir.path().join("here"), dir.path().join("elsewhere"));
+    std::fs::create_dir_all(&here).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let mut args = vec!["train", "--out", "run", "--mllog", "mlperf.log"];
+    args.extend_from_slice(TINY);
+    args.extend_from_slice(&["--device", "auto"]);
+    let o = rn50_in(&here, &args, false);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let saved = here.join("run/config.toml");
+    let config: toml::Table = std::fs::read_to_string(&saved).unwrap().parse().unwrap();
+    assert!(!config.contains_key("out"), "{config:?}");
+    assert_eq!(config["device"].as_str(), Some("cpu"), "auto resolved");
+    let precision = config["precision"]
+        .as_str()
+        .expect("the resolved precision");
+    assert!(["fp32", "bf16"].contains(&precision), "{precision}");
+    assert_eq!(
+        config["mllog"].as_str(),
+        here.join("mlperf.log").to_str(),
+        "paths are absolute"
+    );
+    let run = config["run"].as_table().expect("[run]");
+    assert_eq!(run["processes"].as_integer(), Some(1));
+    assert_eq!(run["global-batch"].as_integer(), Some(2));
+    assert!(
+        run["device"].as_str().unwrap().starts_with("cpu ("),
+        "{run:?}"
+    );
+    assert!(!run["libtorch"].as_str().unwrap().is_empty());
+
+    // The file alone, from another directory: a new run in runs/train there, with the same config.toml.
+    let saved = saved.to_str().unwrap();
+    let o = rn50_in(&elsewhere, &["train", "--config", saved], false);
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("other settings"), "nothing differs: {err}");
+    let again: toml::Table = std::fs::read_to_string(elsewhere.join("runs/train/config.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(again, config);
+
+    // Another global batch: the run goes on, and says so.
+    let o = rn50_in(
+        &elsewhere,
+        &["train", "--config", saved, "--out", "b4", "-b", "4"],
+        false,
+    );
+    let err = text(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("global batch 2 → 4"), "{err}");
+
+    // A GPU run's config.toml on this CPU-only machine: refused, naming the device; nothing written.
+    let mut gpu = config.clone();
+    gpu.insert("device".into(), "cuda".into());
+    gpu.insert("precision".into(), "fp16".into());
+    let gpu_file = write(dir.path(), "gpu.toml", &toml::to_string(&gpu).unwrap());
+    let o = rn50_in(
+        &elsewhere,
+        &["train", "--config", &gpu_file, "--out", "gpu"],
+        false,
+    );
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--device cuda") && err.contains("no CUDA device"),
+        "{err}"
+    );
+    assert!(!elsewhere.join("gpu").exists(), "nothing written");
+}
+
+/// Issue 26: main.py's and timm's flags. Where the meaning is rn50's, the flag is an alias and resolves to the
+/// same flags as rn50's own spelling; the rest are refused (exit 2) naming rn50's way, instead of clap's near-miss
+/// tip (`--pretrained` → "a similar argument exists: '--print-freq'"). `--help` says that -b is per process.
+#[test]
+fn main_py_and_timm_flags_are_aliases_or_refused_with_rn50s_way() {
+    let with = |flags: &[&str]| {
+        let mut args = vec!["--dummy"];
+        args.extend_from_slice(flags);
+        resolved(&args)
+    };
+    for (theirs, ours) in [
+        ("--learning-rate 0.2", "--lr 0.2"),
+        ("--model resnet18", "--arch resnet18"),
+        ("--sched cosine", "--lr-schedule cosine"),
+        ("--smoothing 0.1", "--label-smoothing 0.1"),
+        ("--grad-accum-steps 2", "--accum-steps 2"),
+        ("--img-size 160", "--image-size 160"),
+        (
+            "--sched cosine --min-lr 0.001",
+            "--lr-schedule cosine --lr-end 0.001",
+        ),
+        ("--model-ema", "--ema 0.9998"),
+        ("--model-ema --model-ema-decay 0.99", "--ema 0.99"),
+        ("--model-ema-decay 0.99", "--ema 0.99"),
+        ("--log-interval 5", "--print-freq 5"),
+        ("--checkpoint-hist 4", "--keep-checkpoints 4"),
+        ("--weight-decay 5e-5", "--wd 5e-5"),
+    ] {
+        let (a, b): (Vec<&str>, Vec<&str>) = (
+            theirs.split_whitespace().collect(),
+            ours.split_whitespace().collect(),
+        );
+        assert_eq!(with(&a), with(&b), "{theirs} vs {ours}");
+    }
+    // --output is --out (left out of the resolved flags, so seen through the run's start).
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o");
+    let mut args = vec!["train", "--output", out.to_str().unwrap()];
+    args.extend_from_slice(TINY);
+    let o = rn50(&args, false);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(out.join("config.toml").exists());
+
+    for (flag, rn50_way) in [
+        (&["--pretrained"][..], "--init-weights"),
+        (&["--initial-checkpoint", "w.pth"], "--init-weights"),
+        (&["--gpu", "0"], "--device cuda:N"),
+        (&["--dist-url", "tcp://a:1"], "rn50 launch"),
+        (&["--world-size", "2"], "rn50 launch"),
+        (&["--rank", "0"], "torchrun"),
+        (&["--multiprocessing-distributed"], "rn50 launch"),
+        (&["--amp"], "--precision"),
+        (&["--opt", "sgd"], "--optimizer"),
+        (&["--start-epoch", "3"], "--resume"),
+        (&["--decay-milestones", "30", "60"], "--lr-milestones"),
+        (&["--aa", "rand-m9-mstd0.5"], "AutoAugment"),
+    ] {
+        let mut args = vec!["--dummy"];
+        args.extend_from_slice(flag);
+        refused(&args, &[flag[0], rn50_way, "main.py or timm"]);
+        let err = text(&rn50(&[&["train"][..], &args].concat(), true).stderr);
+        assert!(!err.contains("similar argument"), "{flag:?}: {err}");
+    }
+    // In a config file too.
+    let file = write(dir.path(), "f.toml", "gpu = 0\n");
+    refused(
+        &["--dummy", "--config", &file],
+        &["--gpu", "--device cuda:N"],
+    );
+
+    let help = text(&rn50(&["train", "--help"], false).stdout);
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        help.contains("Batch size per process (per GPU)")
+            && help.contains("main.py's -b is per node"),
+        "{help}"
+    );
 }

@@ -242,3 +242,47 @@ fn temporary_files_of_killed_exports_are_removed() {
     want.sort();
     assert_eq!(names(dir.path()), want);
 }
+
+/// Issue 26: docs/train.md's ONNX export, run exactly as the docs give it on a model `rn50 export` wrote, makes a
+/// graph with a named input and a free batch dimension: onnxruntime (pinned in scripts/requirements.txt) gives
+/// torchvision's logits for batches of 3 and 5, within 1e-4 of the largest |logit|.
+#[test]
+fn the_docs_onnx_export_takes_any_batch_and_matches_torchvision() {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = dir.path().join("resnet18.safetensors");
+    reference(&["weights".as_ref(), "resnet18".as_ref(), weights.as_os_str()]);
+    let out = export(&weights, "resnet18", &dir.path().join("model.pt"), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/train.md");
+    let json = dir.path().join("onnx.json");
+    common::reference_script(
+        "onnx_reference.py",
+        &[
+            docs.as_os_str(),
+            "resnet18".as_ref(),
+            weights.as_os_str(),
+            dir.path().as_os_str(),
+            json.as_os_str(),
+        ],
+    );
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for (batch, r) in result.as_object().unwrap() {
+        assert_eq!(
+            r["shape"],
+            serde_json::json!([r["batch"], 1000]),
+            "{batch}: {r}"
+        );
+        assert_eq!(r["output"], "logits", "{batch}: {r}");
+        let (max_abs, diff) = (
+            r["max_abs"].as_f64().unwrap(),
+            r["max_diff"].as_f64().unwrap(),
+        );
+        assert!(max_abs > 0.1 && diff <= 1e-4 * max_abs, "{batch}: {r}");
+    }
+    assert_eq!(result.as_object().unwrap().len(), 2);
+}

@@ -10,6 +10,7 @@ use rn50_args::{check_batch_bytes, finite_in, positive, usize_in, UsageError};
 
 use crate::device::ComputeArgs;
 use crate::model::{Arch, ResNetConfig, Stem};
+use crate::train::foreign::ForeignFlags;
 use crate::train::schedule::scaled_lr;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -53,23 +54,25 @@ pub struct TrainArgs {
     #[arg(required_unless_present = "dummy")]
     pub data: Option<PathBuf>,
     /// Model architecture.
-    #[arg(short = 'a', long = "arch", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
+    #[arg(short = 'a', long = "arch", alias = "model", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
     pub arch: Arch,
     /// Channels of the first stage (torchvision: 64); narrower networks for small data and machines. 1 to 512.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(i64).range(1..=512))]
     pub width: i64,
-    /// Batch size per process (per GPU), 1 to 65536; batch x image size² x 3 bytes at most 16 GiB.
+    /// Batch size per process (per GPU), 1 to 65536; batch x image size² x 3 bytes at most 16 GiB. The global
+    /// batch is this times the processes (and --accum-steps): main.py's -b is per node and divided among its GPUs,
+    /// so main.py's `-b 256` on 8 GPUs is rn50's `-b 32` under `rn50 launch --nproc-per-node 8`.
     #[arg(short = 'b', long = "batch-size", default_value_t = 256, value_parser = usize_in(1..=rn50_args::MAX_BATCH))]
     pub batch_size: usize,
     /// Micro-batches accumulated per optimizer step, at least 1: the global batch is batch·accum·processes.
-    #[arg(long, default_value_t = 1, value_parser = usize_in(1..))]
+    #[arg(long, alias = "grad-accum-steps", default_value_t = 1, value_parser = usize_in(1..))]
     pub accum_steps: usize,
     /// Epochs to train, at least 1.
     #[arg(long, default_value_t = 90, value_parser = usize_in(1..))]
     pub epochs: usize,
     /// The learning rate itself, whatever the batch (pytorch/examples' main.py, timm and NVIDIA's scripts take
     /// --lr this way). Above 0. Not with --lr-base.
-    #[arg(long, value_parser = positive(), conflicts_with = "lr_base")]
+    #[arg(long, alias = "learning-rate", value_parser = positive(), conflicts_with = "lr_base")]
     pub lr: Option<f64>,
     /// Learning rate per --lr-base-size images (timm's name): the effective rate is
     /// lr_base·global_batch/lr_base_size (Goyal et al.'s linear scaling); not used with --lr. Above 0.
@@ -95,11 +98,11 @@ pub struct TrainArgs {
     /// LR decay after warmup: step (÷10 at --lr-milestones), cosine (to --lr-end), linear (to 0) or poly
     /// (end + (peak - end)·(1 - t)^--lr-poly-power, t going from 0 after the warmup to 1 at the last step:
     /// MLPerf's LARS schedule).
-    #[arg(long, value_enum, default_value_t = ScheduleKind::Step)]
+    #[arg(long, alias = "sched", value_enum, default_value_t = ScheduleKind::Step)]
     pub lr_schedule: ScheduleKind,
     /// The rate --lr-schedule cosine or poly decays to at the last step, 0 or more and below the peak rate
-    /// (MLPerf's LARS reference: 0.0001).
-    #[arg(long, default_value_t = 0.0, value_parser = finite_in(0.0..))]
+    /// (MLPerf's LARS reference: 0.0001; timm's --min-lr).
+    #[arg(long, alias = "min-lr", default_value_t = 0.0, value_parser = finite_in(0.0..))]
     pub lr_end: f64,
     /// The power of --lr-schedule poly, above 0 (MLPerf's LARS: 2; 1 is linear).
     #[arg(long, default_value_t = 2.0, value_parser = positive())]
@@ -109,7 +112,7 @@ pub struct TrainArgs {
     #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, value_parser = finite_in(0.0..))]
     pub lr_milestones: Option<Vec<f64>>,
     /// Label smoothing of the cross-entropy loss, 0 to 1 (torch.nn.CrossEntropyLoss's range).
-    #[arg(long, default_value_t = 0.0, value_parser = finite_in(0.0..=1.0))]
+    #[arg(long, alias = "smoothing", default_value_t = 0.0, value_parser = finite_in(0.0..=1.0))]
     pub label_smoothing: f64,
     #[arg(long)]
     pub nesterov: bool,
@@ -120,8 +123,14 @@ pub struct TrainArgs {
     #[arg(long)]
     pub zero_init_residual: bool,
     /// Keep an EMA of the weights with this decay, 0 to 1 (e.g. 0.9999); evaluation then uses the EMA weights.
-    #[arg(long, value_parser = finite_in(0.0..=1.0))]
+    /// timm's --model-ema-decay; timm's --model-ema alone means 0.9998, its default.
+    #[arg(long, alias = "model-ema-decay", value_parser = finite_in(0.0..=1.0),
+          default_value_if("model_ema", clap::builder::ArgPredicate::IsPresent, "0.9998"))]
     pub ema: Option<f64>,
+    /// timm's switch for --ema 0.9998 (hidden: rn50's way is --ema DECAY).
+    #[arg(long, hide = true)]
+    #[serde(skip)]
+    pub model_ema: bool,
     /// Data loading threads, 1 to 1024 [default: the CPUs this process may use].
     #[arg(short = 'j', long = "workers", value_parser = usize_in(1..=rn50_args::MAX_THREADS))]
     pub workers: Option<usize>,
@@ -131,7 +140,7 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value_t = Augment::Imagenet)]
     pub augment: Augment,
     /// Training crop size (the final one with progressive resizing), 32 to 4096 pixels.
-    #[arg(long, default_value_t = 224, value_parser = usize_in(32..=rn50_args::MAX_IMAGE_SIZE))]
+    #[arg(long, alias = "img-size", default_value_t = 224, value_parser = usize_in(32..=rn50_args::MAX_IMAGE_SIZE))]
     pub image_size: usize,
     /// Zero padding of the cifar RandomCrop, 0 to 1024 pixels.
     #[arg(long, default_value_t = 4, value_parser = usize_in(0..=1024))]
@@ -194,13 +203,13 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Run directory: checkpoints, metrics, weights, summary and plots; one train at a time writes to it.
-    #[arg(long, default_value = "runs/train")]
+    #[arg(long, alias = "output", default_value = "runs/train")]
     pub out: PathBuf,
     /// Also checkpoint every this many minutes (besides every epoch), up to a year (525600); 0 = only per epoch.
     #[arg(long, default_value_t = 30.0, value_parser = finite_in(0.0..=525_600.0))]
     pub checkpoint_minutes: f64,
     /// Checkpoints kept (the newest ones, at least 1; the best weights are kept apart).
-    #[arg(long, default_value_t = 2, value_parser = usize_in(1..))]
+    #[arg(long, alias = "checkpoint-hist", default_value_t = 2, value_parser = usize_in(1..))]
     pub keep_checkpoints: usize,
     /// Batch-norm statistics over all ranks' batches in training (PyTorch's SyncBatchNorm, torchvision's
     /// --sync-bn): for small per-GPU batches. Costs an all-gather per BN layer in forward and an all-reduce in
@@ -216,17 +225,22 @@ pub struct TrainArgs {
     #[command(flatten)]
     pub compute: ComputeArgs,
     /// Log every N steps.
-    #[arg(short = 'p', long = "print-freq", default_value_t = 10, value_parser = usize_in(1..))]
+    #[arg(short = 'p', long = "print-freq", alias = "log-interval", default_value_t = 10, value_parser = usize_in(1..))]
     pub print_freq: usize,
     /// Take flags from this TOML file, its keys the long flag names (`batch-size = 256`, `no-bn-wd = true`,
     /// `data = "/path"`); flags on the command line override it. See recipes/ and the run directory's config.toml.
     #[arg(long, value_name = "FILE.toml")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
+    /// main.py's and timm's flags that rn50 spells or does another way: refused by [`TrainArgs::check`], naming
+    /// rn50's way.
+    #[command(flatten)]
+    #[serde(skip)]
+    pub foreign: ForeignFlags,
     /// Every flag's value as TOML (set by the binary from what it parsed), written to --out as config.toml.
     #[arg(skip)]
     #[serde(skip)]
-    pub resolved_config: Option<String>,
+    pub resolved_config: Option<toml::Table>,
 }
 
 /// --lr-base's default, the rate when neither --lr nor --lr-base is given: 0.1 per 256 images (main.py's 0.1 at
@@ -264,6 +278,7 @@ impl TrainArgs {
     /// The rules between flags (each flag's own range is clap's): checked first, before anything is allocated
     /// or written, and a [`UsageError`] (exit 2) when broken.
     pub fn check(&self) -> Result<(), UsageError> {
+        self.foreign.check()?;
         let usage = |m: String| Err(UsageError(m));
         if self.warmup_epochs >= self.epochs as f64 {
             return usage(format!(

@@ -4,21 +4,35 @@
 //! ranges, and a flag given on the command line wins over the file's ([`expand`]). A value is passed as
 //! `--flag=VALUE`, and DATA after `--`, so that no string from the file is read as a flag (`data = "--nesterov"` is
 //! the folder `--nesterov`). `overwrite` is refused in a file: replacing a run directory is decided on the command
-//! line, each time. [`resolved_toml`] writes every flag's value back in the same form, typed as the flag is (a
-//! path or any other string flag as a TOML string, `out = "007"`, never the number 7): the run directory's
-//! config.toml, reusable with `--config`.
+//! line, each time.
+//!
+//! [`resolved_flags`] and [`document`] write every flag's value back in the same form, typed as the flag is (a
+//! string flag as a TOML string, `--device 007` is `device = "007"`, never the number 7; a path made absolute): the
+//! run directory's config.toml, reusable with `--config` from any directory and on any machine. It records what
+//! this machine resolved `--device auto` and the default precision to, as those flags: another machine runs the
+//! same or refuses with the reason (no CUDA device; no bf16 in this CPU). Its `[run]` table ([`RunRecord`], skipped
+//! by `--config`) has the processes, global batch and libtorch, which a re-run compares with its own and warns
+//! about ([`RunRecord::differences`]). It leaves out `out`: a reused config.toml starts a new run (in runs/train or
+//! the --out given), never one in the run directory it was copied from.
 use std::any::TypeId;
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
 
 use clap::parser::ValueSource;
 use clap::{Arg, ArgMatches, Args, Command};
 use rn50_args::UsageError;
 
+use crate::device::Compute;
 use crate::train::TrainArgs;
 
-/// Flags that are about this invocation, not the recipe: left out of the written config.toml.
-const NOT_RECIPE: &[&str] = &["config", "resume", "overwrite"];
+/// Flags that are about this invocation, not the recipe: left out of the written config.toml. `out`: the run
+/// directory the file was written to is that run's (re-running the file there would be refused as "already
+/// holds a run").
+const NOT_RECIPE: &[&str] = &["config", "resume", "overwrite", "out"];
+
+/// The table of config.toml that is no flag: what the run resolved to ([`RunRecord`]).
+const RUN_TABLE: &str = "run";
 
 /// Flags a file may not give: decisions for each invocation that a reused config.toml must never make on its own.
 const COMMAND_LINE_ONLY: &[&str] = &["overwrite"];
@@ -117,6 +131,9 @@ pub fn expand(argv: Vec<OsString>) -> Result<Vec<OsString>, UsageError> {
     let mut file_data: Option<OsString> = None;
     for (key, value) in &table {
         let bad = |why: &str| UsageError(format!("--config {shown}: key `{key}`: {why}"));
+        if key == RUN_TABLE && value.is_table() {
+            continue;
+        }
         if key == "data" {
             let toml::Value::String(data) = value else {
                 return Err(bad("DATA must be a string"));
@@ -188,8 +205,9 @@ fn scalar(v: &toml::Value) -> Option<String> {
 }
 
 /// A flag's value as TOML, typed as the flag's parser is: an integer flag's as an integer (one beyond i64 as a
-/// string), a float flag's as a float, a switch's as true/false, and every other flag's (paths, names, choices) as
-/// a string, however it looks: `--out 007` is `out = "007"`. [`expand`] reads each back to the same text.
+/// string), a float flag's as a float, a switch's as true/false, a path's as an absolute path (the file is read
+/// from anywhere), and every other flag's (names, choices) as a string, however it looks: `--device 007` is
+/// `device = "007"`. [`expand`] reads each back to the same value.
 fn typed(arg: &Arg, raw: &str) -> toml::Value {
     let t = arg.get_value_parser().type_id();
     let is = |ids: &[TypeId]| ids.iter().any(|id| t == *id);
@@ -211,20 +229,25 @@ fn typed(arg: &Arg, raw: &str) -> toml::Value {
         raw.parse::<f64>().ok().map(toml::Value::Float)
     } else if is(&[TypeId::of::<bool>()]) {
         raw.parse::<bool>().ok().map(toml::Value::Boolean)
+    } else if is(&[TypeId::of::<PathBuf>()]) {
+        std::path::absolute(raw)
+            .ok()
+            .map(|p| toml::Value::String(p.to_string_lossy().into_owned()))
     } else {
         None
     };
     parsed.unwrap_or_else(|| toml::Value::String(raw.to_string()))
 }
 
-/// Every `train` flag's value in `matches` (defaults included, unset optional flags left out) as a TOML document
-/// that `--config` reads back to the same flags.
-pub fn resolved_toml(matches: &ArgMatches) -> String {
+/// Every `train` flag's value in `matches` (defaults included, unset optional flags left out) as a TOML table
+/// that `--config` reads back to the same flags ([`document`] writes it).
+pub fn resolved_flags(matches: &ArgMatches) -> toml::Table {
     let cmd = train_command();
     let mut table = toml::Table::new();
     for arg in cmd.get_arguments() {
         let id = arg.get_id().as_str();
-        if NOT_RECIPE.contains(&id) {
+        // Hidden flags (main.py's and timm's, refused when given) are no part of a recipe.
+        if NOT_RECIPE.contains(&id) || arg.is_hide_set() {
             continue;
         }
         let key = match arg.get_long() {
@@ -260,8 +283,77 @@ pub fn resolved_toml(matches: &ArgMatches) -> String {
         };
         table.insert(key.to_string(), value);
     }
+    table
+}
+
+/// What a run resolved to on its machine, beside its flags: config.toml's `[run]` table.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct RunRecord {
+    /// Processes (ranks) of the run.
+    pub processes: usize,
+    /// Images per optimizer step, all processes together.
+    pub global_batch: usize,
+    /// The device's kind and name: `cuda (NVIDIA H100 80GB HBM3)`, `cpu (AMD EPYC 9B14)`.
+    pub device: String,
+    pub libtorch: String,
+}
+
+impl RunRecord {
+    /// The `[run]` table of the config.toml at `path`, if it has one (a recipe of recipes/ has none).
+    pub fn of_file(path: &Path) -> Option<Self> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let mut table: toml::Table = text.parse().ok()?;
+        table.remove(RUN_TABLE)?.try_into().ok()
+    }
+
+    /// What differs from `earlier` (a reused config.toml's run), one `name: earlier → now` per field; the
+    /// re-run then cannot reproduce the earlier run's numbers.
+    pub fn differences(&self, earlier: &RunRecord) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut cmp = |name: &str, a: String, b: String| {
+            if a != b {
+                out.push(format!("{name} {a} → {b}"));
+            }
+        };
+        cmp(
+            "processes",
+            earlier.processes.to_string(),
+            self.processes.to_string(),
+        );
+        cmp(
+            "global batch",
+            earlier.global_batch.to_string(),
+            self.global_batch.to_string(),
+        );
+        cmp("device", earlier.device.clone(), self.device.clone());
+        cmp("libtorch", earlier.libtorch.clone(), self.libtorch.clone());
+        out
+    }
+}
+
+/// config.toml's text: the flags, with `--device auto` and a default precision replaced by what `resolved` says
+/// this machine chose (`device = "cuda"`, `precision = "fp16"`), then the `[run]` table.
+pub fn document(flags: &toml::Table, resolved: Option<(&Compute, &RunRecord)>) -> String {
+    let mut table = flags.clone();
+    if let Some((compute, run)) = resolved {
+        if table.get("device").and_then(toml::Value::as_str) == Some("auto") {
+            let kind = if compute.device.is_cuda() {
+                "cuda"
+            } else {
+                "cpu"
+            };
+            table.insert("device".into(), kind.into());
+        }
+        table
+            .entry("precision")
+            .or_insert_with(|| compute.precision.to_string().into());
+        let run = toml::Table::try_from(run).expect("a record of scalars is a TOML table");
+        table.insert(RUN_TABLE.into(), run.into());
+    }
     let mut text = String::from(
-        "# rn50 train: every flag's value (`rn50 train --config config.toml` runs it again)\n",
+        "# rn50 train: every flag's value as this machine resolved it, and in [run] what it ran on \
+         (`rn50 train --config config.toml` runs it again)\n",
     );
     text.push_str(&toml::to_string(&table).expect("a table of scalars and arrays is TOML"));
     text

@@ -1,7 +1,7 @@
 //! `rn50 train` and `rn50 eval`. The recipe, read top to bottom like pytorch/examples' main.py, is
 //! [`trainer`] ([`run`]); its parts:
 //!
-//! - [`args`]: the flags, [`config`]: `--config FILE.toml` and the run's config.toml; [`data`]: the loaders of DATA/train and DATA/val and the hand-over to the device;
+//! - [`args`]: the flags (`foreign`: main.py's and timm's that rn50 spells another way), [`config`]: `--config FILE.toml` and the run's config.toml; [`data`]: the loaders of DATA/train and DATA/val and the hand-over to the device;
 //! - [`schedule`]: learning rate (scaling, warmup, decay) and progressive resizing; [`ema`]: the weights' moving
 //!   average; [`metrics`]: top-1/top-5 counting; [`progress`]: the per-epoch progress bar or log lines;
 //! - [`checkpoint`]: the resumable state in one safetensors file; [`keeper`]: when to save, which to keep, what
@@ -14,6 +14,7 @@ pub mod config;
 pub mod data;
 pub mod ema;
 pub mod eval;
+mod foreign;
 pub mod keeper;
 pub mod metrics;
 pub mod mllog;

@@ -24,6 +24,7 @@ use crate::model::{weights, Model, ResNetConfig, Stem};
 use crate::step::{SgdConfig, Skipped, StepConfig, TrainStep};
 use crate::train::args::{Augment, OptimizerKind, ScheduleKind, TrainArgs};
 use crate::train::checkpoint::{self, Position};
+use crate::train::config::{self, RunRecord};
 use crate::train::data::RealData;
 use crate::train::ema::Ema;
 use crate::train::eval::{self, EvalResult};
@@ -289,6 +290,19 @@ impl<'a> Setup<'a> {
             init_start,
             mllog: None,
         })
+    }
+
+    /// What config.toml's `[run]` table records of this run.
+    fn run_record(&self) -> RunRecord {
+        RunRecord {
+            processes: self.world,
+            global_batch: self.global_batch,
+            device: match self.device {
+                tch::Device::Cpu => format!("cpu ({})", self.compute.cpu.model),
+                d => format!("cuda ({})", device_name(d)),
+            },
+            libtorch: crate::shim::torch_version(),
+        }
     }
 
     /// The weights that are evaluated and kept as best.safetensors: the EMA's when there is one (copied into
@@ -593,10 +607,22 @@ impl RunLogs {
             append(&args.out, "metrics.jsonl")?,
             append(&args.out, "steps.jsonl")?,
         );
-        // What was run, every flag's value: reusable with --config.
-        if let Some(toml) = &args.resolved_config {
+        // What was run, every flag's value as this machine resolved it: reusable with --config.
+        if let Some(flags) = &args.resolved_config {
+            let run = setup.run_record();
+            if let Some(earlier) = args.config.as_deref().and_then(RunRecord::of_file) {
+                let differences = run.differences(&earlier);
+                if !differences.is_empty() {
+                    tracing::warn!(
+                        "--config {} was run with other settings than this run's, so the numbers will differ: {}",
+                        args.config.as_deref().unwrap_or(Path::new("")).display(),
+                        differences.join(", ")
+                    );
+                }
+            }
             let path = args.out.join("config.toml");
-            rn50_util::atomic_write(&path, toml.as_bytes())
+            let text = config::document(flags, Some((&setup.compute, &run)));
+            rn50_util::atomic_write(&path, text.as_bytes())
                 .with_context(|| format!("writing {}", path.display()))?;
         }
         if let Some(path) = &args.mllog {
