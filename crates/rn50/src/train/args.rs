@@ -61,7 +61,7 @@ pub struct TrainArgs {
     pub width: i64,
     /// Batch size per process (per GPU), 1 to 65536; batch x image size² x 3 bytes at most 16 GiB. The global
     /// batch is this times the processes (and --accum-steps): main.py's -b is per node and divided among its GPUs,
-    /// so main.py's `-b 256` on 8 GPUs is rn50's `-b 32` under `rn50 launch --nproc-per-node 8`.
+    /// so main.py's -b 256 on 8 GPUs is `rn50 launch --nproc-per-node 8 -- train /data/imagenet -b 32`.
     #[arg(short = 'b', long = "batch-size", default_value_t = 256, value_parser = usize_in(1..=rn50_args::MAX_BATCH))]
     pub batch_size: usize,
     /// Micro-batches accumulated per optimizer step, at least 1: the global batch is batch·accum·processes.
