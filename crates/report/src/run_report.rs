@@ -32,24 +32,31 @@ pub fn write_summary(run_dir: &Path, summary: &TrainSummary) -> Result<PathBuf, 
     Ok(path)
 }
 
-/// Per-epoch metrics as a table, plus the elapsed time at each epoch's end; the I/O columns only when some
-/// epoch has them.
+/// Per-epoch metrics as a table, plus the elapsed time at each epoch's end; the columns older runs or runs
+/// without I/O figures lack ([`OPTIONAL_COLUMNS`]) only when some epoch has them.
 pub fn metrics_table(epochs: &[EpochMetrics]) -> Table {
     let t = all_metrics_table(epochs);
-    let has_io = epochs.iter().any(|e| {
-        e.disk_read_gbs.is_some() || e.disk_read_iops.is_some() || e.process_read_gbs.is_some()
-    });
-    if has_io {
-        return t;
-    }
     let keys: Vec<&str> = t
         .columns
         .iter()
-        .map(|c| c.key)
-        .filter(|k| !["disk_read_gbs", "disk_read_iops", "process_read_gbs"].contains(k))
+        .enumerate()
+        .filter(|&(i, c)| {
+            !OPTIONAL_COLUMNS.contains(&c.key) || t.rows.iter().any(|r| !r[i].raw.is_empty())
+        })
+        .map(|(_, c)| c.key)
         .collect();
     t.select(&keys)
 }
+
+/// The metrics an older rn50 did not write (training top-1, validation loss) and the I/O figures, which a run
+/// has only with a dataset on a disk /proc describes.
+const OPTIONAL_COLUMNS: [&str; 5] = [
+    "train_acc1",
+    "val_loss",
+    "disk_read_gbs",
+    "disk_read_iops",
+    "process_read_gbs",
+];
 
 fn all_metrics_table(epochs: &[EpochMetrics]) -> Table {
     let c = |title, key| Column {
@@ -72,10 +79,12 @@ fn all_metrics_table(epochs: &[EpochMetrics]) -> Table {
         columns: vec![
             c("epoch", "epoch"),
             c("train loss", "train_loss"),
+            c("train Acc@1", "train_acc1"),
             c("lr", "lr"),
             c("img/s", "images_per_sec"),
             c("Acc@1", "acc1"),
             c("Acc@5", "acc5"),
+            c("val loss", "val_loss"),
             c("seconds", "seconds"),
             c("elapsed s", "elapsed_s"),
             c("disk GB/s", "disk_read_gbs"),
@@ -89,10 +98,12 @@ fn all_metrics_table(epochs: &[EpochMetrics]) -> Table {
                 vec![
                     Cell::text(e.epoch.to_string()),
                     num(e.train_loss),
+                    num(e.train_acc1),
                     num(e.lr),
                     num(e.images_per_sec),
                     num(e.acc1),
                     num(e.acc5),
+                    num(e.val_loss),
                     num(e.seconds),
                     num(Some(elapsed)),
                     num(e.disk_read_gbs),

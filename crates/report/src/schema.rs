@@ -296,12 +296,15 @@ pub fn hardware_name(config: &BenchConfig, machine: Option<&Machine>) -> String 
 }
 
 /// One line of a run's `steps.jsonl`: a logged optimizer step (`-p`), its loss averaged over the ranks at full
-/// precision and its learning rate. `step` counts from 0 within the epoch.
+/// precision, its top-1 and its learning rate. `step` counts from 0 within the epoch.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct StepRecord {
     pub epoch: u64,
     pub step: u64,
     pub loss: f64,
+    /// The step's training top-1 over all ranks' images, percent (main.py's `top1` meter of the batch).
+    #[serde(default)]
+    pub acc1: Option<f64>,
     pub lr: f64,
 }
 
@@ -313,6 +316,10 @@ pub struct EpochMetrics {
     pub epoch: u64,
     /// Mean over the epoch's logged steps of the loss averaged over ranks.
     pub train_loss: Option<f64>,
+    /// Training top-1 over the images the epoch trained on (all ranks; from the resumed step on in a resumed
+    /// epoch), percent: main.py's `top1` meter at the epoch's end.
+    #[serde(default)]
+    pub train_acc1: Option<f64>,
     /// The epoch's last step's learning rate.
     pub lr: Option<f64>,
     /// Training images per second over all processes.

@@ -225,14 +225,29 @@ pub fn fmt_pct(fraction: f64) -> String {
     format!("{:.1}%", fraction * 100.0)
 }
 
-/// Learning rates span 1e-4…10: four significant digits, no trailing zeros.
+/// Learning rates span 1e-4…10: four significant digits, no trailing zeros; below 1e-4 in scientific notation.
 pub fn fmt_lr(lr: f64) -> String {
-    let s = format!("{lr:.4}");
-    let s = s.trim_end_matches('0').trim_end_matches('.');
-    if s.is_empty() || s == "-" || s == "0" && lr != 0.0 {
-        format!("{lr:.2e}")
-    } else {
-        s.to_string()
+    if lr == 0.0 || !lr.is_finite() {
+        return format!("{lr}");
+    }
+    if lr.abs() < 1e-4 {
+        return format!("{lr:.2e}");
+    }
+    let magnitude = lr.abs().log10().floor() as i64;
+    fmt_decimals(lr, (3 - magnitude).max(0) as usize)
+}
+
+/// At most `decimals` decimals, no trailing zeros: 30.0 → "30", 2.0/3.0 → "0.667" (3), for numbers a person
+/// reads (epochs, rates) rather than f64's shortest round trip ("0.6666666666666666").
+pub fn fmt_decimals(x: f64, decimals: usize) -> String {
+    let s = format!("{x:.decimals$}");
+    let s = match s.contains('.') {
+        true => s.trim_end_matches('0').trim_end_matches('.'),
+        false => &s,
+    };
+    match s {
+        "-0" => "0".into(),
+        s => s.into(),
     }
 }
 
@@ -593,6 +608,19 @@ mod tests {
         assert_eq!(fmt_lr(0.0125), "0.0125");
         assert_eq!(fmt_lr(25.6), "25.6");
         assert_eq!(fmt_lr(0.00001), "1.00e-5");
+        assert_eq!(
+            fmt_lr(0.1 * 768.0 / 256.0),
+            "0.3",
+            "not 0.30000000000000004"
+        );
+        assert_eq!(fmt_lr(0.1 * 6.0 / 256.0), "0.002344");
+        assert_eq!(fmt_lr(0.00025), "0.00025");
+        assert_eq!(fmt_lr(0.0), "0");
+        assert_eq!(fmt_decimals(2.0 / 3.0, 3), "0.667");
+        assert_eq!(fmt_decimals(80.0, 3), "80");
+        assert_eq!(fmt_decimals(1.5, 3), "1.5");
+        assert_eq!(fmt_decimals(100.0, 0), "100");
+        assert_eq!(fmt_decimals(-0.0001, 3), "0");
     }
 
     #[test]

@@ -2,18 +2,31 @@
 //!
 //! ```no_run
 //! # fn main() -> anyhow::Result<()> {
-//! use rn50_report::tensorboard::EventWriter;
-//! let mut w = EventWriter::create("runs/r50/tensorboard".as_ref())?;
+//! use rn50_report::tensorboard::{EventWriter, FLUSH_EVERY};
+//! let mut w = EventWriter::create("runs/r50/tensorboard".as_ref(), None, FLUSH_EVERY)?;
 //! w.scalar("train/loss", 100, 2.31)?;
 //! w.flush()?;
 //! # Ok(())
 //! # }
 //! ```
 //!
-//! The tags rn50 writes ([`TAGS`]), with the step being the optimizer step for `train/*` and `io/*` and the epoch
-//! for `val/*`: `train/loss` (mean cross-entropy over the logged steps), `train/lr` (the rate of the step),
+//! The tags rn50 writes ([`TAGS`]), all on one step axis, the optimizer steps taken (1 after the first step), as
+//! PyTorch Lightning logs them and as a purge needs them (below): `train/loss` (the logged step's cross-entropy,
+//! averaged over ranks), `train/acc1` (the logged step's top-1 over all ranks' images, percent: main.py's
+//! `top1` meter of the batch), `train/lr` (the rate of the step) at every logged step; at each epoch's last step
 //! `train/images_per_sec` (global, all ranks), `train/data_wait` (seconds per step waiting for the loader),
-//! `val/acc1` and `val/acc5` (percent), `io/read_gbps` (dataset reads, GB/s, from the /proc I/O monitor).
+//! `io/read_gbps` (dataset reads, GB/s, from the /proc I/O monitor), and, when the epoch is evaluated,
+//! `val/acc1`, `val/acc5` (percent) and `val/loss` (mean cross-entropy, without label smoothing).
+//!
+//! A resumed run writes a new file whose first event after the version is `SessionLog{status: START}` at the
+//! first step it will log (`purge_step`), as PyTorch's `SummaryWriter(purge_step=…)` does: TensorBoard's
+//! `EventAccumulator` then drops every event of the run's earlier files at that step or later, whatever its
+//! tag or wall time, so the steps a killed run logged after its checkpoint are not shown twice. (TensorBoard's
+//! Rust data server drops them per series instead, when a step comes again.) The files are read in name
+//! order, which is their creation time.
+//!
+//! Events are buffered; a thread writes them to the file every `flush_every` (torch's `flush_secs`), and
+//! [`flush`](EventWriter::flush) and dropping the writer write them at once.
 //!
 //! The format: one file `events.out.tfevents.<unix secs>.<host>.<pid>.<n>` (TensorBoard's own naming) of TFRecords (u64 length, masked CRC-32C
 //! of the length, the data, masked CRC-32C of the data; little-endian), each an `Event` protobuf; the first is
@@ -21,24 +34,28 @@
 //! per scalar. The messages are the few fields of tensorflow/core/util/event.proto and
 //! tensorflow/core/framework/summary.proto that rn50 uses, declared with `prost`'s derive (no .proto compiler
 //! at build time); CRC-32C comes from the `crc32c` crate. (`tensorboard-rs` is unmaintained.) The bytes are
-//! checked against a file TensorBoard's own writer wrote (tests/tensorboard.rs).
+//! checked against files TensorBoard's and PyTorch's own writers wrote (tests/tensorboard.rs).
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use prost::Message;
 
 /// The scalar tags rn50 writes (module documentation: what each one is).
-pub const TAGS: [&str; 7] = [
+pub const TAGS: [&str; 9] = [
     "train/loss",
+    "train/acc1",
     "train/lr",
     "train/images_per_sec",
     "train/data_wait",
     "val/acc1",
     "val/acc5",
+    "val/loss",
     "io/read_gbps",
 ];
 
@@ -48,15 +65,42 @@ pub const FILE_VERSION: &str = "brain.Event:2";
 /// The writer named in the first record's `source_metadata`.
 pub const WRITER: &str = "rn50";
 
+/// How long a written event may wait in the buffer: a live TensorBoard lags a minute at most (torch's
+/// `SummaryWriter` waits up to 120 s).
+pub const FLUSH_EVERY: Duration = Duration::from_secs(60);
+
 /// Writes scalars to a new event file in a directory.
 pub struct EventWriter {
-    out: BufWriter<File>,
+    shared: Arc<Shared>,
+    /// The thread that flushes every `flush_every`; joined on drop.
+    flusher: Option<JoinHandle<()>>,
     path: PathBuf,
 }
 
+/// What the writer and its flushing thread share.
+struct Shared {
+    out: Mutex<Buffered>,
+    /// Wakes the flushing thread when the writer closes.
+    closing: Condvar,
+}
+
+struct Buffered {
+    file: BufWriter<File>,
+    /// The first error of a flush by the thread, returned by the writer's next call.
+    error: Option<std::io::Error>,
+    closed: bool,
+}
+
 impl EventWriter {
-    /// Creates `dir` if needed and a new event file in it (never an existing one), with its version record.
-    pub fn create(dir: &Path) -> anyhow::Result<Self> {
+    /// Creates `dir` if needed and a new event file in it (never an existing one), with its version record;
+    /// with `purge_step`, then `SessionLog{START}` at that step, which makes TensorBoard drop the events of the
+    /// directory's earlier files at that step or later (module documentation). A thread writes what is
+    /// buffered to the file every `flush_every`.
+    pub fn create(
+        dir: &Path,
+        purge_step: Option<i64>,
+        flush_every: Duration,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         // Writers of one process get a sequence number, as TensorBoard's own do: two in the same second differ.
         static SEQUENCE: AtomicU64 = AtomicU64::new(0);
@@ -74,11 +118,30 @@ impl EventWriter {
             .create_new(true)
             .open(&path)
             .with_context(|| format!("creating {}", path.display()))?;
+        let shared = Arc::new(Shared {
+            out: Mutex::new(Buffered {
+                file: BufWriter::new(file),
+                error: None,
+                closed: false,
+            }),
+            closing: Condvar::new(),
+        });
+        let flusher = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("tensorboard-flush".into())
+                .spawn(move || shared.flush_every(flush_every))
+                .context("starting the TensorBoard flush thread")?
+        };
         let mut w = Self {
-            out: BufWriter::new(file),
+            shared,
+            flusher: Some(flusher),
             path,
         };
         w.record(&file_version_event(now))?;
+        if let Some(step) = purge_step {
+            w.record(&session_start_event(step, now))?;
+        }
         Ok(w)
     }
 
@@ -88,7 +151,8 @@ impl EventWriter {
     }
 
     /// Appends `tag` = `value` at `step`, stamped with the current time. The value is stored as a 32-bit float
-    /// (TensorBoard's `simple_value`). Buffered: call [`flush`](Self::flush) for readers to see it.
+    /// (TensorBoard's `simple_value`). Buffered: in the file after [`flush`](Self::flush), or within the
+    /// writer's `flush_every`.
     pub fn scalar(&mut self, tag: &str, step: i64, value: f64) -> anyhow::Result<()> {
         self.scalar_at(tag, step, value, unix_now())
     }
@@ -106,21 +170,61 @@ impl EventWriter {
 
     /// Writes what is buffered to the file.
     pub fn flush(&mut self) -> anyhow::Result<()> {
-        self.out
+        let mut out = self.out()?;
+        out.file
             .flush()
             .with_context(|| format!("writing {}", self.path.display()))
     }
 
     fn record(&mut self, data: &[u8]) -> anyhow::Result<()> {
-        self.out
+        let mut out = self.out()?;
+        out.file
             .write_all(&tf_record(data))
             .with_context(|| format!("writing {}", self.path.display()))
+    }
+
+    /// The buffered file, once an error of the flushing thread, if any, is returned.
+    fn out(&self) -> anyhow::Result<MutexGuard<'_, Buffered>> {
+        let mut out = self.shared.lock();
+        match out.error.take() {
+            Some(e) => Err(e).with_context(|| format!("writing {}", self.path.display())),
+            None => Ok(out),
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Buffered> {
+        self.out.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The flushing thread: writes the buffer to the file every `every` until the writer closes.
+    fn flush_every(&self, every: Duration) {
+        let mut out = self.lock();
+        loop {
+            out = self
+                .closing
+                .wait_timeout_while(out, every, |o| !o.closed)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            if out.closed {
+                return;
+            }
+            if let Err(e) = out.file.flush() {
+                out.error.get_or_insert(e);
+            }
+        }
     }
 }
 
 impl Drop for EventWriter {
     fn drop(&mut self) {
-        let _ = self.out.flush();
+        self.shared.lock().closed = true;
+        self.shared.closing.notify_all();
+        if let Some(t) = self.flusher.take() {
+            let _ = t.join();
+        }
+        let _ = self.shared.lock().file.flush();
     }
 }
 
@@ -161,8 +265,8 @@ pub fn tf_record(data: &[u8]) -> Vec<u8> {
     r
 }
 
-/// The fields of TensorBoard's `Event` (tensorflow/core/util/event.proto) that rn50 writes. `file_version` and
-/// `summary` are members of the proto's `oneof what`: at most one is set.
+/// The fields of TensorBoard's `Event` (tensorflow/core/util/event.proto) that rn50 writes. `file_version`,
+/// `summary` and `session_log` are members of the proto's `oneof what`: at most one is set.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Event {
     #[prost(double, tag = "1")]
@@ -173,6 +277,8 @@ pub struct Event {
     pub file_version: Option<String>,
     #[prost(message, optional, tag = "5")]
     pub summary: Option<Summary>,
+    #[prost(message, optional, tag = "7")]
+    pub session_log: Option<SessionLog>,
     #[prost(message, optional, tag = "10")]
     pub source_metadata: Option<SourceMetadata>,
 }
@@ -194,6 +300,23 @@ pub struct SummaryValue {
     pub simple_value: Option<f32>,
 }
 
+/// `SessionLog` (event.proto): rn50 writes only its status, `START` on resuming.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SessionLog {
+    #[prost(enumeration = "SessionStatus", tag = "1")]
+    pub status: i32,
+}
+
+/// `SessionLog.SessionStatus`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
+#[repr(i32)]
+pub enum SessionStatus {
+    Unspecified = 0,
+    Start = 1,
+    Stop = 2,
+    Checkpoint = 3,
+}
+
 /// `SourceMetadata`: which program wrote the file.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct SourceMetadata {
@@ -208,6 +331,19 @@ fn file_version_event(wall_time: f64) -> Vec<u8> {
         file_version: Some(FILE_VERSION.into()),
         source_metadata: Some(SourceMetadata {
             writer: WRITER.into(),
+        }),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+/// `Event{wall_time, step, session_log{status: START}}`, what torch's `SummaryWriter(purge_step=step)` writes.
+fn session_start_event(step: i64, wall_time: f64) -> Vec<u8> {
+    Event {
+        wall_time,
+        step,
+        session_log: Some(SessionLog {
+            status: SessionStatus::Start as i32,
         }),
         ..Default::default()
     }
@@ -301,7 +437,7 @@ mod tests {
     #[test]
     fn events_read_back_as_written_and_damage_is_named() {
         let dir = tempfile::tempdir().unwrap();
-        let mut w = EventWriter::create(dir.path()).unwrap();
+        let mut w = EventWriter::create(dir.path(), None, FLUSH_EVERY).unwrap();
         w.scalar_at("train/loss", -1, 2.5, 10.0).unwrap();
         w.scalar_at("val/acc1", 3, 0.0, 11.0).unwrap();
         w.flush().unwrap();

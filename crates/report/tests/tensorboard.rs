@@ -1,9 +1,12 @@
-//! The TensorBoard event writer against a file TensorBoard's own writer wrote (fixtures/tensorboard/, from
-//! make_golden.py with the same scalars and wall times): the same records byte for byte, and the CRCs in
-//! TensorBoard's file are the ones this crate computes.
-use std::path::Path;
+//! The TensorBoard event writer against files TensorBoard's and PyTorch's own writers wrote (fixtures/tensorboard/,
+//! from make_golden.py with the same scalars and wall times): the same records byte for byte, and the CRCs in
+//! their files are the ones this crate computes.
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use rn50_report::tensorboard::{masked_crc32c, EventWriter, FILE_VERSION, WRITER};
+use rn50_report::tensorboard::{
+    masked_crc32c, read_scalars, EventWriter, FILE_VERSION, FLUSH_EVERY, WRITER,
+};
 
 /// (tag, step, value, wall time), as in make_golden.py.
 const SCALARS: [(&str, i64, f64, f64); 4] = [
@@ -35,10 +38,14 @@ fn records(file: &[u8]) -> Vec<Vec<u8>> {
     out
 }
 
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tensorboard")
+        .join(name)
+}
+
 fn golden() -> Vec<Vec<u8>> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/tensorboard/tensorboard-2.21.tfevents");
-    records(&std::fs::read(path).unwrap())
+    records(&std::fs::read(fixture("tensorboard-2.21.tfevents")).unwrap())
 }
 
 /// `Event.file_version` and `source_metadata.writer`, after the 9 bytes of `wall_time`.
@@ -53,7 +60,7 @@ fn version_fields(writer: &str) -> Vec<u8> {
 #[test]
 fn scalars_are_the_bytes_tensorboard_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let mut w = EventWriter::create(dir.path()).unwrap();
+    let mut w = EventWriter::create(dir.path(), None, FLUSH_EVERY).unwrap();
     for (tag, step, value, wall) in SCALARS {
         w.scalar_at(tag, step, value, wall).unwrap();
     }
@@ -79,8 +86,8 @@ fn scalars_are_the_bytes_tensorboard_writes() {
 fn each_writer_gets_its_own_file_with_tensorboards_name() {
     let dir = tempfile::tempdir().unwrap();
     let sub = dir.path().join("run/tensorboard");
-    let mut a = EventWriter::create(&sub).unwrap();
-    let b = EventWriter::create(&sub).unwrap();
+    let mut a = EventWriter::create(&sub, None, FLUSH_EVERY).unwrap();
+    let b = EventWriter::create(&sub, None, FLUSH_EVERY).unwrap();
     assert_ne!(a.path(), b.path());
     let name = a.path().file_name().unwrap().to_str().unwrap().to_string();
     let fields: Vec<&str> = name.split('.').collect();
@@ -101,9 +108,7 @@ fn each_writer_gets_its_own_file_with_tensorboards_name() {
 /// The reader reads the file TensorBoard's own writer wrote: every scalar, with its step and wall time.
 #[test]
 fn tensorboards_own_file_reads_back() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/tensorboard/tensorboard-2.21.tfevents");
-    let got = rn50_report::tensorboard::read_scalars(&path).unwrap();
+    let got = read_scalars(&fixture("tensorboard-2.21.tfevents")).unwrap();
     let want: Vec<_> = SCALARS
         .iter()
         .map(|&(tag, step, value, wall)| (tag.to_string(), step, value as f32, wall))
@@ -113,4 +118,56 @@ fn tensorboards_own_file_reads_back() {
         .map(|s| (s.tag, s.step, s.value, s.wall_time))
         .collect();
     assert_eq!(got, want);
+}
+
+/// A resumed run's file starts as PyTorch's `SummaryWriter(purge_step=200)` starts its: after the version,
+/// `SessionLog{START}` at step 200 (the same bytes after the wall time), then the scalars, byte for byte. (Torch
+/// writes the version a second time, at step 200, before it: TensorBoard reads the version from the first.)
+#[test]
+fn a_purge_step_starts_the_file_as_torchs_summary_writer_does() {
+    let theirs = records(&std::fs::read(fixture("torch-2.13-purge.tfevents")).unwrap());
+    // make_golden.py's purge step and the scalar after it.
+    let (tag, step, value, wall) = ("train/loss", 201, 1.25, 1700000010.5);
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = EventWriter::create(dir.path(), Some(200), FLUSH_EVERY).unwrap();
+    w.scalar_at(tag, step, value, wall).unwrap();
+    w.flush().unwrap();
+    let ours = records(&std::fs::read(w.path()).unwrap());
+    assert_eq!(theirs.len(), 4);
+    assert_eq!(ours.len(), 3);
+    assert_eq!(ours[0][9..], version_fields(WRITER));
+    // Field 1 (wall time, 8 bytes), then step 200 (field 2) and session_log{status: START} (field 7).
+    let start = [0x10, 0xc8, 0x01, 0x3a, 0x02, 0x08, 0x01];
+    assert_eq!(theirs[2][0], 0x09);
+    assert_eq!(theirs[2][9..], start);
+    assert_eq!(ours[1][0], 0x09);
+    assert_eq!(ours[1][9..], start);
+    assert_eq!(ours[2], theirs[3]);
+}
+
+/// What is written reaches the file within the writer's flush interval, without a call to flush (a live
+/// TensorBoard shows it); dropping the writer writes the rest.
+#[test]
+fn events_reach_the_file_without_a_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = EventWriter::create(dir.path(), None, Duration::from_millis(20)).unwrap();
+    w.scalar("train/loss", 1, 2.5).unwrap();
+    let path = w.path().to_path_buf();
+    let seen = || read_scalars(&path).is_ok_and(|s| s.len() == 1);
+    // Polled until it is there; the bound only ends a test that would otherwise wait forever.
+    let give_up = std::time::Instant::now() + Duration::from_secs(120);
+    while !seen() {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the event never reached the file"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The default interval is far longer than this test: only the drop writes this one.
+    let mut w = EventWriter::create(dir.path(), None, FLUSH_EVERY).unwrap();
+    w.scalar("train/loss", 2, 1.5).unwrap();
+    let path = w.path().to_path_buf();
+    assert_eq!(read_scalars(&path).unwrap().len(), 0, "buffered");
+    drop(w);
+    assert_eq!(read_scalars(&path).unwrap().len(), 1);
 }

@@ -111,6 +111,7 @@ const CASES: &[(&str, &[&str], &str)] = &[
     ("eval", &["--resize", "100000"], "--resize"),
     ("eval", &["--crop", "0"], "--crop"),
     ("eval", &["--crop", "300"], "--crop"),
+    ("eval", &["--print-freq", "0"], "--print-freq"),
     ("eval", &["--batch-size", "65536", "--resize", "4096", "--crop", "4096"], "--batch-size"),
     // bench
     ("bench", &["--batch-size", "0"], "--batch-size"),
@@ -378,8 +379,8 @@ fn every_default_parses_and_is_unchanged() {
         unreachable!()
     };
     assert_eq!(
-        (e.batch_size, e.workers, e.resize, e.crop),
-        (64, None, 256, 224)
+        (e.batch_size, e.workers, e.resize, e.crop, e.print_freq),
+        (64, None, 256, 224, 10)
     );
 
     let Sub::Bench(b) = parse(&["bench"]) else {

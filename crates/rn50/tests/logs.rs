@@ -1,6 +1,8 @@
 //! Log lines as batch jobs keep them (stderr not a terminal): every line of `train` starts with a UTC time stamp
-//! and the level; the per-step lines carry the ETA of the epoch and of the run; `RUST_LOG` filters; one of
-//! several ranks says which it is (`[rank N]`), once, whether `rn50 launch` prefixes its lines or not.
+//! and the level; the per-step lines carry the ETA of the epoch and of the run; evaluation (train's and `rn50
+//! eval`'s) has progress lines with images/s and its ETA; the start line's numbers read as people write them;
+//! `RUST_LOG` filters; one of several ranks says which it is (`[rank N]`), once, whether `rn50 launch`
+//! prefixes its lines or not.
 mod common;
 
 use std::process::{Command, Output};
@@ -107,6 +109,121 @@ fn every_line_has_a_utc_time_stamp_and_level_and_step_lines_have_both_etas() {
     );
     // One process of one: no rank in its lines.
     assert!(!log.contains("[rank"), "{log}");
+}
+
+/// The messages of the progress lines of `label` (`val epoch 0`, `eval`), each checked to be
+/// `LABEL [    i/n] R img/s ETA h:mm:ss` with a rate above 0.
+fn eval_lines<'a>(log: &'a str, label: &str) -> Vec<&'a str> {
+    let lines: Vec<&str> = log
+        .lines()
+        .filter_map(level_and_message)
+        .map(|(_, m)| m)
+        .filter(|m| m.starts_with(&format!("{label} [")))
+        .collect();
+    for m in &lines {
+        let (_, rest) = m.split_once("] ").unwrap_or_else(|| panic!("{m}"));
+        let (rate, rest) = rest.split_once(" img/s ").unwrap_or_else(|| panic!("{m}"));
+        assert!(rate.parse::<f64>().unwrap() > 0.0, "{m}");
+        assert!(
+            rest.starts_with("ETA ") && eta(rest, "ETA").is_some(),
+            "{m}"
+        );
+    }
+    lines
+}
+
+/// Evaluation is not silent: a time-stamped line per `-p` batches with images/s and the ETA, after each epoch of
+/// `train` and in `rn50 eval`, the last one at ETA 0. The start line's default milestones for 2 epochs are
+/// 0.667, 1.333, 1.778, not f64's 0.6666666666666666; each epoch's line has the training top-1.
+#[test]
+fn evaluation_shows_progress_and_the_start_line_reads_as_people_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    common::image_tree(&data, "train", 2, 2);
+    // 6 images, batch 2: 3 batches.
+    common::image_tree(&data, "val", 2, 3);
+    let out = dir.path().join("run");
+    let (d, o) = (data.to_str().unwrap(), out.to_str().unwrap());
+    let r = rn50(&[
+        "train",
+        d,
+        "-a",
+        "resnet18",
+        "--width",
+        "8",
+        "-b",
+        "2",
+        "--image-size",
+        "32",
+        "--val-resize",
+        "36",
+        "--val-crop",
+        "32",
+        "--epochs",
+        "2",
+        "-p",
+        "1",
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--out",
+        o,
+    ]);
+    let log = stderr(&r);
+    assert!(r.status.success(), "{log}");
+    for e in 0..2 {
+        let label = format!("val epoch {e}");
+        let lines = eval_lines(&log, &label);
+        assert_eq!(lines.len(), 3, "{log}");
+        for (i, l) in lines.iter().enumerate() {
+            assert!(l.starts_with(&format!("{label} [{:>5}/3] ", i + 1)), "{l}");
+        }
+        assert_eq!(eta(lines[2], "ETA"), Some(0), "{}", lines[2]);
+    }
+    let start = log
+        .lines()
+        .filter_map(level_and_message)
+        .find(|(_, m)| m.starts_with("rn50 train:"))
+        .unwrap_or_else(|| panic!("no start line:\n{log}"))
+        .1;
+    assert!(
+        start.contains("step ×0.1 at epochs 0.667, 1.333, 1.778, 2 epochs"),
+        "{start}"
+    );
+    let epoch_lines = log
+        .lines()
+        .filter(|l| l.contains(": loss ") && l.contains("train Acc@1 "));
+    assert_eq!(epoch_lines.count(), 2, "{log}");
+
+    let weights = out.join("final.safetensors");
+    let r = rn50(&[
+        "eval",
+        d,
+        "--weights",
+        weights.to_str().unwrap(),
+        "-a",
+        "resnet18",
+        "-b",
+        "2",
+        "--resize",
+        "36",
+        "--crop",
+        "32",
+        "-p",
+        "2",
+        "--device",
+        "cpu",
+    ]);
+    let log = stderr(&r);
+    assert!(r.status.success(), "{log}");
+    // -p 2: batch 2, and the last.
+    let lines = eval_lines(&log, "eval");
+    assert_eq!(lines.len(), 2, "{log}");
+    assert!(
+        lines[0].starts_with("eval [    2/3]") && lines[1].starts_with("eval [    3/3]"),
+        "{lines:?}"
+    );
 }
 
 #[test]

@@ -54,17 +54,19 @@ fn resnet50_trains_evaluates_checkpoints_and_resumes() {
     ] {
         assert!(out.join(f).exists(), "{f}");
     }
-    // TensorBoard: a logged loss and rate per step (steps 1-4), throughput and data wait per epoch at its last
-    // step, top-1/top-5 per epoch as in metrics.jsonl; every record's CRCs check.
+    // TensorBoard: a logged loss, top-1 and rate per step (steps 1-4); throughput, data wait and the evaluation
+    // per epoch at its last step, the evaluation as in metrics.jsonl; every record's CRCs check.
     let tb = tensorboard_scalars(&out);
     let steps =
         |tag: &str| -> Vec<i64> { tb.iter().filter(|s| s.tag == tag).map(|s| s.step).collect() };
     assert_eq!(steps("train/loss"), [1, 2, 3, 4]);
+    assert_eq!(steps("train/acc1"), [1, 2, 3, 4]);
     assert_eq!(steps("train/lr"), [1, 2, 3, 4]);
     assert_eq!(steps("train/images_per_sec"), [2, 4]);
     assert_eq!(steps("train/data_wait"), [2, 4]);
-    assert_eq!(steps("val/acc1"), [0, 1]);
-    assert_eq!(steps("val/acc5"), [0, 1]);
+    assert_eq!(steps("val/acc1"), [2, 4]);
+    assert_eq!(steps("val/acc5"), [2, 4]);
+    assert_eq!(steps("val/loss"), [2, 4]);
     for (s, rec) in tb.iter().filter(|s| s.tag == "val/acc1").zip(&m) {
         assert_eq!(s.value, rec["acc1"].as_f64().unwrap() as f32);
     }
@@ -92,12 +94,12 @@ fn resnet50_trains_evaluates_checkpoints_and_resumes() {
             .collect::<Vec<_>>(),
         [0, 1, 2]
     );
-    let acc1_epochs: Vec<i64> = tensorboard_scalars(&out)
+    let acc1_steps: Vec<i64> = tensorboard_scalars(&out)
         .iter()
         .filter(|s| s.tag == "val/acc1")
         .map(|s| s.step)
         .collect();
-    assert_eq!(acc1_epochs, [0, 1, 2], "the resumed run adds its epoch");
+    assert_eq!(acc1_steps, [2, 4, 6], "the resumed run adds its epoch");
     // The trained weights evaluate with `rn50 eval` as well.
     let final_w = out.join("final.safetensors");
     let r = rn50(&[

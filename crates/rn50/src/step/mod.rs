@@ -30,6 +30,13 @@ pub struct StepOutcome {
     pub skipped: Skipped,
 }
 
+/// A micro-batch's forward: its mean loss and its logits, on the device (reading them syncs). The training
+/// accuracy is counted from the logits (main.py's `top1` meter).
+pub struct Forward {
+    pub loss: Tensor,
+    pub logits: Tensor,
+}
+
 pub struct TrainStep {
     pub model: Model,
     pub opt: Sgd,
@@ -93,22 +100,22 @@ impl TrainStep {
     /// A step on a normalised float NCHW batch.
     pub fn step(&mut self, x: &Tensor, labels: &Tensor, lr: f64) -> Result<StepOutcome> {
         self.opt.zero_grad();
-        let loss = self.backward(x, labels, 0, 1)?;
+        let loss = self.backward(x, labels, 0, 1)?.loss;
         let skipped = self.apply(lr)?;
         Ok(StepOutcome { loss, skipped })
     }
 
     /// Forward and backward of micro-batch `micro` of `of` (gradient accumulation: gradients add up, each
     /// loss weighted 1/`of`, so `of` micro-batches of b equal one batch of `of`·b). Call `opt.zero_grad()`
-    /// before the first. Returns the micro-batch's (unweighted) loss, detached.
+    /// before the first. Returns the micro-batch's (unweighted) loss and its logits, detached.
     pub fn backward(
         &mut self,
         x: &Tensor,
         labels: &Tensor,
         micro: usize,
         of: usize,
-    ) -> Result<Tensor> {
-        let loss = self.loss(x, labels)?;
+    ) -> Result<Forward> {
+        let Forward { loss, logits } = self.forward(x, labels)?;
         let weighted = if of > 1 {
             &loss / of as f64
         } else {
@@ -132,7 +139,10 @@ impl TrainStep {
             }
             None => scaled.f_backward()?,
         }
-        Ok(loss.detach())
+        Ok(Forward {
+            loss: loss.detach(),
+            logits: logits.detach(),
+        })
     }
 
     /// After the last `backward` of a step: (fp16) unscale and skip the update on overflow, else the
@@ -155,19 +165,20 @@ impl TrainStep {
     }
 
     /// Forward and loss under this step's precision (train-mode BN).
-    pub fn loss(&self, x: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, labels: &Tensor) -> Result<Forward> {
         let _autocast = self.config.precision.autocast(self.device())?;
         let logits = self.model.forward_t(x, true);
         if let Some(e) = crate::model::sync_bn::take_failure() {
             return Err(e.into());
         }
-        Ok(logits.cross_entropy_loss(
+        let loss = logits.cross_entropy_loss(
             labels,
             None::<Tensor>,
             Reduction::Mean,
             -100,
             self.config.label_smoothing,
-        ))
+        );
+        Ok(Forward { loss, logits })
     }
 }
 

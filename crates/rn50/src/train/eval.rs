@@ -15,6 +15,7 @@ use crate::input::DeviceBatch;
 use crate::model::{weights, Arch, Model, ResNetConfig};
 use crate::step::{Normalizer, Precision};
 use crate::train::metrics::Accuracy;
+use crate::train::progress::EvalProgress;
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct EvalResult {
@@ -55,22 +56,24 @@ impl EvalResult {
     }
 }
 
-/// Runs `model` over `pass`, one pass of a loader (queued beforehand, so it may already be decoding); its
-/// unreadable images are counted.
+/// Runs `model` over `pass`, one pass of a loader (queued beforehand, so it may already be decoding), shown
+/// as `progress`; its unreadable images are counted.
 pub fn evaluate(
     model: &Model,
     pass: Epoch,
     precision: Precision,
     channels_last: bool,
+    mut progress: EvalProgress,
 ) -> Result<EvalResult> {
     let device = model.device();
     let mut norm = Normalizer::new(device, channels_last);
     let mut acc = Accuracy::new(device);
     let start = Instant::now();
     let mut bad_images = 0;
-    for batch in pass {
+    for (i, batch) in pass.enumerate() {
         let b = batch?;
         bad_images += b.skipped() as u64;
+        progress.batch(i, b.n());
         if b.n() == 0 {
             continue;
         }
@@ -83,6 +86,7 @@ pub fn evaluate(
         })?;
         acc.add(&logits, &labels);
     }
+    progress.finish();
     let (acc1, acc5) = acc.percent();
     let (correct1, correct5) = acc.counts();
     let seconds = start.elapsed().as_secs_f64();
@@ -126,6 +130,9 @@ pub struct EvalArgs {
     pub crop: usize,
     #[command(flatten)]
     pub compute: ComputeArgs,
+    /// Progress: a line every N batches (at least 1) when stderr is not a terminal (a bar when it is).
+    #[arg(short = 'p', long = "print-freq", default_value_t = 10, value_parser = usize_in(1..))]
+    pub print_freq: usize,
     /// Write the result as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -208,7 +215,9 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         ..LoaderConfig::val(args.batch_size, workers)
     };
     let loader = Loader::new(dataset, loader_cfg)?;
-    let r = evaluate(&model, loader.epoch(0, 0), precision, channels_last)?;
+    let pass = loader.epoch(0, 0);
+    let progress = EvalProgress::new("eval".into(), pass.remaining(), 1, true, args.print_freq);
+    let r = evaluate(&model, pass, precision, channels_last, progress)?;
     println!(
         "eval {} on {} ({}, {precision}): Acc@1 {:.3}  Acc@5 {:.3}  ({} images, {} unreadable, {:.1} img/s)",
         args.arch,

@@ -32,9 +32,7 @@ impl Accuracy {
             0.0,
         );
         let _ = self.loss_sum.g_add_(&loss.to_kind(Kind::Double));
-        let k = logits.size()[1].min(5);
-        let (_, idx) = logits.topk(k, 1, true, true);
-        let hits = idx.eq_tensor(&labels.unsqueeze(1));
+        let hits = ranked_hits(logits, labels, logits.size()[1].min(5));
         let _ = self.correct1.g_add_(&hits.narrow(1, 0, 1).sum(Kind::Int64));
         let _ = self
             .correct5
@@ -61,6 +59,17 @@ impl Accuracy {
     }
 }
 
+/// `[n, k]`: whether each row's label is its j-th highest logit, j < `k` (main.py's accuracy()).
+fn ranked_hits(logits: &Tensor, labels: &Tensor, k: i64) -> Tensor {
+    let (_, idx) = logits.topk(k, 1, true, true);
+    idx.eq_tensor(&labels.unsqueeze(1))
+}
+
+/// How many rows of `logits` `[n, classes]` rank their label first, as an int64 scalar on the device (no sync).
+pub fn correct_top1(logits: &Tensor, labels: &Tensor) -> Tensor {
+    ranked_hits(logits, labels, 1).sum(Kind::Int64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,5 +86,6 @@ mod tests {
         let (t1, t5) = acc.percent();
         assert_eq!(t1, 25.0, "only label 5 is top-1");
         assert_eq!(t5, 75.0, "labels 5, 1, 3 are in the top 5; 0 is not");
+        assert_eq!(i64::try_from(correct_top1(&logits, &labels)).unwrap(), 1);
     }
 }

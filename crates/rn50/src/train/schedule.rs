@@ -5,6 +5,7 @@ use std::f64::consts::PI;
 use std::fmt;
 
 use anyhow::{bail, Result};
+use rn50_report::table::{fmt_decimals, fmt_lr};
 
 /// `--lr-base` is per `base_size` images (`--lr-base-size`, 256 by default): the effective rate scales with the
 /// global batch (Goyal et al.'s linear scaling rule).
@@ -61,7 +62,10 @@ impl LrSchedule {
         }
         if let Decay::Step { milestones, gamma } = &decay {
             if gamma.is_nan() || *gamma <= 0.0 || milestones.windows(2).any(|w| w[0] >= w[1]) {
-                bail!("step decay needs increasing milestones and gamma > 0 (got {milestones:?}, {gamma})");
+                bail!(
+                    "step decay needs increasing milestones and gamma > 0 (got {}; {gamma})",
+                    fmt_epochs(milestones)
+                );
             }
         }
         if let Decay::Cosine { final_lr } | Decay::Poly { final_lr, .. } = &decay {
@@ -109,17 +113,29 @@ impl LrSchedule {
 impl fmt::Display for LrSchedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let decay = match &self.decay {
-            Decay::Step { milestones, gamma } => format!("step ×{gamma} at {milestones:?}"),
-            Decay::Cosine { final_lr } => format!("cosine to {final_lr}"),
+            Decay::Step { milestones, gamma } => {
+                format!("step ×{gamma} at epochs {}", fmt_epochs(milestones))
+            }
+            Decay::Cosine { final_lr } => format!("cosine to {}", fmt_lr(*final_lr)),
             Decay::Linear => "linear to 0".into(),
-            Decay::Poly { power, final_lr } => format!("polynomial (power {power}) to {final_lr}"),
+            Decay::Poly { power, final_lr } => {
+                format!("polynomial (power {power}) to {}", fmt_lr(*final_lr))
+            }
         };
         write!(
             f,
             "peak {} after {} warmup epochs, {decay}, {} epochs",
-            self.peak_lr, self.warmup_epochs, self.epochs
+            fmt_lr(self.peak_lr),
+            fmt_epochs(&[self.warmup_epochs]),
+            fmt_epochs(&[self.epochs])
         )
     }
+}
+
+/// Epochs as a person reads them: "30, 60, 80", "0.667, 1.333" (fractions of an epoch to three decimals).
+fn fmt_epochs(e: &[f64]) -> String {
+    let each: Vec<String> = e.iter().map(|&x| fmt_decimals(x, 3)).collect();
+    each.join(", ")
 }
 
 /// Progressive resizing as FFCV does it: `min` until epoch `start`, then linear growth to `max` at `end`,
@@ -320,5 +336,22 @@ mod tests {
             }
         )
         .is_err());
+    }
+
+    #[test]
+    fn the_start_line_shows_epochs_and_rates_as_people_write_them() {
+        let line = |peak, epochs: f64| {
+            LrSchedule::new(peak, 0.5, epochs, Decay::step_for(epochs, None))
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(
+            line(0.1, 90.0),
+            "peak 0.1 after 0.5 warmup epochs, step ×0.1 at epochs 30, 60, 80, 90 epochs"
+        );
+        assert_eq!(
+            line(scaled_lr(0.1, 768, 256), 2.0),
+            "peak 0.3 after 0.5 warmup epochs, step ×0.1 at epochs 0.667, 1.333, 1.778, 2 epochs"
+        );
     }
 }

@@ -8,12 +8,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use rn50_args::UsageError;
 use rn50_distributed::{DistContext, WorldInfo};
 use rn50_pipeline::Epoch;
-use rn50_report::tensorboard::EventWriter;
+use rn50_report::tensorboard::{EventWriter, FLUSH_EVERY};
 use rn50_report::{EpochMetrics, IoMonitor, IoSample, StepRecord, TrainSummary};
 use serde_json::json;
 use tch::{Kind, Tensor};
@@ -29,8 +30,9 @@ use crate::train::data::RealData;
 use crate::train::ema::Ema;
 use crate::train::eval::{self, EvalResult};
 use crate::train::keeper::{resolve_resume, Keeper};
+use crate::train::metrics::correct_top1;
 use crate::train::mllog::MlLog;
-use crate::train::progress::{EpochProgress, Later};
+use crate::train::progress::{EpochProgress, EvalProgress, Later, Logged};
 use crate::train::rundir::{self, RunDir};
 use crate::train::schedule::{Decay, LrSchedule, Resolution};
 
@@ -110,6 +112,8 @@ struct Setup<'a> {
     /// When MLPerf's init interval began; rank 0 with --mllog: MLPerf's log, once the run starts writing.
     init_start: std::time::SystemTime,
     mllog: Option<MlLog>,
+    /// How long TensorBoard's events may wait in the buffer ([`tensorboard_flush_every`]).
+    tensorboard_flush: Duration,
 }
 
 /// `--ema`: the average, and the model it is copied into to be evaluated and saved as best.safetensors.
@@ -121,6 +125,7 @@ struct EmaModel {
 impl<'a> Setup<'a> {
     fn new(args: &'a TrainArgs) -> Result<Self> {
         args.check()?;
+        let tensorboard_flush = tensorboard_flush_every()?;
         // torchrun / SLURM / Open MPI / PBS / `rn50 launch` tell each process its rank; one device per process.
         let world_info = WorldInfo::from_env()?;
         let mut model_cfg = ResNetConfig::new(args.arch);
@@ -289,6 +294,7 @@ impl<'a> Setup<'a> {
             resolution,
             init_start,
             mllog: None,
+            tensorboard_flush,
         })
     }
 
@@ -367,8 +373,8 @@ impl<'a> Setup<'a> {
     }
 
     /// Top-1/top-5 of the scored weights over `pass`, one pass of the validation set queued beforehand, all
-    /// ranks together; NaN without a dataset.
-    fn evaluate(&self, pass: Option<Epoch>) -> Result<EvalResult> {
+    /// ranks together, its progress shown as `label` on rank 0; NaN without a dataset.
+    fn evaluate(&self, pass: Option<Epoch>, label: String) -> Result<EvalResult> {
         let (Some(_), Some(pass)) = (&self.data, pass) else {
             return Ok(EvalResult {
                 acc1: f64::NAN,
@@ -378,7 +384,17 @@ impl<'a> Setup<'a> {
             });
         };
         let (precision, channels_last) = (self.compute.precision, self.compute.channels_last);
-        eval::evaluate(self.scored_model(), pass, precision, channels_last)?.all_ranks(&self.dist)
+        let batches = pass.remaining();
+        let progress =
+            EvalProgress::new(label, batches, self.world, self.rank0, self.args.print_freq);
+        eval::evaluate(
+            self.scored_model(),
+            pass,
+            precision,
+            channels_last,
+            progress,
+        )?
+        .all_ranks(&self.dist)
     }
 
     /// `-e`: evaluate the resumed (or fresh) weights once and print the accuracy.
@@ -386,7 +402,7 @@ impl<'a> Setup<'a> {
         let Some(d) = &self.data else {
             bail!("-e needs a dataset, not --dummy")
         };
-        let r = self.evaluate(Some(d.val.epoch(0, 0)))?;
+        let r = self.evaluate(Some(d.val.epoch(0, 0)), "val".into())?;
         if self.rank0 {
             println!(
                 "Acc@1 {:.3} Acc@5 {:.3} ({} images)",
@@ -482,6 +498,15 @@ struct Fetched {
     bad_images: u64,
 }
 
+/// What this rank's micro-batches of a step gave, on the device until logged.
+struct Stepped {
+    /// Their mean loss.
+    loss: Tensor,
+    /// Their images ranked top-1 correctly, and their images.
+    correct1: Tensor,
+    images: usize,
+}
+
 /// What all ranks agreed for a step.
 struct Agreed {
     stop: bool,
@@ -518,6 +543,8 @@ struct EpochStats {
     io_start: Option<IoSample>,
     /// Mean over the logged steps of the loss averaged over ranks.
     train_loss: f64,
+    /// Top-1 over the images trained (all ranks), percent; NaN when none was.
+    train_acc1: f64,
     /// The last step's rate.
     lr: f64,
     /// Over all processes.
@@ -548,6 +575,22 @@ fn append_record(f: &mut File, rec: &impl serde::Serialize) -> Result<()> {
     Ok(())
 }
 
+/// How long TensorBoard's events may wait in the buffer: `RN50_TENSORBOARD_FLUSH_SECS`, 1 to 60 (tests shorten
+/// it to see events reach the file mid-epoch), else a minute; exit 2 on another value.
+fn tensorboard_flush_every() -> Result<Duration, UsageError> {
+    const VAR: &str = "RN50_TENSORBOARD_FLUSH_SECS";
+    let Some(v) = std::env::var_os(VAR) else {
+        return Ok(FLUSH_EVERY);
+    };
+    match v.to_str().and_then(|s| s.trim().parse::<u64>().ok()) {
+        Some(secs @ 1..=60) => Ok(Duration::from_secs(secs)),
+        _ => Err(UsageError::new(format!(
+            "{VAR}={} must be whole seconds from 1 to 60",
+            v.to_string_lossy()
+        ))),
+    }
+}
+
 /// A metric that is a number; NaN and infinities are written as null and read back as absent, so they are
 /// absent in the records kept in memory too.
 fn finite(x: f64) -> Option<f64> {
@@ -569,27 +612,36 @@ impl RunLogs {
     /// Rank 0 starts writing the run directory, once every check of the start has passed. First a TensorBoard
     /// file of its own (an unwritable tensorboard/ fails here, before anything else is written); then, with
     /// --overwrite, the earlier run's files go; the logs are trimmed to the resumed position and opened;
-    /// config.toml, --mllog (with init_start's time) and io.jsonl follow.
-    fn start(setup: &mut Setup) -> Result<Self> {
+    /// config.toml, --mllog (with init_start's time) and io.jsonl follow. `per_epoch`: optimizer steps an
+    /// epoch.
+    fn start(setup: &mut Setup, per_epoch: usize) -> Result<Self> {
         let (args, position) = (setup.args, &setup.position);
         // What this start creates, removed again if it fails before the first step.
         let mut undo = FirstStep::default();
         let out = &args.out;
         let new = |name: &str| Some(out.join(name)).filter(|p| !p.exists());
+        // A resumed run's epoch and its first optimizer step to train, in this run's layout: what was logged
+        // from there on is logged again.
+        let resumed = args.resume.is_some().then(|| {
+            let step = position.start_batch(args.batch_size, setup.world) / args.accum_steps;
+            (position.epoch, step as u64)
+        });
+        // TensorBoard drops what the earlier files have from the first step this run logs on (steps are the
+        // optimizer steps taken), as after torch's SummaryWriter(purge_step=…).
+        let purge_step = resumed.map(|(epoch, step)| (epoch * per_epoch as u64 + step + 1) as i64);
         undo.created.extend(new("tensorboard"));
-        let tensorboard = EventWriter::create(&out.join("tensorboard"))?;
+        let tensorboard = EventWriter::create(
+            &out.join("tensorboard"),
+            purge_step,
+            setup.tensorboard_flush,
+        )?;
         undo.created.push(tensorboard.path().to_path_buf());
         if let Some(dir) = &mut setup.run_dir {
             dir.begin()?;
         }
         let metrics_path = args.out.join("metrics.jsonl");
         let mut epochs = Vec::new();
-        if args.resume.is_some() {
-            // What was logged after the resumed position is logged again from here on.
-            let (epoch, step) = (
-                position.epoch,
-                (position.start_batch(args.batch_size, setup.world) / args.accum_steps) as u64,
-            );
+        if let Some((epoch, step)) = resumed {
             let at = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap_or(0);
             rundir::trim_log(&metrics_path, |r| at(r, "epoch") < epoch)?;
             rundir::trim_log(&args.out.join("steps.jsonl"), |r| {
@@ -723,7 +775,7 @@ impl<'a> Trainer<'a> {
             io,
             undo,
         } = match rank0 {
-            true => RunLogs::start(&mut setup)?,
+            true => RunLogs::start(&mut setup, per_epoch)?,
             false => RunLogs::default(),
         };
         if rank0 {
@@ -884,7 +936,7 @@ impl<'a> Trainer<'a> {
             log.end("epoch_stop", n.clone())?;
             log.start("eval_start", n.clone())?;
         }
-        let eval = self.setup.evaluate(val)?;
+        let eval = self.setup.evaluate(val, format!("val epoch {epoch}"))?;
         // Every rank has the same accuracy (summed over ranks), so they all stop after the same epoch.
         self.target_reached = self
             .setup
@@ -923,6 +975,8 @@ impl<'a> Trainer<'a> {
             later,
         );
         let (mut loss_sum, mut loss_n, mut lr) = (0.0, 0usize, 0.0);
+        // The epoch's top-1 hits on this rank, counted on the device (read at the epoch's end).
+        let mut correct1 = Tensor::zeros([], (Kind::Int64, self.setup.device));
         // A mid-epoch resume goes on counting from the checkpoint's counts.
         if start == 0 {
             self.so_far = EpochCounts::default();
@@ -954,7 +1008,8 @@ impl<'a> Trainer<'a> {
                 None
             } else {
                 self.setup.step.opt.zero_grad();
-                let loss = self.forward_backward(trained, &mut prog)?;
+                let stepped = self.forward_backward(trained, &mut prog)?;
+                let _ = correct1.g_add_(&stepped.correct1);
                 let skipped = self.setup.step.apply(lr)?;
                 self.first_step.taken();
                 if let Some(e) = &mut self.setup.ema {
@@ -962,12 +1017,12 @@ impl<'a> Trainer<'a> {
                 }
                 let due = (s + 1).is_multiple_of(self.setup.args.print_freq) || s + 1 == per_epoch;
                 match due {
-                    true => Some(self.log_step(epoch, s, &loss, &skipped, lr)?),
+                    true => Some(self.log_step(epoch, s, &stepped, &skipped, lr)?),
                     false => None,
                 }
             };
-            if let Some(loss) = logged {
-                loss_sum += loss;
+            if let Some(l) = logged {
+                loss_sum += l.loss;
                 loss_n += 1;
             }
             prog.step(s, start, logged, lr);
@@ -980,9 +1035,15 @@ impl<'a> Trainer<'a> {
         }
         prog.finish();
         let train_secs = prog.elapsed();
+        // main.py's top1 meter at the epoch's end: the hits over the images trained, all ranks.
+        let mut top1 = [i64::try_from(&correct1)? as f64, prog.images as f64];
+        self.setup
+            .dist
+            .sum_f64(&mut top1, "summing the training top-1")?;
         Ok(Trained::Epoch(Box::new(EpochStats {
             io_start,
             train_loss: loss_sum / loss_n.max(1) as f64,
+            train_acc1: 100.0 * top1[0] / top1[1],
             lr,
             images_per_sec: prog.images_per_sec(),
             data_wait_share: prog.data_wait.as_secs_f64() / train_secs.max(1e-9),
@@ -1058,37 +1119,50 @@ impl<'a> Trainer<'a> {
         })
     }
 
-    /// Forward and backward over the step's micro-batches; returns their mean loss (on the device).
+    /// Forward and backward over the step's micro-batches: their mean loss and top-1 hits (on the device).
     fn forward_backward(
         &mut self,
         batches: Vec<Staged>,
         prog: &mut EpochProgress,
-    ) -> Result<Tensor> {
+    ) -> Result<Stepped> {
         let n = batches.len();
-        let mut loss = Tensor::zeros([], (Kind::Float, self.setup.device));
+        let device = self.setup.device;
+        let mut out = Stepped {
+            loss: Tensor::zeros([], (Kind::Float, device)),
+            correct1: Tensor::zeros([], (Kind::Int64, device)),
+            images: 0,
+        };
         for (micro, batch) in batches.into_iter().enumerate() {
             let step = &mut self.setup.step;
             let x = step.input.normalize(&batch.images);
-            let l = step.backward(&x, &batch.labels, micro, n)?;
-            loss += l / n as f64;
-            prog.images += batch.labels.size()[0] as usize;
+            let f = step.backward(&x, &batch.labels, micro, n)?;
+            out.loss += f.loss / n as f64;
+            out.correct1 += correct_top1(&f.logits, &batch.labels);
+            out.images += batch.labels.size()[0] as usize;
         }
-        Ok(loss)
+        prog.images += out.images;
+        Ok(out)
     }
 
-    /// The loss of step `s` as logged: the mean over ranks, which every rank judges (so all stop together),
-    /// and which rank 0 appends to steps.jsonl.
+    /// The loss and top-1 of step `s` as logged: the loss's mean over ranks, which every rank judges (so all
+    /// stop together), the top-1 over all ranks' images; rank 0 appends them to steps.jsonl and TensorBoard.
     fn log_step(
         &mut self,
         epoch: usize,
         s: usize,
-        loss: &Tensor,
+        stepped: &Stepped,
         skipped: &Skipped,
         lr: f64,
-    ) -> Result<f64> {
-        let mut mean = [f64::try_from(loss)? / self.setup.world as f64];
-        self.setup.dist.sum_f64(&mut mean, "averaging the loss")?;
-        let loss = mean[0];
+    ) -> Result<Logged> {
+        let mut v = [
+            f64::try_from(&stepped.loss)? / self.setup.world as f64,
+            i64::try_from(&stepped.correct1)? as f64,
+            stepped.images as f64,
+        ];
+        self.setup
+            .dist
+            .sum_f64(&mut v, "averaging the loss and top-1")?;
+        let (loss, acc1) = (v[0], 100.0 * v[1] / v[2].max(1.0));
         if !loss.is_finite() && !skipped.get()? {
             bail!("the loss became {loss} at epoch {epoch} step {s}: stopping (the last checkpoint is kept)");
         }
@@ -1097,6 +1171,7 @@ impl<'a> Trainer<'a> {
                 epoch: epoch as u64,
                 step: s as u64,
                 loss,
+                acc1: finite(acc1),
                 lr,
             };
             append_record(f, &rec)?;
@@ -1104,9 +1179,10 @@ impl<'a> Trainer<'a> {
         if let Some(tb) = &mut self.tensorboard {
             let global_step = (epoch * self.per_epoch + s + 1) as i64;
             tb.scalar("train/loss", global_step, loss)?;
+            tb.scalar("train/acc1", global_step, acc1)?;
             tb.scalar("train/lr", global_step, lr)?;
         }
-        Ok(loss)
+        Ok(Logged { loss, acc1 })
     }
 
     /// After a stop signal: rank 0 saves a checkpoint at `at` to resume from.
@@ -1146,6 +1222,7 @@ impl<'a> Trainer<'a> {
         Ok(EpochMetrics {
             epoch: epoch as u64,
             train_loss: finite(stats.train_loss),
+            train_acc1: finite(stats.train_acc1),
             lr: finite(stats.lr),
             images_per_sec: finite(stats.images_per_sec),
             acc1: eval.and_then(|e| finite(e.acc1)),
@@ -1208,9 +1285,8 @@ impl<'a> Trainer<'a> {
             append_record(f, &record)?;
         }
         if let Some(tb) = &mut self.tensorboard {
-            // train/* and io/* at the epoch's last optimizer step, val/* at the epoch (as in metrics.jsonl).
+            // All at the epoch's last optimizer step: one step axis, which a resume's purge step cuts alike.
             let step = ((record.epoch as usize + 1) * self.per_epoch) as i64;
-            let epoch = record.epoch as i64;
             tb.scalar("train/images_per_sec", step, stats.images_per_sec)?;
             tb.scalar("train/data_wait", step, stats.data_wait_per_step)?;
             if let Some(gbs) = record.disk_read_gbs.or(record.process_read_gbs) {
@@ -1222,7 +1298,7 @@ impl<'a> Trainer<'a> {
                 ("val/loss", record.val_loss),
             ] {
                 if let Some(a) = value {
-                    tb.scalar(tag, epoch, a)?;
+                    tb.scalar(tag, step, a)?;
                 }
             }
             tb.flush()?;
@@ -1238,9 +1314,10 @@ impl<'a> Trainer<'a> {
             None => "not evaluated".into(),
         };
         tracing::info!(
-            "epoch {}: loss {:.4}  {acc}  {:.1} img/s  data wait {:.0}%  ({:.0} s)",
+            "epoch {}: loss {:.4}  train Acc@1 {:.3}  {acc}  {:.1} img/s  data wait {:.0}%  ({:.0} s)",
             record.epoch,
             stats.train_loss,
+            stats.train_acc1,
             stats.images_per_sec,
             100.0 * stats.data_wait_share,
             record.seconds.unwrap_or_default()
