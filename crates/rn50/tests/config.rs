@@ -288,7 +288,7 @@ fn start_line_shows_the_effective_rate_and_config_toml_runs_the_same_again() {
     assert!(start.contains("lr 0.05 (--lr)"), "{start}");
     let (start, _) = tiny_run(&dir.path().join("c"), &[]);
     assert!(
-        start.contains("lr 0.1 x 2/256 = 0.00078125 (--lr-base)"),
+        start.contains("lr 0.1 x 2/256 = 0.0007813 (--lr-base)"),
         "{start}"
     );
 

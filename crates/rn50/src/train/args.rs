@@ -7,6 +7,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use rn50_args::{check_batch_bytes, finite_in, positive, usize_in, UsageError};
+use rn50_report::table::{fmt_decimals, fmt_lr};
 
 use crate::device::ComputeArgs;
 use crate::model::{Arch, ResNetConfig, Stem};
@@ -271,7 +272,10 @@ impl TrainArgs {
         let lr = scaled_lr(base, global_batch, size);
         (
             lr,
-            format!("lr {base} x {global_batch}/{size} = {lr} (--lr-base)"),
+            format!(
+                "lr {base} x {global_batch}/{size} = {} (--lr-base)",
+                fmt_lr(lr)
+            ),
         )
     }
 
@@ -295,8 +299,10 @@ impl TrainArgs {
                 || m.iter().any(|&e| e <= 0.0 || e > epochs)
                 || m.windows(2).any(|w| w[0] >= w[1])
             {
+                let m: Vec<String> = m.iter().map(|&e| fmt_decimals(e, 3)).collect();
                 return usage(format!(
-                    "--lr-milestones {m:?} must be increasing epochs above 0 and at most --epochs {epochs}"
+                    "--lr-milestones {} must be increasing epochs above 0 and at most --epochs {epochs}",
+                    m.join(",")
                 ));
             }
         }
