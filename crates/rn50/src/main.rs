@@ -71,7 +71,7 @@ fn main() -> ExitCode {
     // go to stdout.
     if std::env::var_os("RN50_PARSE_ONLY").is_some() {
         if let Command::Train(a) = &cli.command {
-            if let Err(e) = a.check() {
+            if let Err(e) = rn50::train::check(a) {
                 eprintln!("error: {e}");
                 return ExitCode::from(2);
             }

@@ -311,7 +311,9 @@ fn rn50_limited(args: &[&str], cwd: &std::path::Path, gib: u64) -> Output {
 
 /// Out of memory (`ulimit -v 6G`) is an error naming the batch size, never a panic (bench, train: exit 101 on
 /// tch's unwrap) or an abort (eval, bench-loader: exit 134 on a 9 GiB batch buffer); a train that ran out at
-/// its first step leaves no run behind, so the corrected command starts without --overwrite (issue 25).
+/// its first step leaves no run behind, so the corrected command starts without --overwrite (issue 25), and cuts
+/// the --mllog it appended to back to what a job script wrote there, so the corrected command may log its run
+/// in it (issue 26: a log that holds a run is refused).
 #[test]
 fn out_of_memory_is_an_error_that_names_the_batch_size() {
     let dir = tempfile::tempdir().unwrap();
@@ -402,10 +404,15 @@ fn out_of_memory_is_an_error_that_names_the_batch_size() {
                 "cpu",
                 "--out",
                 "run",
+                "--mllog",
+                "mllog.txt",
             ],
             "--batch-size 512",
         ),
     ];
+    let script_line = ":::MLLOG {\"namespace\": \"\", \"time_ms\": 1, \"event_type\": \"POINT_IN_TIME\", \"key\": \
+                       \"cache_clear\", \"value\": true, \"metadata\": {}}\n";
+    std::fs::write(cwd.join("mllog.txt"), script_line).unwrap();
     for (args, needle) in cases {
         let out = rn50_limited(args, cwd, 6);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -425,8 +432,15 @@ fn out_of_memory_is_an_error_that_names_the_batch_size() {
         .filter(|n| n != ".rn50-train.lock")
         .collect();
     assert!(left.is_empty(), "the failed run left {left:?}");
+    assert_eq!(
+        std::fs::read_to_string(cwd.join("mllog.txt")).unwrap(),
+        script_line
+    );
     let again = rn50_limited(
-        &train("").iter().map(String::as_str).collect::<Vec<_>>(),
+        &train("--mllog mllog.txt")
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
         cwd,
         64,
     );

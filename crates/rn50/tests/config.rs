@@ -323,16 +323,15 @@ fn start_line_shows_the_effective_rate_and_config_toml_runs_the_same_again() {
 
 /// Issue 25: every string flag is written to config.toml as a TOML string, however it looks, and reads back as
 /// the same text: `--device 1` is `device = "1"` (not 1), DATA `0042` is `data = "<cwd>/0042"` (not a number,
-/// which `--config` would refuse), `--mllog 1e5` stays `1e5` (not 100000); an integer beyond i64 is a string too.
+/// which `--config` would refuse), `--init-weights 1e5` stays `1e5` (not 100000); an integer beyond i64 is a
+/// string too.
 #[test]
 fn number_like_strings_stay_strings_through_config_toml() {
     let dir = tempfile::tempdir().unwrap();
     let cwd = std::env::current_dir().unwrap();
     let args = [
-        "--mllog",
-        "1e5",
         "--init-weights",
-        "0x10",
+        "1e5",
         "--device",
         "1",
         "--seed",
@@ -342,8 +341,7 @@ fn number_like_strings_stay_strings_through_config_toml() {
     let r = resolved(&args);
     let absolute = |name: &str| cwd.join(name).to_str().unwrap().to_string();
     for (key, want) in [
-        ("mllog", absolute("1e5")),
-        ("init-weights", absolute("0x10")),
+        ("init-weights", absolute("1e5")),
         ("device", "1".into()),
         ("data", absolute("0042")),
         ("seed", "18446744073709551615".into()),
@@ -366,7 +364,7 @@ fn a_string_that_looks_like_a_flag_stays_a_value() {
     let file = write(
         dir.path(),
         "f.toml",
-        "data = \"/--nesterov\"\ndevice = \"--overwrite\"\nmllog = \"/-b\"\n",
+        "data = \"/--nesterov\"\ndevice = \"--overwrite\"\ninit-weights = \"/-b\"\n",
     );
     for extra in [&[][..], &["--"][..]] {
         let mut args = vec!["--config", &file];
@@ -375,7 +373,7 @@ fn a_string_that_looks_like_a_flag_stays_a_value() {
         assert_eq!(r["data"].as_str(), Some("/--nesterov"), "{args:?}: {r:?}");
         assert_eq!(r["nesterov"].as_bool(), Some(false), "{args:?}: {r:?}");
         assert_eq!(r["device"].as_str(), Some("--overwrite"), "{args:?}: {r:?}");
-        assert_eq!(r["mllog"].as_str(), Some("/-b"), "{args:?}: {r:?}");
+        assert_eq!(r["init-weights"].as_str(), Some("/-b"), "{args:?}: {r:?}");
         assert_eq!(r["batch-size"].as_integer(), Some(256), "{args:?}: {r:?}");
     }
     // The command line's DATA still wins.
@@ -403,7 +401,8 @@ fn overwrite_in_a_file_is_refused() {
 }
 
 /// Issue 26: a run's config.toml is portable. It leaves out `out` (so `rn50 train --config RUN/config.toml` alone
-/// starts a new run in runs/train instead of being refused), its paths are absolute (it runs from any
+/// starts a new run in runs/train instead of being refused) and `--mllog` with its MLPerf flags (a log holds one
+/// run, and would refuse the re-run), its paths are absolute (it runs from any
 /// directory), it records what `--device auto` and the default precision resolved to, and in `[run]` the
 /// processes, global batch, device and libtorch. Re-run with another global batch, it warns naming what differs;
 /// given to a machine without the recorded device (a GPU run's file on this CPU machine), it is refused before
@@ -414,24 +413,29 @@ fn config_toml_is_portable_and_says_what_differs() {
     let (here, elsewhere) = (dir.path().join("here"), dir.path().join("elsewhere"));
     std::fs::create_dir_all(&here).unwrap();
     std::fs::create_dir_all(&elsewhere).unwrap();
-    let mut args = vec!["train", "--out", "run", "--mllog", "mlperf.log"];
+    let mut args = vec![
+        "train",
+        "--out",
+        "run",
+        "--mllog",
+        "mlperf.log",
+        "--submission-org",
+        "us",
+    ];
     args.extend_from_slice(TINY);
     args.extend_from_slice(&["--device", "auto"]);
     let o = rn50_in(&here, &args, false);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let saved = here.join("run/config.toml");
     let config: toml::Table = std::fs::read_to_string(&saved).unwrap().parse().unwrap();
-    assert!(!config.contains_key("out"), "{config:?}");
+    for left_out in ["out", "mllog", "submission-org"] {
+        assert!(!config.contains_key(left_out), "{left_out}: {config:?}");
+    }
     assert_eq!(config["device"].as_str(), Some("cpu"), "auto resolved");
     let precision = config["precision"]
         .as_str()
         .expect("the resolved precision");
     assert!(["fp32", "bf16"].contains(&precision), "{precision}");
-    assert_eq!(
-        config["mllog"].as_str(),
-        here.join("mlperf.log").to_str(),
-        "paths are absolute"
-    );
     let run = config["run"].as_table().expect("[run]");
     assert_eq!(run["processes"].as_integer(), Some(1));
     assert_eq!(run["global-batch"].as_integer(), Some(2));

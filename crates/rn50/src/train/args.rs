@@ -179,6 +179,8 @@ pub struct TrainArgs {
     /// epoch_start, eval_accuracy, run_stop...) to this file; rank 0 only.
     #[arg(long, value_name = "FILE")]
     pub mllog: Option<PathBuf>,
+    #[command(flatten)]
+    pub mlperf: crate::train::mllog::MlperfArgs,
     /// Stop each epoch after this many steps (smoke tests, quick measurements).
     #[arg(long, value_parser = usize_in(1..))]
     pub steps_per_epoch: Option<usize>,

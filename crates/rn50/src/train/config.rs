@@ -13,7 +13,8 @@
 //! same or refuses with the reason (no CUDA device; no bf16 in this CPU). Its `[run]` table ([`RunRecord`], skipped
 //! by `--config`) has the processes, global batch and libtorch, which a re-run compares with its own and warns
 //! about ([`RunRecord::differences`]). It leaves out `out`: a reused config.toml starts a new run (in runs/train or
-//! the --out given), never one in the run directory it was copied from.
+//! the --out given), never one in the run directory it was copied from; and `--mllog` with its MLPerf flags: an
+//! MLPerf log holds one run.
 use std::any::TypeId;
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
@@ -28,8 +29,20 @@ use crate::train::TrainArgs;
 
 /// Flags that are about this invocation, not the recipe: left out of the written config.toml. `out`: the run
 /// directory the file was written to is that run's (re-running the file there would be refused as "already
-/// holds a run").
-const NOT_RECIPE: &[&str] = &["config", "resume", "overwrite", "out"];
+/// holds a run"); `mllog` and its MLPerf submission flags: an MLPerf log holds one run, so the file's log
+/// would refuse a re-run.
+const NOT_RECIPE: &[&str] = &[
+    "config",
+    "resume",
+    "overwrite",
+    "out",
+    "mllog",
+    "submission_org",
+    "submission_platform",
+    "submission_division",
+    "submission_status",
+    "drop_caches",
+];
 
 /// The table of config.toml that is no flag: what the run resolved to ([`RunRecord`]).
 const RUN_TABLE: &str = "run";

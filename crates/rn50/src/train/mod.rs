@@ -26,3 +26,10 @@ pub mod trainer;
 pub use args::TrainArgs;
 pub use eval::EvalArgs;
 pub use trainer::{run, Outcome, EXIT_PREEMPTED};
+
+/// Every rule between `train`'s flags, before anything is allocated or written: [`TrainArgs::check`]'s, then
+/// --mllog's ([`mllog::check`]). A [`rn50_args::UsageError`] (exit 2) when one is broken.
+pub fn check(args: &TrainArgs) -> Result<(), rn50_args::UsageError> {
+    args.check()?;
+    mllog::check(args)
+}

@@ -3,12 +3,12 @@
 //!
 //! [`run`] is the recipe as a list of steps; `Setup` is what it shares with `-e` (device, ranks, data, model,
 //! EMA, resumed weights, schedule), `Trainer` adds what training needs (signals, logs, checkpoints, epochs).
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use rn50_args::UsageError;
@@ -31,7 +31,7 @@ use crate::train::ema::Ema;
 use crate::train::eval::{self, EvalResult};
 use crate::train::keeper::{resolve_resume, Keeper};
 use crate::train::metrics::correct_top1;
-use crate::train::mllog::MlLog;
+use crate::train::mllog::{self, MlLog};
 use crate::train::progress::{EpochProgress, EvalProgress, Later, Logged};
 use crate::train::rundir::{self, RunDir};
 use crate::train::schedule::{Decay, LrSchedule, Resolution};
@@ -109,8 +109,14 @@ struct Setup<'a> {
     peak_lr: f64,
     schedule: LrSchedule,
     resolution: Resolution,
-    /// When MLPerf's init interval began; rank 0 with --mllog: MLPerf's log, once the run starts writing.
-    init_start: std::time::SystemTime,
+    /// The top-1 (percent) that stops training: --target-accuracy, or MLPerf's with --mllog.
+    target: Option<f64>,
+    /// When this process dropped the page cache (--drop-caches, each node's first process).
+    caches_dropped: Option<SystemTime>,
+    /// When MLPerf's init interval began; rank 0 of a training run with --mllog that does not resume: where
+    /// MLPerf's log goes, and the log once the run starts writing.
+    init_start: SystemTime,
+    mllog_path: Option<&'a Path>,
     mllog: Option<MlLog>,
     /// How long TensorBoard's events may wait in the buffer ([`tensorboard_flush_every`]).
     tensorboard_flush: Duration,
@@ -124,10 +130,16 @@ struct EmaModel {
 
 impl<'a> Setup<'a> {
     fn new(args: &'a TrainArgs) -> Result<Self> {
-        args.check()?;
+        crate::train::check(args)?;
         let tensorboard_flush = tensorboard_flush_every()?;
         // torchrun / SLURM / Open MPI / PBS / `rn50 launch` tell each process its rank; one device per process.
         let world_info = WorldInfo::from_env()?;
+        // Before any data is read, as MLPerf's scripts do before each run: every process checks that it may, the
+        // first of each node drops its node's cache. The others wait for it at the process group's rendezvous.
+        let caches_dropped = match args.mlperf.drop_caches {
+            true => mllog::drop_caches(world_info.local_rank == 0)?,
+            false => None,
+        };
         let mut model_cfg = ResNetConfig::new(args.arch);
         model_cfg.zero_init_residual = args.zero_init_residual;
         model_cfg.width = args.width;
@@ -159,12 +171,17 @@ impl<'a> Setup<'a> {
         let run_dir = (rank0 && !args.evaluate)
             .then(|| RunDir::claim(&args.out, args.resume.as_deref(), args.overwrite))
             .transpose()?;
+        let resume = match &args.resume {
+            Some(r) => resolve_resume(r, &args.out)?,
+            None => None,
+        };
         // MLPerf's init interval starts here, once this process knows it is rank 0; it ends at run_start. The log
         // is opened when the run starts writing, and init_start is given this time.
-        let init_start = std::time::SystemTime::now();
-        if let (Some(path), true) = (&args.mllog, rank0 && !args.evaluate) {
-            MlLog::check(path)?;
-        }
+        let init_start = SystemTime::now();
+        let mllog_path = match (&args.mllog, rank0 && !args.evaluate) {
+            (Some(path), true) => mllog_path(args, path, resume.is_some())?,
+            _ => None,
+        };
         let workers = args.workers.unwrap_or(per_rank);
         tch::manual_seed(args.seed as i64);
 
@@ -207,10 +224,7 @@ impl<'a> Setup<'a> {
             }
         });
         let mut position = Position::default();
-        if let Some(resume) = match &args.resume {
-            Some(r) => resolve_resume(r, &args.out)?,
-            None => None,
-        } {
+        if let Some(resume) = resume {
             if let (Some(w), true) = (&resume.warning, rank0) {
                 tracing::warn!("{w}");
             }
@@ -292,7 +306,10 @@ impl<'a> Setup<'a> {
             peak_lr,
             schedule,
             resolution,
+            target: mllog::target(args),
+            caches_dropped,
             init_start,
+            mllog_path,
             mllog: None,
             tensorboard_flush,
         })
@@ -323,19 +340,35 @@ impl<'a> Setup<'a> {
         }
     }
 
-    /// The hyperparameters as MLPerf's ResNet-50 rules name them (`lars_opt_*` or `sgd_opt_*`), with
-    /// `per_epoch` optimizer steps an epoch.
+    /// The submission's fields and the hyperparameters as MLPerf's ResNet-50 rules name them (`lars_opt_*` or
+    /// `sgd_opt_*`), with `per_epoch` optimizer steps an epoch.
     fn mllog_config(&mut self, per_epoch: usize) -> Result<()> {
         let Some(log) = &mut self.mllog else {
             return Ok(());
         };
         let args = self.args;
+        let m = &args.mlperf;
         log.event("submission_benchmark", "resnet")?;
+        if let Some(org) = &m.submission_org {
+            log.event("submission_org", org)?;
+        }
+        if let Some(platform) = &m.submission_platform {
+            log.event("submission_platform", platform)?;
+        }
+        log.event(
+            "submission_division",
+            m.submission_division.unwrap_or_default(),
+        )?;
+        log.event("submission_status", m.submission_status.unwrap_or_default())?;
         log.event("seed", args.seed)?;
         log.event("global_batch_size", self.global_batch)?;
         log.event("gradient_accumulation_steps", args.accum_steps)?;
-        // Batch norm's statistics are per process.
-        log.event("model_bn_span", args.batch_size)?;
+        // The images batch norm's statistics are taken over: one process's batch, or every rank's with --sync-bn.
+        let bn_span = match args.sync_bn {
+            true => args.batch_size * self.world,
+            false => args.batch_size,
+        };
+        log.event("model_bn_span", bn_span)?;
         if let Some(d) = &self.data {
             log.event("train_samples", d.train_images)?;
             log.event("eval_samples", d.val_images)?;
@@ -344,13 +377,20 @@ impl<'a> Setup<'a> {
         let p = if lars { "lars" } else { "sgd" };
         log.event("opt_name", p)?;
         log.event(&format!("{p}_opt_base_learning_rate"), self.peak_lr)?;
-        let end = match self.schedule.decay {
-            Decay::Cosine { final_lr } | Decay::Poly { final_lr, .. } => final_lr,
-            Decay::Step { .. } | Decay::Linear => 0.0,
-        };
+        // The rate of the last step (the one that ends at epoch --epochs): --lr-end for poly and cosine, 0 for
+        // linear, the rate after the last milestone for step.
+        let end = self.schedule.at(self.schedule.epochs);
         log.event(&format!("{p}_opt_end_learning_rate"), end)?;
-        if let Decay::Poly { power, .. } = self.schedule.decay {
-            log.event(&format!("{p}_opt_learning_rate_decay_poly_power"), power)?;
+        match &self.schedule.decay {
+            Decay::Poly { power, .. } => {
+                log.event(&format!("{p}_opt_learning_rate_decay_poly_power"), power)?
+            }
+            // mllog's names for a step schedule (MLPerf's ResNet-50 rules before LARS and the polynomial decay).
+            Decay::Step { milestones, gamma } => {
+                log.event("opt_learning_rate_decay_boundary_epochs", milestones)?;
+                log.event("opt_learning_rate_decay_factor", gamma)?;
+            }
+            Decay::Cosine { .. } | Decay::Linear => {}
         }
         let decay_steps = (args.epochs as f64 - args.warmup_epochs) * per_epoch as f64;
         log.event(
@@ -427,6 +467,33 @@ fn schedule(args: &TrainArgs, peak: f64) -> Result<LrSchedule> {
         },
     };
     LrSchedule::new(peak, args.warmup_epochs, args.epochs as f64, decay)
+}
+
+/// Where rank 0 of a training run writes `--mllog path`: there, after [`MlLog::check`], with a warning when the log
+/// lacks what a result needs; nowhere when the run resumes from a checkpoint. MLPerf times one uninterrupted run
+/// from init_start to run_stop: a resumed attempt's lines, after the first attempt's or in a file of their own,
+/// would claim a time to train that no run had. The resumed run trains on without a log, and says so.
+fn mllog_path<'a>(args: &TrainArgs, path: &'a Path, resumes: bool) -> Result<Option<&'a Path>> {
+    if resumes {
+        // A path that is no MLPerf log (the checkpoint's) is still a mistake worth an error.
+        MlLog::keys(path)?;
+        tracing::warn!(
+            "--mllog {}: not written by this run: it resumes from a checkpoint, and MLPerf times one uninterrupted \
+             run (the log keeps the first attempt, to where it stopped)",
+            path.display()
+        );
+        return Ok(None);
+    }
+    let logged = MlLog::check(path)?;
+    let missing = args.mlperf.missing(&logged);
+    if !missing.is_empty() {
+        tracing::warn!(
+            "--mllog {} is not a submission log without {}",
+            path.display(),
+            missing.join(", ")
+        );
+    }
+    Ok(Some(path))
 }
 
 /// `--init-weights`: the weights of `path` in `model`; the classifier keeps its initialisation when the file's
@@ -560,7 +627,7 @@ struct EpochStats {
 /// Opens the JSON-lines log `name` of `dir` for appending.
 fn append(dir: &Path, name: &str) -> Result<File> {
     let path = dir.join(name);
-    std::fs::OpenOptions::new()
+    OpenOptions::new()
         .create(true)
         .append(true)
         .open(&path)
@@ -653,8 +720,12 @@ impl RunLogs {
         }
         let created = ["metrics.jsonl", "steps.jsonl", "config.toml", "io.jsonl"].map(new);
         undo.created.extend(created.into_iter().flatten());
-        undo.created
-            .extend(args.mllog.clone().filter(|p| !p.exists()));
+        if let Some(path) = setup.mllog_path {
+            match std::fs::metadata(path) {
+                Ok(m) => undo.appended.push((path.to_path_buf(), m.len())),
+                Err(_) => undo.created.push(path.to_path_buf()),
+            }
+        }
         let (metrics, steps_log) = (
             append(&args.out, "metrics.jsonl")?,
             append(&args.out, "steps.jsonl")?,
@@ -677,8 +748,15 @@ impl RunLogs {
             rn50_util::atomic_write(&path, text.as_bytes())
                 .with_context(|| format!("writing {}", path.display()))?;
         }
-        if let Some(path) = &args.mllog {
+        if let Some(path) = setup.mllog_path {
+            // A job script that dropped the caches itself logged cache_clear first: rn50's false would contradict it.
+            let script_cleared = MlLog::keys(path)?.iter().any(|k| k == "cache_clear");
             let mut log = MlLog::open(path)?;
+            if args.mlperf.drop_caches || !script_cleared {
+                // Dropped before init_start (logged at init_start's time when another process of the node did it).
+                let cleared = setup.caches_dropped.unwrap_or(setup.init_start);
+                log.event_at(cleared, "cache_clear", args.mlperf.drop_caches)?;
+            }
             log.started_at(setup.init_start, "init_start", json!({}))?;
             setup.mllog = Some(log);
         }
@@ -702,22 +780,31 @@ impl RunLogs {
 }
 
 /// The files (and the tensorboard/ folder) a start created, removed again when training fails before its
-/// first step is taken or checkpointed: memory running out at the first step, say. The corrected command then
-/// starts as after a start that failed its checks, without --overwrite.
+/// first step is taken or checkpointed: memory running out at the first step, say; and the files it appended to
+/// (an --mllog a job script began), cut back to their length before. The corrected command then starts as after
+/// a start that failed its checks, without --overwrite.
 #[derive(Default)]
 struct FirstStep {
     created: Vec<PathBuf>,
+    appended: Vec<(PathBuf, u64)>,
 }
 
 impl FirstStep {
     /// A step was taken (or a checkpoint saved): the run is one from here on.
     fn taken(&mut self) {
         self.created.clear();
+        self.appended.clear();
     }
 }
 
 impl Drop for FirstStep {
     fn drop(&mut self) {
+        for (p, len) in &self.appended {
+            let _ = OpenOptions::new()
+                .write(true)
+                .open(p)
+                .and_then(|f| f.set_len(*len));
+        }
         // Files before the folder they are in.
         for p in self.created.iter().rev() {
             let _ = std::fs::remove_file(p).or_else(|_| std::fs::remove_dir(p));
@@ -927,9 +1014,10 @@ impl<'a> Trainer<'a> {
         log.start("epoch_start", json!({"epoch_num": epoch + 1}))
     }
 
-    /// Evaluates after `epoch` over `val` (see `Setup::evaluate`); with --target-accuracy, a top-1 that reaches
-    /// it sets `target_reached`. --mllog: the epoch's end, the evaluation, its accuracy as a fraction, the
-    /// block's end, and run_stop (success) when the target is reached.
+    /// Evaluates after `epoch` over `val` (see `Setup::evaluate`); with a target (--target-accuracy, or MLPerf's
+    /// with --mllog), a top-1 that reaches it sets `target_reached`. --mllog: the epoch's end, the evaluation, its
+    /// accuracy as a fraction, the block's end, and run_stop (success) when MLPerf's target is reached (top-1 at
+    /// least 75.9 and the checker's eval_accuracy at least 0.759 agree for every image count up to 200,000).
     fn evaluate_epoch(&mut self, epoch: usize, val: Option<Epoch>) -> Result<EvalResult> {
         let n = json!({"epoch_num": epoch + 1});
         if let Some(log) = &mut self.setup.mllog {
@@ -938,11 +1026,7 @@ impl<'a> Trainer<'a> {
         }
         let eval = self.setup.evaluate(val, format!("val epoch {epoch}"))?;
         // Every rank has the same accuracy (summed over ranks), so they all stop after the same epoch.
-        self.target_reached = self
-            .setup
-            .args
-            .target_accuracy
-            .is_some_and(|t| eval.acc1 >= t);
+        self.target_reached = self.setup.target.is_some_and(|t| eval.acc1 >= t);
         if let Some(log) = &mut self.setup.mllog {
             log.end("eval_stop", n.clone())?;
             log.event_with("eval_accuracy", eval.acc1 / 100.0, n)?;
@@ -1347,8 +1431,7 @@ impl<'a> Trainer<'a> {
         }
         self.epochs.push(record);
         self.summary.fill_from_metrics(&self.epochs);
-        self.summary
-            .fill_target(&self.epochs, self.setup.args.target_accuracy);
+        self.summary.fill_target(&self.epochs, self.setup.target);
         rn50_report::write_summary(&self.setup.args.out, &self.summary)?;
         rn50_report::write_run_report(&self.setup.args.out)?;
         Ok(())
@@ -1361,9 +1444,9 @@ impl<'a> Trainer<'a> {
         crate::model::sync_bn::disable();
         let mut setup = self.setup;
         setup.dist.finish()?;
-        if let (Some(log), Outcome::Done, false) = (&mut setup.mllog, outcome, self.target_reached)
-        {
-            // MLPerf's status of a run whose quality target was not reached (or not given).
+        if let (Some(log), false) = (&mut setup.mllog, self.target_reached) {
+            // MLPerf's status of a run that ended without reaching its quality target: every epoch trained, or
+            // stopped by a signal (a resumed run writes no log, so this attempt's log ends here).
             log.end("run_stop", json!({"status": "aborted"}))?;
         }
         if setup.rank0 && outcome == Outcome::Done {
@@ -1372,7 +1455,7 @@ impl<'a> Trainer<'a> {
             if out.join("metrics.jsonl").exists() {
                 eprint!("{}", rn50_report::summary_text(out)?);
             }
-            if let Some(target) = setup.args.target_accuracy {
+            if let Some(target) = setup.target {
                 let s = &self.summary;
                 match (s.target_epochs, s.time_to_target_s) {
                     (Some(epochs), Some(secs)) => tracing::info!(
