@@ -4,7 +4,8 @@
 // - TF32 and cuDNN-autotuning switches, pinning host memory;
 // - multi-tensor (foreach) SGD and AMP unscale, the kernels torch.optim.SGD and GradScaler use;
 // - build/config strings and where libtorch was loaded from, for `rn50 doctor`;
-// - CUDA caching-allocator statistics.
+// - CUDA caching-allocator statistics;
+// - reading torch.save files: the pickle, and its tensors wherever they sit in the pickled dicts and lists.
 //
 // Every entry point is extern "C", catches all exceptions, and reports failure as a non-zero return with
 // the message available from rn50_last_error(). Tensors cross the boundary as tch's `at::Tensor*` handles.
@@ -12,9 +13,13 @@
 #include <ATen/Context.h>
 #include <ATen/Version.h>
 #include <ATen/autocast_mode.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/api/compilation_unit.h>
+#include <torch/csrc/jit/serialization/unpickler.h>
 #include <torch/headeronly/version.h>
 
 #include <dlfcn.h>
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -30,6 +35,29 @@ char* dup(const std::string& s) {
   char* out = static_cast<char*>(std::malloc(s.size() + 1));
   if (out) std::memcpy(out, s.c_str(), s.size() + 1);
   return out;
+}
+
+// How deep each_tensor looks: a checkpoint's state_dict sits at depth 1 and an optimizer's momentum at depth 3; the
+// limit keeps a crafted file's nesting from overflowing the stack.
+constexpr int kMaxDepth = 32;
+
+// Calls f(path, tensor) for each tensor in `v`, `path` being the dict keys (strings or integers) and list or tuple
+// indices that lead to it, joined by '/'. Other values (numbers, strings, None, objects) hold no weights.
+template <typename F>
+void each_tensor(const c10::IValue& v, const std::string& path, int depth, F& f) {
+  if (v.isTensor()) return f(path, v.toTensor());
+  if (depth == kMaxDepth) return;
+  auto child = [&](const std::string& key) { return path.empty() ? key : path + "/" + key; };
+  if (v.isGenericDict()) {
+    for (const auto& e : v.toGenericDict()) {
+      const auto& k = e.key();
+      if (k.isString()) each_tensor(e.value(), child(k.toStringRef()), depth + 1, f);
+      if (k.isInt()) each_tensor(e.value(), child(std::to_string(k.toInt())), depth + 1, f);
+    }
+  } else if (v.isList() || v.isTuple()) {
+    auto items = v.isList() ? v.toListRef().vec() : v.toTupleRef().elements().vec();
+    for (size_t i = 0; i < items.size(); ++i) each_tensor(items[i], child(std::to_string(i)), depth + 1, f);
+  }
 }
 }  // namespace
 
@@ -185,6 +213,56 @@ int rn50_cuda_memory(int device, int64_t* peak, int64_t* current) {
 
 int rn50_cuda_reset_peak(int device) {
   return guarded([&] { c10::getDeviceAllocator(at::kCUDA)->resetPeakStats(static_cast<c10::DeviceIndex>(device)); });
+}
+
+// The pickle of a torch.save file (the zip format of PyTorch >= 1.6): its data.pkl, malloc'd into *out (*len bytes).
+int rn50_torch_pickle(const char* path, char** out, size_t* len) {
+  return guarded([&] {
+    caffe2::serialize::PyTorchStreamReader reader{std::string(path)};
+    TORCH_CHECK(!reader.hasRecord("constants.pkl"),
+                "it is a TorchScript module (torch.jit.save, rn50 export), not weights saved with torch.save");
+    auto [data, size] = reader.getRecord("data.pkl");
+    *out = static_cast<char*>(std::malloc(size));
+    TORCH_CHECK(*out || size == 0, "out of memory");
+    std::memcpy(*out, data.get(), size);
+    *len = size;
+  });
+}
+
+// Unpickles `pickle` (the data.pkl of the torch.save file at `path`, as rn50 rewrote it) with that file's tensors,
+// on the CPU whatever device they were saved from, and calls f(data, name, tensor) for each tensor in the result,
+// `name` as each_tensor gives it ("conv1.weight" in a state_dict, "state_dict/module.conv1.weight" in pytorch/examples'
+// checkpoint) and `tensor` a new heap tensor the callee owns. Python classes the pickle names (timm and
+// torchvision's references save their argparse.Namespace as "args") become empty objects: they hold no weights.
+int rn50_torch_unpickle(const char* path, const char* pickle, size_t len, void* data,
+                        void (*f)(void*, const char*, at::Tensor*)) {
+  return guarded([&] {
+    caffe2::serialize::PyTorchStreamReader reader{std::string(path)};
+    size_t pos = 0;
+    auto read = [&](char* buf, size_t n) {
+      n = std::min(n, len - pos);
+      std::memcpy(buf, pickle + pos, n);
+      pos += n;
+      return n;
+    };
+    auto record = [&](const std::string& name) { return std::get<0>(reader.getRecord("data/" + name)); };
+    auto cu = std::make_shared<torch::jit::CompilationUnit>();
+    torch::jit::TypeResolver any_class = [cu](const c10::QualifiedName& name) {
+      auto cls = cu->get_class(name);
+      if (!cls) {
+        cls = c10::ClassType::create(name, cu);
+        cu->register_type(cls);
+      }
+      return c10::StrongTypePtr(cu, cls);
+    };
+    torch::jit::ObjLoader empty_object = [](const c10::StrongTypePtr& type, const c10::IValue&) {
+      return c10::ivalue::Object::create(type, 0);
+    };
+    torch::jit::Unpickler unpickler(read, any_class, empty_object, record, at::Device(at::kCPU));
+    unpickler.set_version(reader.version());
+    auto emit = [&](const std::string& name, const at::Tensor& t) { f(data, name.c_str(), new at::Tensor(t)); };
+    each_tensor(unpickler.parse_ivalue(), "", 0, emit);
+  });
 }
 
 }  // extern "C"

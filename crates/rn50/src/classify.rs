@@ -1,5 +1,7 @@
-//! `rn50 classify`: the top classes of a few images under saved weights, with their WordNet names: the image
-//! resized and center-cropped as `rn50 eval` does, normalised with ImageNet's mean and std, BN in eval mode.
+//! `rn50 classify`: the top classes of a few images under saved weights, with their names (the class folder names
+//! rn50 recorded with the weights, or ImageNet's WordNet names): the image resized and center-cropped as
+//! `rn50 eval` does, normalised with ImageNet's mean and std, BN in eval mode.
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -10,7 +12,8 @@ use rn50_pipeline::Transform;
 use tch::{Kind, Tensor};
 
 use crate::device::{Compute, ComputeArgs};
-use crate::model::{weights, Arch};
+use crate::model::weights::WeightsFile;
+use crate::model::Arch;
 use crate::step::Normalizer;
 use crate::train::eval::{check_crop, load_for_inference};
 
@@ -20,7 +23,8 @@ pub struct ClassifyArgs {
     /// Images to classify (JPEG or PNG).
     #[arg(required = true, value_name = "IMG")]
     pub images: Vec<PathBuf>,
-    /// Weights (safetensors with torchvision's keys, e.g. from `rn50 train` or converted from PyTorch).
+    /// Weights: safetensors with torchvision's keys (from `rn50 train`) or a torch.save file (torchvision's .pth,
+    /// pytorch/examples' checkpoint.pth.tar), told apart by content.
     #[arg(long)]
     pub weights: PathBuf,
     /// Model architecture.
@@ -39,17 +43,31 @@ pub struct ClassifyArgs {
     pub compute: ComputeArgs,
 }
 
-/// Class `i`'s WordNet id and names: ImageNet's for 1,000 classes, `class i` otherwise.
-fn class_name(i: usize, classes: usize) -> String {
-    match rn50_data::imagenet_classes().get(i) {
-        Some(line) if classes == 1000 => line.to_string(),
-        _ => format!("class {i}"),
-    }
+/// What each class is called, by index: the names recorded with the weights (the training set's folder names;
+/// an ImageNet WordNet id gets its names too), else ImageNet's WordNet ids and names for 1,000 classes (torchvision's
+/// weights), else `class i`.
+fn class_names(recorded: Option<&[String]>, classes: usize) -> Vec<String> {
+    let imagenet = rn50_data::imagenet_classes();
+    let by_wnid: HashMap<&str, &str> = imagenet
+        .iter()
+        .filter_map(|line| Some((line.split_whitespace().next()?, *line)))
+        .collect();
+    (0..classes)
+        .map(|i| match recorded {
+            Some(names) => by_wnid
+                .get(names[i].as_str())
+                .map_or_else(|| names[i].clone(), |line| line.to_string()),
+            None if classes == imagenet.len() => imagenet[i].to_string(),
+            None => format!("class {i}"),
+        })
+        .collect()
 }
 
 pub fn run(args: &ClassifyArgs) -> Result<()> {
     check_crop(args.resize, args.crop)?;
-    let classes = weights::shape_of(&args.weights)?.num_classes as usize;
+    let file = WeightsFile::read(&args.weights)?;
+    let classes = file.shape()?.num_classes as usize;
+    let names = class_names(file.classes(), classes);
     let (
         model,
         Compute {
@@ -58,7 +76,8 @@ pub fn run(args: &ClassifyArgs) -> Result<()> {
             channels_last,
             ..
         },
-    ) = load_for_inference(args.arch, &args.weights, &args.compute)?;
+    ) = load_for_inference(args.arch, &file, &args.compute)?;
+    drop(file);
     let mut norm = Normalizer::new(device, channels_last);
     // Full-resolution decoding (no DCT downscale): the pixels torchvision's Resize would see.
     let mut augment = Augmenter::new(Transform::val(args.resize, args.crop), false)?;
@@ -91,9 +110,27 @@ pub fn run(args: &ClassifyArgs) -> Result<()> {
                 rank + 1,
                 100.0 * p,
                 i,
-                class_name(*i as usize, classes)
+                names[*i as usize]
             );
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn class_names_come_from_the_weights_then_imagenet_then_the_index() {
+        let imagenet = rn50_data::imagenet_classes();
+        let recorded = ["n01440764", "airplane"].map(String::from);
+        assert_eq!(
+            class_names(Some(&recorded), 2),
+            [imagenet[0].to_string(), "airplane".to_string()]
+        );
+        assert!(imagenet[0].starts_with("n01440764 tench"));
+        assert_eq!(class_names(None, 1000)[999], imagenet[999]);
+        assert_eq!(class_names(None, 3), ["class 0", "class 1", "class 2"]);
+    }
 }

@@ -19,6 +19,7 @@ use rn50_args::UsageError;
 use tch::{CModule, Device, Kind, Tensor};
 
 use crate::device::ComputeArgs;
+use crate::model::weights::WeightsFile;
 use crate::model::Arch;
 use crate::step::Precision;
 use crate::train::eval::load_for_inference;
@@ -29,7 +30,8 @@ const TRACE_SIZE: i64 = 224;
 /// Write saved weights as a TorchScript module (for PyTorch, C++ and ONNX).
 #[derive(Args, Debug, Clone)]
 pub struct ExportArgs {
-    /// Weights (safetensors with torchvision's keys, e.g. from `rn50 train` or converted from PyTorch).
+    /// Weights: safetensors with torchvision's keys (from `rn50 train`) or a torch.save file (torchvision's .pth,
+    /// pytorch/examples' checkpoint.pth.tar), told apart by content.
     #[arg(long)]
     pub weights: PathBuf,
     /// Model architecture.
@@ -41,7 +43,7 @@ pub struct ExportArgs {
     /// Replace --out if it exists.
     #[arg(long)]
     pub overwrite: bool,
-    /// Also write what was exported (arch, classes, parameters, bytes) as JSON to this file.
+    /// Also write what was exported (arch, classes and their names, parameters, bytes) as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
 }
@@ -52,6 +54,8 @@ pub struct Exported {
     pub out: PathBuf,
     pub arch: Arch,
     pub num_classes: i64,
+    /// The class names recorded with the weights (null without): the module does not carry them.
+    pub class_names: Option<Vec<String>>,
     pub parameters: i64,
     pub bytes: u64,
 }
@@ -84,7 +88,10 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         no_channels_last: true,
         no_fused_bn: true,
     };
-    let (mut model, _) = load_for_inference(args.arch, &args.weights, &compute)?;
+    let file = WeightsFile::read(&args.weights)?;
+    let (mut model, _) = load_for_inference(args.arch, &file, &compute)?;
+    let class_names = file.classes().map(<[String]>::to_vec);
+    drop(file);
     let parameters = model.num_parameters();
     // The tracer records tensors other than the input as constants of the graph, which it refuses for tensors
     // that require grad.
@@ -105,6 +112,7 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         out: args.out.clone(),
         arch: args.arch,
         num_classes: model.net.config.num_classes,
+        class_names,
         parameters,
         bytes: std::fs::metadata(&args.out)?.len(),
     };

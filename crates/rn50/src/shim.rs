@@ -1,6 +1,6 @@
 //! Safe wrappers over `shim/shim.cpp`: the libtorch calls tch 0.26 lacks (CPU autocast, foreach SGD, AMP
 //! unscale, TF32 and cuDNN autotuning, pinning without the deprecated device argument, build facts, CUDA
-//! allocator statistics) and the fused cuDNN batch norm + ReLU of `shim/fused_bn.cpp`.
+//! allocator statistics, torch.save files) and the fused cuDNN batch norm + ReLU of `shim/fused_bn.cpp`.
 //!
 //! The conventions of rn50's two FFI layers (this one and `rn50_distributed`'s `ffi.rs`), the same in both:
 //! - the `extern "C"` declarations sit in a private `ffi` module with the only helpers that touch raw
@@ -10,7 +10,8 @@
 //!   wrapper maps it to its crate's error, here `anyhow` naming what was attempted;
 //! - ownership: tensors go in as borrowed `at::Tensor*` handles, valid for the call; a tensor the shim returns
 //!   through an out-pointer is a new heap tensor owned by the returned `Tensor`; strings and buffers it
-//!   `malloc`s are copied and freed at once by the shim's `*_free`; opaque C++ objects (in the distributed
+//!   `malloc`s are copied and freed at once by the shim's `*_free`; a shim that yields many tensors hands each
+//!   to a callback as a new heap tensor owned from then on by the Rust side; opaque C++ objects (in the distributed
 //!   layer: store, process group, work, reducer) belong to one Rust value whose `Drop` frees them;
 //! - every `unsafe` block says why it is sound.
 use std::ffi::c_int;
@@ -20,7 +21,7 @@ use tch::{Device, Kind, Tensor};
 use torch_sys::C_tensor;
 
 mod ffi {
-    use std::ffi::{c_char, c_int, CStr};
+    use std::ffi::{c_char, c_int, c_void, CStr};
 
     use tch::Tensor;
     use torch_sys::C_tensor;
@@ -82,6 +83,18 @@ mod ffi {
         pub fn rn50_cuda_compiled() -> c_int;
         pub fn rn50_cuda_memory(device: c_int, peak: *mut i64, current: *mut i64) -> c_int;
         pub fn rn50_cuda_reset_peak(device: c_int) -> c_int;
+        pub fn rn50_torch_pickle(
+            path: *const c_char,
+            out: *mut *mut c_char,
+            len: *mut usize,
+        ) -> c_int;
+        pub fn rn50_torch_unpickle(
+            path: *const c_char,
+            pickle: *const c_char,
+            len: usize,
+            data: *mut c_void,
+            f: extern "C" fn(*mut c_void, *const c_char, *mut C_tensor),
+        ) -> c_int;
         pub fn rn50_fused_last_error() -> *const c_char;
         pub fn rn50_bn_relu(
             x: *const C_tensor,
@@ -136,6 +149,30 @@ mod ffi {
             let s = CStr::from_ptr(p).to_string_lossy().into_owned();
             rn50_free(p);
             Some(s)
+        }
+    }
+
+    /// `len` bytes the shim `malloc`ed at `p`, copied and freed.
+    pub fn take_bytes(p: *mut c_char, len: usize) -> Vec<u8> {
+        if p.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: p is a malloc'd buffer of `len` bytes from the shim, freed once, right after copying.
+        unsafe {
+            let v = std::slice::from_raw_parts(p as *const u8, len).to_vec();
+            rn50_free(p);
+            v
+        }
+    }
+
+    /// The callback of `rn50_torch_unpickle`: adds one named tensor to the `Vec<(String, Tensor)>` at `data`.
+    pub extern "C" fn push_tensor(data: *mut c_void, name: *const c_char, t: *mut C_tensor) {
+        // SAFETY: `data` is the `&mut Vec` that `torch_load` passed for this call; `name` a NUL-terminated
+        // string alive during the call; `t` a new heap tensor that the shim hands over.
+        unsafe {
+            let v = &mut *(data as *mut Vec<(String, Tensor)>);
+            let name = CStr::from_ptr(name).to_string_lossy().into_owned();
+            v.push((name, Tensor::from_ptr(t)));
         }
     }
 
@@ -468,6 +505,45 @@ pub fn cuda_memory(device: usize) -> Option<(i64, i64)> {
 pub fn cuda_reset_peak(device: usize) {
     // SAFETY: no pointers; an error (no CUDA) leaves nothing to reset.
     unsafe { ffi::rn50_cuda_reset_peak(device as c_int) };
+}
+
+/// `path` as the C string the shim takes.
+fn c_path(path: &std::path::Path) -> Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    Ok(std::ffi::CString::new(path.as_os_str().as_bytes())?)
+}
+
+/// The pickle (`data.pkl`) of the torch.save file `path`, PyTorch 1.6's zip format and later; a TorchScript
+/// archive is an error.
+pub fn torch_pickle(path: &std::path::Path) -> Result<Vec<u8>> {
+    let c_path = c_path(path)?;
+    let (mut out, mut len) = (std::ptr::null_mut(), 0);
+    // SAFETY: a NUL-terminated path alive during the call and two out-parameters; on success `out` is a malloc'd
+    // buffer of `len` bytes that take_bytes frees.
+    let rc = unsafe { ffi::rn50_torch_pickle(c_path.as_ptr(), &mut out, &mut len) };
+    ffi::check(rc).map_err(|msg| anyhow!("{msg}"))?;
+    Ok(ffi::take_bytes(out, len))
+}
+
+/// Every tensor that `pickle` (the torch.save file `path`'s, as [`torch_pickle`] read it, possibly rewritten)
+/// holds, read from `path` to the CPU, named by where it sits: dict keys and list indices joined by `/`
+/// (`conv1.weight` in a state_dict, `state_dict/module.conv1.weight` in a checkpoint dict), in the pickle's order.
+pub fn torch_unpickle(path: &std::path::Path, pickle: &[u8]) -> Result<Vec<(String, Tensor)>> {
+    let c_path = c_path(path)?;
+    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    // SAFETY: a NUL-terminated path and `pickle` alive during the call; `tensors` is the Vec that `push_tensor`
+    // casts `data` back to, borrowed mutably for the call only.
+    let rc = unsafe {
+        ffi::rn50_torch_unpickle(
+            c_path.as_ptr(),
+            pickle.as_ptr() as *const std::ffi::c_char,
+            pickle.len(),
+            &mut tensors as *mut Vec<(String, Tensor)> as *mut std::ffi::c_void,
+            ffi::push_tensor,
+        )
+    };
+    ffi::check(rc).map_err(|msg| anyhow!("{msg}"))?;
+    Ok(tensors)
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! `rn50 classify` on the shared ImageNet photos with torchvision-format weights, against torchvision itself
 //! (tests/reference/classify_reference.py: a seeded random ResNet-18, so the classes mean nothing, but each image's
 //! probabilities differ and must be torchvision's): the output's layout, the class names, the top-1 class, and
-//! its probability.
+//! its probability; and the class folder names a trained model records.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -117,4 +117,91 @@ fn unreadable_image_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("missing.safetensors"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// Issue 26: a model fine-tuned on other classes printed `class 1`. Training records the class folder names in
+/// best/final.safetensors' metadata (a JSON list under "classes", which Python's safetensors reads), and classify
+/// prints them.
+#[test]
+fn classify_prints_the_class_folder_names_recorded_at_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("cifar");
+    std::fs::create_dir_all(&data).unwrap();
+    // Four training and two test images of each of CIFAR-10's classes.
+    let ok = Command::new("tar")
+        .arg("xzf")
+        .arg(common::shared().join("cifar10-jpeg.tar.gz"))
+        .arg("-C")
+        .arg(&data)
+        .args(["--wildcards", "train/*/000[0-3].jpg", "test/*/000[01].jpg"])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let mut classes: Vec<String> = std::fs::read_dir(data.join("train"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    classes.sort();
+    assert_eq!(classes.len(), 10);
+
+    let run = dir.path().join("run");
+    let train = "-a resnet18 --width 8 --augment cifar --image-size 32 -b 8 -j 1 --epochs 1 --steps-per-epoch 2 \
+                 --device cpu --precision fp32";
+    let mut args = vec![
+        "train",
+        data.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+    ];
+    args.extend(train.split_whitespace());
+    let r = common::rn50(&args);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+
+    for weights in ["best.safetensors", "final.safetensors"] {
+        let path = run.join(weights);
+        let py = Command::new(common::python())
+            .args([
+                "-c",
+                "import sys; from safetensors import safe_open; print(safe_open(sys.argv[1], 'pt').metadata()['classes'])",
+            ])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            py.status.success(),
+            "{}",
+            String::from_utf8_lossy(&py.stderr)
+        );
+        let recorded: Vec<String> = serde_json::from_slice(&py.stdout).unwrap();
+        assert_eq!(recorded, classes, "{weights}");
+    }
+
+    let cat = data.join("test/cat/0000.jpg");
+    let out = common::rn50(&[
+        "classify",
+        "--weights",
+        run.join("final.safetensors").to_str().unwrap(),
+        "-a",
+        "resnet18",
+        "--resize",
+        "32",
+        "--crop",
+        "32",
+        "--top",
+        "10",
+        "--device",
+        "cpu",
+        cat.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tops = parse(&stdout, &[cat]);
+    assert_eq!(tops[0].len(), 10, "{stdout}");
+    for (_, _, index, name) in &tops[0] {
+        assert_eq!(name, &classes[*index], "{stdout}");
+    }
 }

@@ -11,6 +11,11 @@ use tch::{Device, Tensor};
 
 /// ResNet-18 weights whose logits ignore the image and always favour class `winner`.
 fn constant_weights(path: &Path, classes: i64, winner: i64) {
+    named_constant_weights(path, classes, winner, None)
+}
+
+/// [`constant_weights`] recording `names` as the classes they were trained on.
+fn named_constant_weights(path: &Path, classes: i64, winner: i64, names: Option<&[String]>) {
     let mut cfg = ResNetConfig::new(Arch::ResNet18);
     cfg.num_classes = classes;
     let model = Model::new(cfg, Device::Cpu);
@@ -25,7 +30,7 @@ fn constant_weights(path: &Path, classes: i64, winner: i64) {
             }
         }
     });
-    weights::save(&model, path).unwrap();
+    weights::save(&model, path, names).unwrap();
 }
 
 #[test]
@@ -99,4 +104,51 @@ fn eval_rejects_weights_for_another_class_count() {
         dir.path().to_str().unwrap(),
     ]);
     assert!(!out.status.success());
+}
+
+/// Weights that record their classes (rn50 writes them, issue 26) are scored only on data with those classes in
+/// the same order: the same count of other classes would score each image against another class's label.
+#[test]
+fn eval_rejects_data_whose_class_names_differ_from_the_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    image_tree(dir.path(), "val", 3, 1);
+    let mut names: Vec<String> = std::fs::read_dir(dir.path().join("val"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let eval = |names: &[String]| {
+        let w = dir.path().join("w.safetensors");
+        named_constant_weights(&w, 3, 0, Some(names));
+        rn50(&[
+            "eval",
+            "-a",
+            "resnet18",
+            "--weights",
+            w.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--resize",
+            "64",
+            "--crop",
+            "64",
+            dir.path().to_str().unwrap(),
+        ])
+    };
+    let out = eval(&names);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let swapped = [names[1].clone(), names[0].clone(), names[2].clone()];
+    let out = eval(&swapped);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("class 0 is")
+            && err.contains(&names[1])
+            && err.contains("labels would not line up"),
+        "{err}"
+    );
 }

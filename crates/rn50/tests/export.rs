@@ -31,7 +31,7 @@ fn export(weights: &Path, arch: &str, model: &Path, extra: &[&str]) -> std::proc
 /// file but no torchvision.
 fn rn50_weights(arch: rn50::model::Arch, path: &Path) {
     let model = rn50::model::Model::new(rn50::model::ResNetConfig::new(arch), tch::Device::Cpu);
-    rn50::model::weights::save(&model, path).unwrap();
+    rn50::model::weights::save(&model, path, None).unwrap();
 }
 
 /// Exports torchvision-made `arch` weights and compares the module with torchvision on `images` and random
@@ -102,7 +102,13 @@ fn resnet50_matches_torchvision() {
 fn existing_out_is_refused_without_overwrite() {
     let dir = tempfile::tempdir().unwrap();
     let weights = dir.path().join("w.safetensors");
-    rn50_weights(rn50::model::Arch::ResNet18, &weights);
+    // Weights that record their classes' names: the module cannot carry them, --json lists them.
+    let classes: Vec<String> = (0..1000).map(|i| format!("class-{i}")).collect();
+    let m = rn50::model::Model::new(
+        rn50::model::ResNetConfig::new(rn50::model::Arch::ResNet18),
+        tch::Device::Cpu,
+    );
+    rn50::model::weights::save(&m, &weights, Some(&classes)).unwrap();
     let model = dir.path().join("model.pt");
     std::fs::write(&model, b"keep me").unwrap();
     let export = |extra: &[&str]| export(&weights, "resnet18", &model, extra);
@@ -125,6 +131,7 @@ fn existing_out_is_refused_without_overwrite() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(j["arch"], "resnet18");
     assert_eq!(j["num_classes"], 1000);
+    assert_eq!(j["class_names"], serde_json::json!(classes));
     assert_eq!(j["parameters"], 11_689_512);
     assert_eq!(j["bytes"], bytes.len() as u64);
     let names: Vec<_> = std::fs::read_dir(dir.path())

@@ -1,8 +1,10 @@
-//! The network: ResNet definitions with torchvision's names and init, safetensors weights, memory format.
+//! The network: ResNet definitions with torchvision's names and init, weights (safetensors, torch.save), memory
+//! format.
 pub mod fused;
 pub mod memory_format;
 pub mod resnet;
 pub mod sync_bn;
+pub mod torch_save;
 pub mod weights;
 
 pub use resnet::{Arch, ResNet, ResNetConfig, Stem};

@@ -1,12 +1,23 @@
-//! Weights as safetensors with torchvision's state_dict keys, so files move freely between rn50 and PyTorch
-//! (`safetensors.torch.load_file` + `model.load_state_dict`).
-use std::collections::{HashMap, HashSet};
-use std::path::Path;
+//! Weights with torchvision's state_dict keys. rn50 writes safetensors, so files move freely between rn50 and
+//! PyTorch (`safetensors.torch.load_file` + `model.load_state_dict`), with the training set's class names in the
+//! header's metadata ([`CLASSES_KEY`]). It reads safetensors and torch.save files alike, told apart by their
+//! first bytes, not their names: torchvision's `.pth` (a state_dict), pytorch/examples' `checkpoint.pth.tar` /
+//! `model_best.pth.tar` (the state_dict under `state_dict`, with DDP's `module.` prefixes), timm's checkpoints.
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use tch::Tensor;
+use safetensors::tensor::{Dtype, View};
+use tch::{Device, Kind, Tensor};
 
 use super::{Model, ResNetConfig, Stem};
+
+/// The safetensors metadata key of the class names, in label order, as a JSON list of strings
+/// (`{"classes": "[\"airplane\", \"automobile\", ...]"}`): the folder names of the data the weights were trained on
+/// (WordNet ids for ImageNet), which `rn50 classify` prints. Safetensors metadata maps strings to strings.
+pub const CLASSES_KEY: &str = "classes";
 
 /// Keys a torchvision state_dict has that rn50 does not track (BN's step counter, unused with momentum 0.1).
 fn ignorable(key: &str) -> bool {
@@ -14,23 +25,85 @@ fn ignorable(key: &str) -> bool {
 }
 
 /// Writes the model's state (NCHW-contiguous, fp32 as trained) to `path` atomically ([`rn50_util::atomic`]): a
-/// crash leaves either the old file or the new one.
-pub fn save(model: &Model, path: &Path) -> Result<()> {
-    let tensors: Vec<(String, Tensor)> = model
-        .state()
-        .into_iter()
-        .map(|(k, t)| (k, t.detach().to_device(tch::Device::Cpu).contiguous()))
-        .collect();
+/// crash leaves either the old file or the new one. `classes`, the training set's class names in label order, go
+/// into the metadata under [`CLASSES_KEY`].
+pub fn save(model: &Model, path: &Path, classes: Option<&[String]>) -> Result<()> {
+    let mut metadata = HashMap::new();
+    if let Some(names) = classes {
+        metadata.insert(CLASSES_KEY.to_string(), serde_json::to_string(names)?);
+    }
+    write_safetensors(path, &model.state(), metadata)
+}
+
+/// A CPU copy of a tensor in the form safetensors serialises.
+struct HostTensor {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl HostTensor {
+    fn new(t: &Tensor) -> Result<Self> {
+        let t = t.detach().to_device(Device::Cpu).contiguous();
+        let dtype = match t.kind() {
+            Kind::Float => Dtype::F32,
+            Kind::Double => Dtype::F64,
+            Kind::Half => Dtype::F16,
+            Kind::BFloat16 => Dtype::BF16,
+            Kind::Int64 => Dtype::I64,
+            Kind::Int => Dtype::I32,
+            Kind::Uint8 => Dtype::U8,
+            Kind::Bool => Dtype::BOOL,
+            k => bail!("cannot save a {k:?} tensor"),
+        };
+        let numel = t.numel();
+        let mut bytes = vec![0u8; numel * t.kind().elt_size_in_bytes()];
+        t.f_copy_data_u8(&mut bytes, numel)?;
+        Ok(Self {
+            dtype,
+            shape: t.size().iter().map(|&d| d as usize).collect(),
+            bytes,
+        })
+    }
+}
+
+impl View for &HostTensor {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+/// Writes `tensors` (copied to the CPU, contiguous) and `metadata` (none if empty) to `path` as safetensors,
+/// atomically: what weights and training checkpoints are saved with.
+pub(crate) fn write_safetensors(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    metadata: HashMap<String, String>,
+) -> Result<()> {
+    let host: BTreeMap<&str, HostTensor> = tensors
+        .iter()
+        .map(|(k, t)| Ok((k.as_str(), HostTensor::new(t).with_context(|| k.clone())?)))
+        .collect::<Result<_>>()?;
+    let metadata = (!metadata.is_empty()).then_some(metadata);
     rn50_util::atomic_write_with(path, |tmp| -> Result<()> {
-        Ok(Tensor::write_safetensors(&tensors, tmp)?)
+        safetensors::serialize_to_file(host.iter().map(|(k, v)| (*k, v)), &metadata, tmp)
+            .map_err(|e| anyhow::anyhow!("{e:?}"))
     })
     .with_context(|| format!("writing {}", path.display()))
 }
 
-/// Loads `path` into the model. Every model tensor must be present with the same shape; extra keys other
-/// than `num_batches_tracked` are an error (they mean the file is for another architecture).
+/// Loads `path` into the model ([`WeightsFile::load`]).
 pub fn load(model: &Model, path: &Path) -> Result<()> {
-    load_where(model, path, |_| true)
+    WeightsFile::read(path)?.load(model)
 }
 
 /// The classifier's tensors (`fc.weight`, `fc.bias`): what fine-tuning on other classes starts afresh.
@@ -38,48 +111,7 @@ pub fn is_classifier(key: &str) -> bool {
     key.starts_with("fc.")
 }
 
-/// [`load`] for every tensor but the classifier's, which keeps its initialisation: the start of fine-tuning on
-/// another set of classes (`train --init-weights`).
-pub fn load_backbone(model: &Model, path: &Path) -> Result<()> {
-    load_where(model, path, |k| !is_classifier(k))
-}
-
-/// Copies the tensors of `path` whose names `take` accepts into `model`; the file must hold exactly those of
-/// the model's (besides ignorable counters).
-fn load_where(model: &Model, path: &Path, take: impl Fn(&str) -> bool) -> Result<()> {
-    let file: HashMap<String, Tensor> = Tensor::read_safetensors(path)
-        .with_context(|| format!("reading weights {}", path.display()))?
-        .into_iter()
-        .collect();
-    let state: Vec<(String, Tensor)> = model.state().into_iter().filter(|(k, _)| take(k)).collect();
-    let known: HashSet<&str> = state.iter().map(|(k, _)| k.as_str()).collect();
-    let mut unexpected: Vec<&str> = file
-        .keys()
-        .map(String::as_str)
-        .filter(|k| take(k) && !known.contains(k) && !ignorable(k))
-        .collect();
-    unexpected.sort_unstable();
-    let c = &model.net.config;
-    if !unexpected.is_empty() {
-        bail!(
-            "{} does not match {} ({} classes): unexpected {:?}",
-            path.display(),
-            c.arch,
-            c.num_classes,
-            &unexpected[..unexpected.len().min(5)]
-        );
-    }
-    copy_into(state, &file, path).with_context(|| {
-        format!(
-            "{} does not match {} ({} classes)",
-            path.display(),
-            c.arch,
-            c.num_classes
-        )
-    })
-}
-
-/// What a weights file says about the network it fits, read from its header alone.
+/// What a weights file says about the network it fits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WeightsShape {
     /// The length of `fc.bias`.
@@ -99,8 +131,190 @@ impl WeightsShape {
     }
 }
 
-pub fn shape_of(path: &Path) -> Result<WeightsShape> {
-    use std::io::Read;
+/// The kinds of file weights come in, told by their first bytes.
+#[derive(Debug, PartialEq, Eq)]
+enum Format {
+    /// An 8-byte little-endian header length, then the JSON header.
+    Safetensors,
+    /// torch.save's zip archive (PyTorch 1.6 and later): "PK\x03\x04".
+    TorchZip,
+    /// torch.save's format before PyTorch 1.6: a pickled magic number, then pickles and raw storages.
+    TorchLegacy,
+}
+
+/// The pickle of torch.save's legacy magic number 0x1950a86a20f9469cfc6c (LONG1, 10 bytes, little-endian), after
+/// the 2-byte protocol header.
+const LEGACY_MAGIC: [u8; 12] = [
+    0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19,
+];
+
+fn format_of(path: &Path) -> Result<Format> {
+    let mut head = Vec::with_capacity(16);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(16).read_to_end(&mut head))
+        .with_context(|| format!("opening weights {}", path.display()))?;
+    if head.starts_with(b"PK\x03\x04") {
+        Ok(Format::TorchZip)
+    } else if head.first() == Some(&0x80) && head.get(2..14) == Some(&LEGACY_MAGIC[..]) {
+        Ok(Format::TorchLegacy)
+    } else if head.get(8) == Some(&b'{') {
+        Ok(Format::Safetensors)
+    } else {
+        bail!(
+            "{} is not a weights file: neither safetensors nor saved by torch.save",
+            path.display()
+        )
+    }
+}
+
+/// A weights file read whole: its tensors by torchvision's names, and the class names it records.
+pub struct WeightsFile {
+    path: PathBuf,
+    tensors: HashMap<String, Tensor>,
+    classes: Option<Vec<String>>,
+}
+
+impl WeightsFile {
+    /// Reads safetensors or a torch.save file (see the module's doc); the legacy torch.save format is an error
+    /// with the one-line conversion.
+    pub fn read(path: &Path) -> Result<Self> {
+        let (tensors, classes) = match format_of(path)? {
+            Format::Safetensors => {
+                // The header first: its checks say what is wrong with a file that is no safetensors.
+                let classes = recorded_classes(path)?;
+                let tensors = Tensor::read_safetensors(path)
+                    .with_context(|| format!("reading weights {}", path.display()))?;
+                (tensors.into_iter().collect(), classes)
+            }
+            Format::TorchZip => (read_torch(path)?, None),
+            Format::TorchLegacy => bail!(
+                "{} was saved in torch.save's legacy format (PyTorch before 1.6), which rn50 does not read; \
+                 convert it once: python -c \"import torch; torch.save(torch.load('{}', map_location='cpu'), \
+                 '{}')\"",
+                path.display(),
+                path.display(),
+                converted_name(path).display()
+            ),
+        };
+        let (n, fc) = (classes.as_ref().map(Vec::len), tensors.get("fc.bias"));
+        if let (Some(n), Some(fc)) = (n, fc) {
+            if fc.size() != [n as i64] {
+                bail!(
+                    "{}: its metadata names {n} classes but fc.bias has shape {:?}",
+                    path.display(),
+                    fc.size()
+                );
+            }
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            tensors,
+            classes,
+        })
+    }
+
+    /// The file the weights were read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The class count, width and stem of the ResNet these weights are for.
+    pub fn shape(&self) -> Result<WeightsShape> {
+        let not_resnet = || format!("{} is not ResNet weights", self.path.display());
+        let size = |name: &str| self.tensors.get(name).map(Tensor::size);
+        let num_classes = match size("fc.bias").as_deref() {
+            Some(&[n]) => n,
+            _ => bail!("{}: no 1-D fc.bias", not_resnet()),
+        };
+        let (width, stem) = match size("conv1.weight").as_deref() {
+            Some(&[w, 3, 7, 7]) => (w, Stem::ImageNet),
+            Some(&[w, 3, 3, 3]) => (w, Stem::Cifar),
+            other => bail!("{}: conv1.weight has shape {other:?}", not_resnet()),
+        };
+        Ok(WeightsShape {
+            num_classes,
+            width,
+            stem,
+        })
+    }
+
+    /// The class names recorded with the weights ([`CLASSES_KEY`]), in label order; None for files without them
+    /// (torchvision's, PyTorch's).
+    pub fn classes(&self) -> Option<&[String]> {
+        self.classes.as_deref()
+    }
+
+    /// Copies the weights into the model. Every model tensor must be present with the same shape; extra keys
+    /// other than `num_batches_tracked` are an error (they mean the file is for another architecture).
+    pub fn load(&self, model: &Model) -> Result<()> {
+        self.load_where(model, |_| true)
+    }
+
+    /// [`Self::load`] for every tensor but the classifier's, which keeps its initialisation: the start of
+    /// fine-tuning on another set of classes (`train --init-weights`).
+    pub fn load_backbone(&self, model: &Model) -> Result<()> {
+        self.load_where(model, |k| !is_classifier(k))
+    }
+
+    /// Copies the tensors whose names `take` accepts into `model`; the file must hold exactly those of the
+    /// model's (besides ignorable counters).
+    fn load_where(&self, model: &Model, take: impl Fn(&str) -> bool) -> Result<()> {
+        let state: Vec<(String, Tensor)> =
+            model.state().into_iter().filter(|(k, _)| take(k)).collect();
+        let known: HashSet<&str> = state.iter().map(|(k, _)| k.as_str()).collect();
+        let mut unexpected: Vec<&str> = self
+            .tensors
+            .keys()
+            .map(String::as_str)
+            .filter(|k| take(k) && !known.contains(k) && !ignorable(k))
+            .collect();
+        unexpected.sort_unstable();
+        let c = &model.net.config;
+        let path = &self.path;
+        if !unexpected.is_empty() {
+            bail!(
+                "{} does not match {} ({} classes): unexpected {:?}",
+                path.display(),
+                c.arch,
+                c.num_classes,
+                &unexpected[..unexpected.len().min(5)]
+            );
+        }
+        copy_into(state, &self.tensors, path).with_context(|| {
+            format!(
+                "{} does not match {} ({} classes)",
+                path.display(),
+                c.arch,
+                c.num_classes
+            )
+        })
+    }
+}
+
+/// Where the legacy-format `path` converted to torch.save's current format goes: beside it, `.zip` added.
+fn converted_name(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".zip");
+    path.with_file_name(name)
+}
+
+/// The class names in the metadata of the safetensors file `path` ([`CLASSES_KEY`]), None without.
+fn recorded_classes(path: &Path) -> Result<Option<Vec<String>>> {
+    let header = safetensors_header(path)?;
+    let Some(json) = header["__metadata__"][CLASSES_KEY].as_str() else {
+        return Ok(None);
+    };
+    serde_json::from_str(json).with_context(|| {
+        format!(
+            "{}: the metadata's {CLASSES_KEY:?} is not a JSON list of strings",
+            path.display()
+        )
+    })
+}
+
+/// The JSON header of a safetensors file: `{"fc.bias": {"dtype": "F32", "shape": [1000], ...}, ...,
+/// "__metadata__": {...}}`.
+fn safetensors_header(path: &Path) -> Result<serde_json::Value> {
     let not_st = || format!("{} is not a safetensors file", path.display());
     let mut f =
         std::fs::File::open(path).with_context(|| format!("opening weights {}", path.display()))?;
@@ -112,30 +326,51 @@ pub fn shape_of(path: &Path) -> Result<WeightsShape> {
     }
     let mut header = vec![0u8; n as usize];
     f.read_exact(&mut header).with_context(not_st)?;
-    // The header is JSON: {"fc.bias": {"dtype": "F32", "shape": [1000], ...}, ...}.
-    let meta: serde_json::Value = serde_json::from_slice(&header).with_context(not_st)?;
-    let shape = |name: &str| -> Option<Vec<i64>> {
-        meta[name]["shape"]
-            .as_array()?
-            .iter()
-            .map(|d| d.as_i64())
+    serde_json::from_slice(&header).with_context(not_st)
+}
+
+/// The weights of a torch.save file ([`super::torch_save::tensors`] reads every tensor in it): a plain state_dict
+/// (torchvision's `.pth`), else the `state_dict` entry (pytorch/examples' checkpoint, timm's) or the `model`
+/// entry (torchvision's references); DDP's `module.` prefix is dropped when every name has it.
+fn read_torch(path: &Path) -> Result<HashMap<String, Tensor>> {
+    let all = super::torch_save::tensors(path)
+        .with_context(|| format!("reading {} (a torch.save file)", path.display()))?;
+    let under = |entry: &str| -> Vec<(String, &Tensor)> {
+        all.iter()
+            .filter_map(|(k, t)| {
+                let name = match entry {
+                    "" => (!k.contains('/')).then_some(k.as_str()),
+                    _ => k.strip_prefix(entry)?.strip_prefix('/'),
+                };
+                Some((name?.to_string(), t))
+            })
             .collect()
     };
-    let not_resnet = || format!("{} is not ResNet weights", path.display());
-    let num_classes = match shape("fc.bias").as_deref() {
-        Some(&[n]) => n,
-        _ => bail!("{}: no 1-D fc.bias", not_resnet()),
+    let Some(state) = ["state_dict", "model", ""]
+        .into_iter()
+        .map(under)
+        .find(|s| !s.is_empty())
+    else {
+        let mut names: Vec<&str> = all.iter().map(|(k, _)| k.as_str()).collect();
+        names.truncate(5);
+        bail!(
+            "{} holds no state_dict: no tensors at its top level nor under \"state_dict\" or \"model\" \
+             (its tensors: {names:?})",
+            path.display()
+        );
     };
-    let (width, stem) = match shape("conv1.weight").as_deref() {
-        Some(&[w, 3, 7, 7]) => (w, Stem::ImageNet),
-        Some(&[w, 3, 3, 3]) => (w, Stem::Cifar),
-        other => bail!("{}: conv1.weight has shape {other:?}", not_resnet()),
-    };
-    Ok(WeightsShape {
-        num_classes,
-        width,
-        stem,
-    })
+    let ddp = state.iter().all(|(k, _)| k.starts_with("module."));
+    Ok(state
+        .into_iter()
+        .map(|(k, t)| {
+            let k = if ddp {
+                k["module.".len()..].to_string()
+            } else {
+                k
+            };
+            (k, t.shallow_clone())
+        })
+        .collect())
 }
 
 /// Copies `file[name]` into each target tensor in place (keeping its memory format), after checking that
@@ -198,7 +433,6 @@ pub(crate) fn copy_into(
 mod tests {
     use super::*;
     use crate::model::{Arch, ResNetConfig};
-    use tch::Device;
 
     #[test]
     fn round_trip_is_exact_and_channels_last_is_saved_as_nchw() {
@@ -207,7 +441,7 @@ mod tests {
         tch::manual_seed(1);
         let a = Model::new(ResNetConfig::new(Arch::ResNet18), Device::Cpu);
         a.to_channels_last();
-        save(&a, &path).unwrap();
+        save(&a, &path, None).unwrap();
         tch::manual_seed(2);
         let b = Model::new(ResNetConfig::new(Arch::ResNet18), Device::Cpu);
         load(&b, &path).unwrap();
@@ -232,6 +466,7 @@ mod tests {
         save(
             &Model::new(ResNetConfig::new(Arch::ResNet18), Device::Cpu),
             &path,
+            None,
         )
         .unwrap();
         let err = load(
@@ -255,7 +490,7 @@ mod tests {
         cfg.width = 8;
         let model = Model::new(cfg.clone(), Device::Cpu);
         let good = dir.path().join("good.safetensors");
-        save(&model, &good).unwrap();
+        save(&model, &good, None).unwrap();
         let state: Vec<(String, Tensor)> = Tensor::read_safetensors(&good).unwrap();
         let with = |name: &str, key: &str, f: &dyn Fn(&Tensor) -> Tensor| {
             let path = dir.path().join(name);
@@ -286,11 +521,81 @@ mod tests {
             let fresh = Model::new(cfg.clone(), Device::Cpu);
             for err in [
                 load(&fresh, &path).unwrap_err(),
-                load_backbone(&fresh, &path).unwrap_err(),
+                WeightsFile::read(&path)
+                    .unwrap()
+                    .load_backbone(&fresh)
+                    .unwrap_err(),
             ] {
                 assert!(format!("{err:#}").contains(want), "{err:#}");
             }
         }
         load(&Model::new(cfg, Device::Cpu), &good).unwrap();
+    }
+
+    /// The class names given to `save` come back from the file; a file without them has none, and names that
+    /// disagree with the classifier's size are an error.
+    #[test]
+    fn class_names_round_trip_through_the_metadata() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = ResNetConfig::new(Arch::ResNet18);
+        cfg.width = 8;
+        cfg.num_classes = 3;
+        let model = Model::new(cfg, Device::Cpu);
+        let names: Vec<String> = ["cat", "dog", "n01440764"].map(String::from).to_vec();
+        let (named, plain, wrong) = (
+            dir.path().join("named.safetensors"),
+            dir.path().join("plain.safetensors"),
+            dir.path().join("wrong.safetensors"),
+        );
+        save(&model, &named, Some(&names)).unwrap();
+        save(&model, &plain, None).unwrap();
+        save(&model, &wrong, Some(&names[..2])).unwrap();
+        assert_eq!(
+            WeightsFile::read(&named).unwrap().classes(),
+            Some(&names[..])
+        );
+        assert_eq!(WeightsFile::read(&plain).unwrap().classes(), None);
+        let err = WeightsFile::read(&wrong).err().unwrap();
+        assert!(
+            format!("{err:#}").contains("metadata names 2 classes but fc.bias has shape [3]"),
+            "{err:#}"
+        );
+    }
+
+    /// The format is read from the first bytes, whatever the name: safetensors named `.pth` loads; torch.save's
+    /// legacy magic number is the legacy error with a conversion; anything else is not a weights file.
+    #[test]
+    fn formats_are_told_apart_by_content_not_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = ResNetConfig::new(Arch::ResNet18);
+        cfg.width = 8;
+        let st = dir.path().join("looks-like.pth");
+        save(&Model::new(cfg.clone(), Device::Cpu), &st, None).unwrap();
+        WeightsFile::read(&st)
+            .unwrap()
+            .load(&Model::new(cfg, Device::Cpu))
+            .unwrap();
+        let write = |name: &str, bytes: &[u8]| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, bytes).unwrap();
+            p
+        };
+        let mut legacy = vec![0x80, 0x02];
+        legacy.extend(LEGACY_MAGIC);
+        legacy.extend(b".junk");
+        let legacy = write("old.safetensors", &legacy);
+        let err = format!("{:#}", WeightsFile::read(&legacy).err().unwrap());
+        assert!(err.contains("legacy format"), "{err}");
+        assert!(
+            err.contains(&format!("'{}'", converted_name(&legacy).display())),
+            "{err}"
+        );
+        for junk in [&b"{}"[..], b"\x08\0\0\0\0\0\0\0[1,2,3,4]", b"PK\x05\x06"] {
+            let err = format!(
+                "{:#}",
+                WeightsFile::read(&write("junk", junk)).err().unwrap()
+            );
+            assert!(err.contains("not a weights file"), "{junk:?}: {err}");
+        }
     }
 }

@@ -184,8 +184,9 @@ pub struct TrainArgs {
     /// Stop each epoch after this many steps (smoke tests, quick measurements).
     #[arg(long, value_parser = usize_in(1..))]
     pub steps_per_epoch: Option<usize>,
-    /// Start from these weights (safetensors with torchvision's names, e.g. a converted IMAGENET1K_V2, or an
-    /// rn50 best/final.safetensors): fine-tuning. The classifier is re-initialised when the class count differs
+    /// Start from these weights: fine-tuning. Safetensors with torchvision's names (an rn50 best/final.safetensors)
+    /// or a torch.save file (torchvision's resnet50-11ad3fa6.pth, pytorch/examples' checkpoint.pth.tar or
+    /// model_best.pth.tar), told apart by content. The classifier is re-initialised when the class count differs
     /// (or with --reset-head). A checkpoint found by --resume takes precedence.
     #[arg(long, value_name = "W.safetensors")]
     pub init_weights: Option<PathBuf>,

@@ -3,16 +3,14 @@
 //! when kept), and in the header's metadata the
 //! position (epoch, batch within epoch) and the run's configuration as JSON. Written atomically (temporary
 //! file, fsync, rename): a crash mid-write leaves the previous checkpoint as it was.
-use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
-use safetensors::tensor::{Dtype, View};
+use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
-use tch::{Device, Kind, Tensor};
+use tch::Tensor;
 
-use crate::model::weights::copy_into;
+use crate::model::weights::{copy_into, write_safetensors};
 use crate::step::TrainStep;
 use crate::train::ema::Ema;
 
@@ -59,53 +57,6 @@ struct Meta {
     config: serde_json::Value,
 }
 
-/// A CPU copy of a tensor in the form safetensors serialises.
-struct HostTensor {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
-}
-
-impl HostTensor {
-    fn new(t: &Tensor) -> Result<Self> {
-        let t = t.detach().to_device(Device::Cpu).contiguous();
-        let dtype = match t.kind() {
-            Kind::Float => Dtype::F32,
-            Kind::Double => Dtype::F64,
-            Kind::Half => Dtype::F16,
-            Kind::BFloat16 => Dtype::BF16,
-            Kind::Int64 => Dtype::I64,
-            Kind::Int => Dtype::I32,
-            Kind::Uint8 => Dtype::U8,
-            Kind::Bool => Dtype::BOOL,
-            k => bail!("cannot checkpoint a {k:?} tensor"),
-        };
-        let numel = t.numel();
-        let mut bytes = vec![0u8; numel * t.kind().elt_size_in_bytes()];
-        t.f_copy_data_u8(&mut bytes, numel)?;
-        Ok(Self {
-            dtype,
-            shape: t.size().iter().map(|&d| d as usize).collect(),
-            bytes,
-        })
-    }
-}
-
-impl View for &HostTensor {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.bytes)
-    }
-    fn data_len(&self) -> usize {
-        self.bytes.len()
-    }
-}
-
 /// Everything of `step` that changes while training, by checkpoint key.
 fn state_tensors(step: &TrainStep) -> Vec<(String, Tensor)> {
     let mut out: Vec<(String, Tensor)> = step
@@ -145,25 +96,13 @@ pub fn save(
 ) -> Result<()> {
     let mut all = state_tensors(step);
     all.extend(ema.map(ema_tensors).unwrap_or_default());
-    let tensors: BTreeMap<String, HostTensor> = all
-        .iter()
-        .map(|(k, t)| Ok((k.clone(), HostTensor::new(t)?)))
-        .collect::<Result<_>>()?;
     let meta = Meta {
         format: 1,
         position: position.clone(),
         config: config.clone(),
     };
     let info = HashMap::from([(META_KEY.to_string(), serde_json::to_string(&meta)?)]);
-    rn50_util::atomic_write_with(path, |tmp| -> Result<()> {
-        safetensors::serialize_to_file(
-            tensors.iter().map(|(k, v)| (k.as_str(), v)),
-            &Some(info),
-            tmp,
-        )
-        .map_err(|e| anyhow::anyhow!("{e:?}"))
-    })
-    .with_context(|| format!("writing {}", path.display()))
+    write_safetensors(path, &all, info)
 }
 
 /// Reads only the header: position and configuration (to rebuild the run before loading its tensors).
@@ -221,6 +160,8 @@ mod tests {
     use super::*;
     use crate::model::{Arch, Model, ResNetConfig, Stem};
     use crate::step::{Precision, SgdConfig, StepConfig};
+    use anyhow::bail;
+    use tch::{Device, Kind};
 
     fn step(seed: i64) -> TrainStep {
         tch::manual_seed(seed);

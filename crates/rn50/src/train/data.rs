@@ -51,7 +51,8 @@ pub struct RealData {
     /// Owns the loader threads; the train loaders share them, so that epochs and evaluation passes are
     /// decoded in the order they are queued.
     pub val: Loader,
-    pub classes: usize,
+    /// The class folder names in label order (the same in both splits).
+    pub classes: Vec<String>,
     /// Images of each split, all ranks' (for --mllog's train_samples and eval_samples).
     pub train_images: usize,
     pub val_images: usize,
@@ -84,7 +85,7 @@ impl RealData {
                 val.classes().len()
             );
         }
-        let classes = train.classes().len();
+        let classes = train.classes().to_vec();
         let (train_images, val_images) = (train.len(), val.len());
         let train_cfg = LoaderConfig {
             seed: args.seed,

@@ -12,7 +12,8 @@ use tch::Tensor;
 
 use crate::device::{device_name, Compute, ComputeArgs};
 use crate::input::DeviceBatch;
-use crate::model::{weights, Arch, Model, ResNetConfig};
+use crate::model::weights::WeightsFile;
+use crate::model::{Arch, Model, ResNetConfig};
 use crate::step::{Normalizer, Precision};
 use crate::train::metrics::Accuracy;
 use crate::train::progress::EvalProgress;
@@ -108,7 +109,8 @@ pub fn evaluate(
 pub struct EvalArgs {
     /// The data: a folder with `val/` (ImageFolder layout or packed shards), or the validation folder itself.
     pub data: PathBuf,
-    /// Weights to evaluate (safetensors with torchvision's keys, e.g. from `rn50 train` or converted from PyTorch).
+    /// Weights to evaluate: safetensors with torchvision's keys (from `rn50 train`) or a torch.save file
+    /// (torchvision's .pth, pytorch/examples' checkpoint.pth.tar), told apart by content.
     #[arg(long)]
     pub weights: PathBuf,
     /// Model architecture.
@@ -158,23 +160,47 @@ pub(crate) fn check_crop(resize: usize, crop: usize) -> Result<(), UsageError> {
     Ok(())
 }
 
-/// A model of `arch` with the saved weights `path` (whose class count and width it takes), on the device
-/// `compute` resolves, in the memory format it picks: what `rn50 eval` and `rn50 classify` run.
+/// A model of `arch` with the saved weights `file` (whose class count and width it takes), on the device
+/// `compute` resolves, in the memory format it picks: what `rn50 eval`, `rn50 classify` and `rn50 export` run.
 pub(crate) fn load_for_inference(
     arch: Arch,
-    path: &Path,
+    file: &WeightsFile,
     compute: &ComputeArgs,
 ) -> Result<(Model, Compute)> {
     let mut cfg = ResNetConfig::new(arch);
-    weights::shape_of(path)?.apply(&mut cfg);
+    file.shape()?.apply(&mut cfg);
     let c = compute.resolve(0, cfg.narrowest_conv())?;
     crate::device::setup(c.device, c.fused_bn)?;
     let model = Model::new(cfg, c.device);
-    weights::load(&model, path)?;
+    file.load(&model)?;
     if c.channels_last {
         model.to_channels_last();
     }
     Ok((model, c))
+}
+
+/// The classes of the data at `dir` must be those the weights were trained on, in the same order, or labels
+/// would not line up: as many, and the same names where the weights record theirs.
+fn check_classes(file: &WeightsFile, data: &[String], dir: &Path) -> Result<()> {
+    let classes = file.shape()?.num_classes;
+    let path = file.path().display();
+    if data.len() as i64 != classes {
+        bail!(
+            "{} has {} classes but {path} was trained for {classes}: labels would not line up",
+            dir.display(),
+            data.len(),
+        );
+    }
+    let names = file.classes().unwrap_or_default();
+    if let Some(i) = names.iter().zip(data).position(|(a, b)| a != b) {
+        bail!(
+            "{}'s class {i} is {:?} but {path} was trained with {:?} there: labels would not line up",
+            dir.display(),
+            data[i],
+            names[i]
+        );
+    }
+    Ok(())
 }
 
 /// `rn50 eval`.
@@ -188,16 +214,8 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     )?;
     let dir = val_dir(&args.data);
     let dataset = Dataset::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
-    let shape = weights::shape_of(&args.weights)?;
-    let classes = shape.num_classes;
-    if dataset.classes().len() as i64 != classes {
-        bail!(
-            "{} has {} classes but {} was trained for {classes}: labels would not line up",
-            dir.display(),
-            dataset.classes().len(),
-            args.weights.display()
-        );
-    }
+    let file = WeightsFile::read(&args.weights)?;
+    check_classes(&file, dataset.classes(), &dir)?;
     let (
         model,
         Compute {
@@ -207,7 +225,8 @@ pub fn run(args: &EvalArgs) -> Result<()> {
             cpu,
             ..
         },
-    ) = load_for_inference(args.arch, &args.weights, &args.compute)?;
+    ) = load_for_inference(args.arch, &file, &args.compute)?;
+    drop(file);
     let workers = args.workers.unwrap_or(cpu.logical_cores).max(1);
     let loader_cfg = LoaderConfig {
         transform: Transform::val(args.resize, args.crop),

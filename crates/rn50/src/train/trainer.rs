@@ -21,7 +21,8 @@ use tch::{Kind, Tensor};
 
 use crate::device::{device_name, Compute};
 use crate::input::{DeviceBatch, Source, Staged};
-use crate::model::{weights, Model, ResNetConfig, Stem};
+use crate::model::weights::{self, WeightsFile};
+use crate::model::{Model, ResNetConfig, Stem};
 use crate::step::{SgdConfig, Skipped, StepConfig, TrainStep};
 use crate::train::args::{Augment, OptimizerKind, ScheduleKind, TrainArgs};
 use crate::train::checkpoint::{self, Position};
@@ -189,7 +190,7 @@ impl<'a> Setup<'a> {
             (Some(root), false) => Some(RealData::open(root, args, workers, rank, world)?),
             _ => None,
         };
-        let classes = data.as_ref().map_or(1000, |d| d.classes);
+        let classes = data.as_ref().map_or(1000, |d| d.classes.len());
         model_cfg.num_classes = classes as i64;
         let step_cfg = StepConfig {
             precision: compute.precision,
@@ -496,13 +497,19 @@ fn mllog_path<'a>(args: &TrainArgs, path: &'a Path, resumes: bool) -> Result<Opt
     Ok(Some(path))
 }
 
+/// The class folder names in label order that best/final.safetensors record (none with --dummy).
+fn class_names(data: Option<&RealData>) -> Option<&[String]> {
+    data.map(|d| d.classes.as_slice())
+}
+
 /// `--init-weights`: the weights of `path` in `model`; the classifier keeps its initialisation when the file's
 /// class count differs from the model's, or with `reset_head`.
 fn init_weights(model: &Model, path: &Path, reset_head: bool, rank0: bool) -> Result<()> {
-    let file_classes = weights::shape_of(path)?.num_classes;
+    let file = WeightsFile::read(path)?;
+    let file_classes = file.shape()?.num_classes;
     let classes = model.net.config.num_classes;
     if reset_head || file_classes != classes {
-        weights::load_backbone(model, path)?;
+        file.load_backbone(model)?;
         if rank0 {
             tracing::info!(
                 "initialised from {} with a new classifier ({file_classes} → {classes} classes{})",
@@ -511,7 +518,7 @@ fn init_weights(model: &Model, path: &Path, reset_head: bool, rank0: bool) -> Re
             );
         }
     } else {
-        weights::load(model, path)?;
+        file.load(model)?;
         if rank0 {
             tracing::info!("initialised from {}", path.display());
         }
@@ -1349,6 +1356,7 @@ impl<'a> Trainer<'a> {
             weights::save(
                 self.setup.scored_model(),
                 &self.setup.args.out.join("best.safetensors"),
+                class_names(self.setup.data.as_ref()),
             )?;
         }
         Ok(())
@@ -1451,7 +1459,11 @@ impl<'a> Trainer<'a> {
         }
         if setup.rank0 && outcome == Outcome::Done {
             let out = &setup.args.out;
-            weights::save(&setup.step.model, &out.join("final.safetensors"))?;
+            weights::save(
+                &setup.step.model,
+                &out.join("final.safetensors"),
+                class_names(setup.data.as_ref()),
+            )?;
             if out.join("metrics.jsonl").exists() {
                 eprint!("{}", rn50_report::summary_text(out)?);
             }
