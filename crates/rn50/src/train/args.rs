@@ -173,10 +173,12 @@ pub struct TrainArgs {
     /// Time to accuracy, MLPerf style: stop at the first evaluation whose top-1 reaches this percent (above 0, at
     /// most 100; MLPerf's ResNet-50 target is 75.9), after saving that epoch's checkpoint, and record the time to
     /// it (time_to_target_s in summary.json). Not reached by the last epoch: said in the last line; exit code 0.
+    /// With --mllog the target is MLPerf's 75.9, and another value is refused.
     #[arg(long, value_name = "PERCENT", value_parser = finite_in((Bound::Excluded(0.0), Bound::Included(100.0))))]
     pub target_accuracy: Option<f64>,
-    /// Append MLPerf Training's log lines (`:::MLLOG {json}`, as mlperf_logging's mllog writes them: run_start,
-    /// epoch_start, eval_accuracy, run_stop...) to this file; rank 0 only.
+    /// Write MLPerf Training's result log to this file (`:::MLLOG {json}` lines as mlperf_logging's mllog writes
+    /// them: submission_*, cache_clear, init_start, run_start, epoch_start, eval_accuracy, run_stop...); rank 0
+    /// only. One uninterrupted run per file: a file that holds a run is refused, and a resumed run writes none.
     #[arg(long, value_name = "FILE")]
     pub mllog: Option<PathBuf>,
     #[command(flatten)]
@@ -188,7 +190,7 @@ pub struct TrainArgs {
     /// or a torch.save file (torchvision's resnet50-11ad3fa6.pth, pytorch/examples' checkpoint.pth.tar or
     /// model_best.pth.tar), told apart by content. The classifier is re-initialised when the class count differs
     /// (or with --reset-head). A checkpoint found by --resume takes precedence.
-    #[arg(long, value_name = "W.safetensors")]
+    #[arg(long, value_name = "FILE")]
     pub init_weights: Option<PathBuf>,
     /// With --init-weights: re-initialise the classifier (fc) even when the class count is the same.
     #[arg(long, requires = "init_weights")]
