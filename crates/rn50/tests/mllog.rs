@@ -5,7 +5,6 @@
 //! same file, submission flags without --mllog. --drop-caches really drops the page cache, and needs root.
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -416,15 +415,7 @@ fn a_log_holds_one_uninterrupted_run() {
         .spawn()
         .unwrap();
     // After its third step, stop it as SLURM would.
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("[    3/") {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "rn50 train ended before training"
-        );
-    }
+    let _err = common::read_stderr_until(&mut child, "[    3/");
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert_eq!(child.wait().unwrap().code(), Some(3), "preempted");
     let lines = mllog_lines(&log);

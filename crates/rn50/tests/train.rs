@@ -2,7 +2,6 @@
 //! evaluation, checkpoints, resume; SIGTERM gives a resumable checkpoint; bad data layouts are clear errors.
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -148,15 +147,7 @@ fn sigterm_saves_a_resumable_checkpoint() {
         .spawn()
         .unwrap();
     // Wait until it reports its third step, then ask it to stop as SLURM would.
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("[    3/") {
-        line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "rn50 train ended before training"
-        );
-    }
+    let _err = common::read_stderr_until(&mut child, "[    3/");
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(3), "preemption exit code");
@@ -231,12 +222,7 @@ fn resuming_mid_epoch_reproduces_the_uninterrupted_losses_exactly() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("[    2/") {
-        line.clear();
-        assert!(err.read_line(&mut line).unwrap() > 0, "ended early");
-    }
+    let _err = common::read_stderr_until(&mut child, "[    2/");
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert_eq!(child.wait().unwrap().code(), Some(3));
     let ckpt = part.join("checkpoint.safetensors");
@@ -874,12 +860,7 @@ fn a_second_train_into_a_run_in_progress_is_refused() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut err = BufReader::new(first.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("rn50 train:") {
-        line.clear();
-        assert!(err.read_line(&mut line).unwrap() > 0, "ended early");
-    }
+    let _err = common::read_stderr_until(&mut first, "rn50 train:");
     let r = run_strs(&tiny_run(&out, &["--epochs", "1", "--resume", "auto"]));
     let log = String::from_utf8_lossy(&r.stderr);
     unsafe { libc::kill(first.id() as i32, libc::SIGKILL) };

@@ -86,3 +86,24 @@ pub fn rn50(args: &[&str]) -> std::process::Output {
         .output()
         .unwrap()
 }
+
+/// Reads `child`'s piped stderr until a line contains `text` (a training run's `[    3/` for its third step, or
+/// `rn50 train:` for its start), then gives the reader back: for tests that stop or race a run once it got there.
+/// Keep the reader while the child runs (dropping it closes the pipe). Panics if the child ends first.
+#[allow(dead_code)]
+pub fn read_stderr_until(
+    child: &mut std::process::Child,
+    text: &str,
+) -> std::io::BufReader<std::process::ChildStderr> {
+    use std::io::BufRead;
+    let mut err = std::io::BufReader::new(child.stderr.take().expect("stderr piped"));
+    let mut line = String::new();
+    while !line.contains(text) {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "rn50 ended before printing {text:?}"
+        );
+    }
+    err
+}
