@@ -9,9 +9,15 @@ Rust tests compare against their own output. Called by crates/pipeline/tests/*.r
   resized_crop OUT SIZE JOBS.json    F.resized_crop(img, y, x, h, w, SIZE) (+ hflip) per job
   rrc_params OUT N W H [W H ...]     RandomResizedCrop.get_params N times per image size
   imagefolder OUT ROOT               torchvision ImageFolder's classes and (path, label) samples
+  autoaugment OUT JOBS.json          TrivialAugmentWide/RandAugment ops with fixed magnitudes on
+                                     uint8 tensors (transforms.v2), every op of a job on its image
+  autoaugment_tables OUT BINS...     the v2 policies' op order, signed flags and magnitude tables
+  autoaugment_draws OUT POLICY N [M] the (op, magnitude) draws of N calls of TrivialAugmentWide()
+                                     (POLICY ta_wide) or RandAugment(magnitude=M) (POLICY ra)
 """
 import json
 import os
+import struct
 import sys
 
 from PIL import Image
@@ -21,6 +27,11 @@ def save(out, n, img):
     with open(os.path.join(out, f"{n}.rgb"), "wb") as f:
         f.write(img.tobytes())
     return {"width": img.width, "height": img.height}
+
+
+def f64_bits(x):
+    """A float as its IEEE bits, which JSON readers cannot round (serde_json's default parser can)."""
+    return struct.unpack("<Q", struct.pack("<d", x))[0]
 
 
 def load_rgb(path):
@@ -81,6 +92,71 @@ def main():
         classes, class_to_idx = find_classes(args[0])
         samples = make_dataset(args[0], class_to_idx, IMG_EXTENSIONS)
         manifest = {"classes": classes, "samples": samples}
+    elif mode == "autoaugment":
+        # JOBS.json: [{"file": raw HxWx3 uint8, "width": W, "height": H, "ops": [[transform_id,
+        # magnitude], ...]}]; each op is applied to the job's image alone, by the policies' own
+        # `_apply_image_or_video_transform` (their magnitude -> F.affine / F.adjust_* mapping) with
+        # their defaults (NEAREST, fill None = 0). Outputs are numbered across jobs.
+        import numpy as np
+        import torch
+        from torchvision.transforms import v2 as T
+
+        torch.set_num_threads(1)  # torch's float32 sums depend on the thread count
+        with open(args[0]) as f:
+            jobs = json.load(f)
+        policy = T.TrivialAugmentWide()
+        n = 0
+        for job in jobs:
+            hwc = np.fromfile(job["file"], dtype=np.uint8).reshape(job["height"], job["width"], 3)
+            image = torch.from_numpy(hwc).permute(2, 0, 1).contiguous()
+            for transform_id, magnitude in job["ops"]:
+                result = policy._apply_image_or_video_transform(
+                    image, transform_id, magnitude, interpolation=policy.interpolation, fill=policy._fill
+                )
+                result.permute(1, 2, 0).contiguous().numpy().tofile(os.path.join(out, f"{n}.rgb"))
+                n += 1
+        manifest = {"outputs": n, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    elif mode == "autoaugment_tables":
+        # BINS: "N:W:H" (num_magnitude_bins, image size) per table. Values as f64 bits.
+        from torchvision.transforms import v2 as T
+
+        manifest = {}
+        for key, cls in (("ta_wide", T.TrivialAugmentWide), ("ra", T.RandAugment)):
+            space = cls._AUGMENTATION_SPACE
+            tables = []
+            for spec in args:
+                bins, w, h = (int(v) for v in spec.split(":"))
+                values = {}
+                for name, (fn, _) in space.items():
+                    m = fn(bins, h, w)
+                    values[name] = None if m is None else [f64_bits(float(v)) for v in m]
+                tables.append({"bins": bins, "width": w, "height": h, "values": values})
+            manifest[key] = {
+                "order": list(space),
+                "signed": {name: signed for name, (_, signed) in space.items()},
+                "tables": tables,
+            }
+    elif mode == "autoaugment_draws":
+        # The policy's forward with the op application replaced by a recorder: what it draws, not
+        # what it does. [transform_id, f64 bits of |magnitude|, negative] per op, the sign apart
+        # (-0.0 is negative); on a 224x224 image (RandAugment's translations scale with it).
+        import math
+
+        import torch
+        from torchvision.transforms import v2 as T
+
+        policy_name, n = args[0], int(args[1])
+        torch.manual_seed(0)
+        policy = T.TrivialAugmentWide() if policy_name == "ta_wide" else T.RandAugment(magnitude=int(args[2]))
+
+        def record(image, transform_id, magnitude, interpolation, fill):
+            manifest.append([transform_id, f64_bits(abs(magnitude)), math.copysign(1.0, magnitude) < 0])
+            return image
+
+        policy._apply_image_or_video_transform = record
+        image = torch.zeros((3, 224, 224), dtype=torch.uint8)
+        for _ in range(n):
+            policy(image)
     else:
         sys.exit(f"unknown mode {mode}")
     with open(os.path.join(out, "manifest.json"), "w") as f:

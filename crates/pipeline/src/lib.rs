@@ -46,8 +46,11 @@
 //! * Normalization (ImageNet mean/std) is left to the device: hosts move uint8.
 //!
 //! Shared helpers: [`decode::decode_rgb`] (any supported bytes → RGB8) and
-//! [`decode::encode_jpeg`]; [`synthetic`] makes ImageNet-sized JPEGs for benchmarks.
+//! [`decode::encode_jpeg`]; [`synthetic`] makes ImageNet-sized JPEGs for benchmarks;
+//! [`autoaugment`] has TrivialAugmentWide and RandAugment on RGB8 images, as torchvision computes
+//! them on uint8 tensors (not yet part of a [`Transform`]).
 
+pub mod autoaugment;
 mod bench;
 pub mod cli;
 pub mod crop;
@@ -59,6 +62,7 @@ pub mod source;
 pub mod synthetic;
 pub mod transform;
 
+pub use autoaugment::{AutoAugment, Draw, Op, OpKind, Policy};
 pub use loader::{BadImagePolicy, Batch, Epoch, Epochs, Loader, LoaderConfig, Stats};
 pub use source::Dataset;
 pub use transform::Transform;
