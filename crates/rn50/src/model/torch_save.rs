@@ -10,6 +10,9 @@
 //! Before that, every record of the zip archive is checked against the CRC-32 the archive records for it
 //! ([`check_crcs`]): neither libtorch nor torch.load does, so a file damaged inside a tensor's bytes loads, as other
 //! numbers.
+//! The central directory is read here ([`records`]) rather than with the `zip` crate: zip 9.8 refused a
+//! torch.save archive that torch.load reads ("Invalid Central Directory header", tests/torch_save.rs's legacy
+//! conversion), and a check that refuses good files is worse than none.
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};

@@ -740,12 +740,13 @@ impl RunLogs {
         // What was run, every flag's value as this machine resolved it: reusable with --config.
         if let Some(flags) = &args.resolved_config {
             let run = setup.run_record();
-            if let Some(earlier) = args.config.as_deref().and_then(RunRecord::of_file) {
+            let reused = args.config.as_deref();
+            if let Some((file, earlier)) = reused.and_then(|f| Some((f, RunRecord::of_file(f)?))) {
                 let differences = run.differences(&earlier);
                 if !differences.is_empty() {
                     tracing::warn!(
                         "--config {} was run with other settings than this run's, so the numbers will differ: {}",
-                        args.config.as_deref().unwrap_or(Path::new("")).display(),
+                        file.display(),
                         differences.join(", ")
                     );
                 }
