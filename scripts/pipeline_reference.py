@@ -11,9 +11,13 @@ Rust tests compare against their own output. Called by crates/pipeline/tests/*.r
   imagefolder OUT ROOT               torchvision ImageFolder's classes and (path, label) samples
   autoaugment OUT JOBS.json          TrivialAugmentWide/RandAugment ops with fixed magnitudes on
                                      uint8 tensors (transforms.v2), every op of a job on its image
+                                     (with "chain": true, one after the other: one output)
   autoaugment_tables OUT BINS...     the v2 policies' op order, signed flags and magnitude tables
   autoaugment_draws OUT POLICY N [M] the (op, magnitude) draws of N calls of TrivialAugmentWide()
                                      (POLICY ta_wide) or RandAugment(magnitude=M) (POLICY ra)
+  random_erasing OUT N P SIZE...     the boxes of N calls of RandomErasing(P) on a SIZE x SIZE image
+  ra_sampler OUT REPS WORLD LEN PERM... torchvision's RASampler index arithmetic on the permutation
+                                     PERM of LEN samples, per rank
 """
 import json
 import os
@@ -109,10 +113,16 @@ def main():
         for job in jobs:
             hwc = np.fromfile(job["file"], dtype=np.uint8).reshape(job["height"], job["width"], 3)
             image = torch.from_numpy(hwc).permute(2, 0, 1).contiguous()
+            result = image
             for transform_id, magnitude in job["ops"]:
                 result = policy._apply_image_or_video_transform(
-                    image, transform_id, magnitude, interpolation=policy.interpolation, fill=policy._fill
+                    result if job.get("chain") else image, transform_id, magnitude,
+                    interpolation=policy.interpolation, fill=policy._fill
                 )
+                if not job.get("chain"):
+                    result.permute(1, 2, 0).contiguous().numpy().tofile(os.path.join(out, f"{n}.rgb"))
+                    n += 1
+            if job.get("chain"):
                 result.permute(1, 2, 0).contiguous().numpy().tofile(os.path.join(out, f"{n}.rgb"))
                 n += 1
         manifest = {"outputs": n, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
@@ -157,6 +167,52 @@ def main():
         image = torch.zeros((3, 224, 224), dtype=torch.uint8)
         for _ in range(n):
             policy(image)
+    elif mode == "random_erasing":
+        # The transform's own forward (v1, as references/classification uses it, value=0 after
+        # Normalize) with get_params wrapped to record its box: [top, left, h, w], or None when
+        # the p draw said no or get_params found no box in 10 tries (it then returns the image as
+        # the value, and erasing with it changes nothing).
+        import torch
+        from torchvision import transforms as T
+
+        n, p, sizes = int(args[0]), float(args[1]), [int(v) for v in args[2:]]
+        get_params = T.RandomErasing.get_params
+        boxes = []
+
+        def record(img, scale, ratio, value=None):
+            i, j, h, w, v = get_params(img, scale=scale, ratio=ratio, value=value)
+            boxes[-1] = None if v is img else [i, j, h, w]
+            return i, j, h, w, v
+
+        T.RandomErasing.get_params = staticmethod(record)
+        manifest = {}
+        torch.manual_seed(0)
+        erasing = T.RandomErasing(p=p, value=0)
+        for size in sizes:
+            image = torch.zeros((3, size, size))
+            start = len(boxes)
+            for _ in range(n):
+                boxes.append(None)
+                erasing(image)
+            manifest[str(size)] = boxes[start:]
+    elif mode == "ra_sampler":
+        # references/classification/sampler.py's RASampler.__iter__ (BSD-3-Clause), with the
+        # permutation given instead of torch.randperm's.
+        import math
+
+        reps, world, length = int(args[0]), int(args[1]), int(args[2])
+        perm = [int(v) for v in args[3:]]
+        assert sorted(perm) == list(range(length))
+        num_samples = int(math.ceil(length * float(reps) / world))
+        total_size = num_samples * world
+        num_selected_samples = int(math.floor(length // 256 * 256 / world))
+        indices = [ele for ele in perm for i in range(reps)]
+        indices += indices[: (total_size - len(indices))]
+        manifest = []
+        for rank in range(world):
+            mine = indices[rank:total_size:world]
+            assert len(mine) == num_samples
+            manifest.append({"indices": mine, "num_selected_samples": num_selected_samples})
     else:
         sys.exit(f"unknown mode {mode}")
     with open(os.path.join(out, "manifest.json"), "w") as f:

@@ -3,7 +3,7 @@
 //! # Trainer interface
 //!
 //! ```no_run
-//! use rn50_pipeline::{Dataset, Loader, LoaderConfig, Transform};
+//! use rn50_pipeline::{Dataset, Loader, LoaderConfig, Policy, TrainAugment, Transform};
 //!
 //! # fn main() -> anyhow::Result<()> {
 //! // A folder (root/<class>/<image>), a shard directory or one shard file: auto-detected.
@@ -11,6 +11,11 @@
 //! assert_eq!(train.classes().len(), 1000);
 //! let config = LoaderConfig {
 //!     transform: Transform::train(176), // progressive resizing: any size
+//!     augment: TrainAugment {
+//!         auto_augment: Some(Policy::trivial_augment_wide()), // or Policy::rand_augment(9)
+//!         random_erase: 0.1, // RandomErasing's p: boxes drawn, erased on the device
+//!     },
+//!     ra_reps: 4, // repeated augmentation (RASampler): each image 4 times an epoch
 //!     seed: 42,
 //!     rank: 0,
 //!     world_size: 1,
@@ -24,6 +29,11 @@
 //!         let [n, h, w, c] = batch.shape(); // NHWC, c == 3, uint8 RGB
 //!         let pixels: &[u8] = &batch; // n*h*w*3 bytes, contiguous
 //!         let labels: &[i64] = batch.labels(); // n class indices
+//!         for (i, erase) in batch.erased().iter().enumerate() {
+//!             // Some(Erase { top, left, height, width }): zero those pixels of image i on the
+//!             // device *after* normalizing (torchvision erases to 0 after Normalize)
+//!             # let _ = (i, erase);
+//!         }
 //!         # let _ = (n, h, w, c, pixels, labels);
 //!         // copy to the device, normalize there; dropping `batch` recycles its buffer
 //!     }
@@ -33,7 +43,14 @@
 //! ```
 //!
 //! * Determinism: sample order depends on (seed, epoch) and each sample's augmentation on
-//!   (seed, epoch, dataset index) only, so batches are identical for any worker count.
+//!   (seed, epoch, key) only, so batches are identical for any worker count. The key is the
+//!   dataset index, or with repeated augmentation `copy * len + index` (see [`sampler`]).
+//! * Training augmentations ([`TrainAugment`], torchvision's recipe order): RandomResizedCrop (or
+//!   RandomCrop), the flip, the auto-augment policy on the output image, then a random-erasing
+//!   box that [`Batch::erased`] reports and the consumer zeroes after normalization.
+//! * Repeated augmentation (`ra_reps`, torchvision's RASampler): each image of the permutation
+//!   `ra_reps` times in a row, copies spread over ranks, each copy augmented differently; an
+//!   epoch keeps its length. Training only (refused without `shuffle` and `drop_last`).
 //! * Resuming: `loader.epoch(epoch, start_batch)` (or `epochs(epoch, start_batch)`) skips the
 //!   first `start_batch` batches.
 //! * Across epochs: the worker threads belong to the loader and work through the epochs queued
@@ -48,7 +65,7 @@
 //! Shared helpers: [`decode::decode_rgb`] (any supported bytes → RGB8) and
 //! [`decode::encode_jpeg`]; [`synthetic`] makes ImageNet-sized JPEGs for benchmarks;
 //! [`autoaugment`] has TrivialAugmentWide and RandAugment on RGB8 images, as torchvision computes
-//! them on uint8 tensors (not yet part of a [`Transform`]).
+//! them on uint8 tensors.
 
 pub mod autoaugment;
 mod bench;
@@ -65,4 +82,4 @@ pub mod transform;
 pub use autoaugment::{AutoAugment, Draw, Op, OpKind, Policy};
 pub use loader::{BadImagePolicy, Batch, Epoch, Epochs, Loader, LoaderConfig, Stats};
 pub use source::Dataset;
-pub use transform::Transform;
+pub use transform::{Erase, TrainAugment, Transform};

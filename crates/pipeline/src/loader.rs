@@ -31,7 +31,7 @@ use anyhow::{anyhow, ensure, Context, Result};
 use crate::decode::MAX_IMAGE_PIXELS;
 use crate::sampler::{sample_rng, Sampler};
 use crate::source::Dataset;
-use crate::transform::{Augmenter, Transform};
+use crate::transform::{Applied, Augmenter, Erase, TrainAugment, Transform};
 
 /// What to do with an image that cannot be decoded.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -49,6 +49,13 @@ pub struct LoaderConfig {
     /// Decode threads.
     pub workers: usize,
     pub transform: Transform,
+    /// The recipe's augmentations after the training transform's crop and flip (none by
+    /// default; refused with an evaluation transform).
+    pub augment: TrainAugment,
+    /// Repeated augmentation: each image of the epoch's permutation `ra_reps` times in a row, the
+    /// copies spread over the ranks and augmented differently ([`crate::sampler`] has the
+    /// details). 1: none. Only for training (needs `shuffle` and `drop_last`).
+    pub ra_reps: usize,
     /// Shuffle each epoch (training); otherwise dataset order (evaluation).
     pub shuffle: bool,
     pub seed: u64,
@@ -76,6 +83,8 @@ impl LoaderConfig {
             batch_size,
             workers,
             transform: Transform::train(224),
+            augment: TrainAugment::default(),
+            ra_reps: 1,
             shuffle: true,
             seed: 0,
             rank: 0,
@@ -96,6 +105,37 @@ impl LoaderConfig {
             drop_last: false,
             ..LoaderConfig::train(batch_size, workers)
         }
+    }
+
+    /// Rejects configurations that would make no sense (or divide by zero), with the reason.
+    /// [`Loader::new`] and [`Loader::share_workers`] call it.
+    pub fn validate(&self) -> Result<()> {
+        ensure!(self.batch_size > 0, "batch size must be positive");
+        ensure!(
+            self.max_image_pixels > 0,
+            "the image pixel limit must be positive"
+        );
+        ensure!(
+            self.world_size > 0 && self.rank < self.world_size,
+            "rank {} out of range for world size {}",
+            self.rank,
+            self.world_size
+        );
+        self.transform.validate()?;
+        self.augment.validate()?;
+        ensure!(
+            self.transform.is_train() || self.augment.is_none(),
+            "auto-augment and random erasing are for training transforms, not {:?}",
+            self.transform
+        );
+        ensure!(self.ra_reps > 0, "ra_reps must be at least 1");
+        ensure!(
+            self.ra_reps == 1 || (self.shuffle && self.drop_last),
+            "repeated augmentation (ra_reps {}) is for training: it needs shuffle and drop_last \
+             (evaluation loads each sample once)",
+            self.ra_reps
+        );
+        Ok(())
     }
 }
 
@@ -189,9 +229,14 @@ impl Pool {
 
 /// One batch: `n` images of `h x w x 3` bytes (NHWC, uint8, RGB) and their labels. Derefs to
 /// the pixel bytes; the buffer goes back to the loader's pool when dropped.
+///
+/// With random erasing ([`TrainAugment::random_erase`]), [`Batch::erased`] holds each image's
+/// box: the consumer must set those pixels to 0 *after* normalizing (torchvision's recipe erases
+/// after Normalize, to the mean colour, which no uint8 value represents).
 pub struct Batch {
     data: Vec<u8>,
     labels: Vec<i64>,
+    erased: Vec<Option<Erase>>,
     indices: Vec<usize>,
     skipped: usize,
     size: usize,
@@ -221,6 +266,11 @@ impl Batch {
     /// Dataset index of each image (for debugging and resumption checks).
     pub fn indices(&self) -> &[usize] {
         &self.indices
+    }
+    /// Each image's random-erasing box, aligned with [`Batch::labels`] (all `None` without
+    /// random erasing): to be zeroed after normalization.
+    pub fn erased(&self) -> &[Option<Erase>] {
+        &self.erased
     }
     /// Samples of this batch skipped as bad images (unreadable or undecodable).
     pub fn skipped(&self) -> usize {
@@ -272,7 +322,7 @@ impl Loader {
     /// Starts `config.workers` threads, which wait for epochs to be queued.
     pub fn new(dataset: Dataset, config: LoaderConfig) -> Result<Loader> {
         ensure!(config.workers > 0, "need at least one worker");
-        Loader::check(&config)?;
+        config.validate()?;
         let workers = Arc::new(Workers::spawn(config.workers)?);
         Loader::on(workers, dataset, config)
     }
@@ -281,23 +331,8 @@ impl Loader {
     /// (`config.workers` is not used), queued in one line with this loader's: an evaluation pass
     /// queued behind a training epoch decodes as soon as that epoch's batches are all handed out.
     pub fn share_workers(&self, dataset: Dataset, config: LoaderConfig) -> Result<Loader> {
-        Loader::check(&config)?;
+        config.validate()?;
         Loader::on(self.workers.clone(), dataset, config)
-    }
-
-    fn check(config: &LoaderConfig) -> Result<()> {
-        ensure!(config.batch_size > 0, "batch size must be positive");
-        ensure!(
-            config.max_image_pixels > 0,
-            "the image pixel limit must be positive"
-        );
-        ensure!(
-            config.world_size > 0 && config.rank < config.world_size,
-            "rank {} out of range for world size {}",
-            config.rank,
-            config.world_size
-        );
-        config.transform.validate()
     }
 
     fn on(workers: Arc<Workers>, dataset: Dataset, config: LoaderConfig) -> Result<Loader> {
@@ -338,6 +373,7 @@ impl Loader {
             seed: self.config.seed,
             rank: self.config.rank,
             world_size: self.config.world_size,
+            reps: self.config.ra_reps,
         }
     }
 
@@ -407,13 +443,13 @@ impl Loader {
         let b = self.config.batch_size;
         let end = range.end.min(self.batches_per_epoch());
         let start = range.start.min(end);
-        let mut indices = self.sampler().indices(epoch, self.config.drop_last);
-        indices.truncate(end * b);
+        let mut keys = self.sampler().keys(epoch, self.config.drop_last);
+        keys.truncate(end * b);
         let job = Arc::new(Job {
             dataset: self.dataset.clone(),
             config: self.config.clone(),
             epoch,
-            indices,
+            keys,
             counters: self.counters.clone(),
             pool: self.pool.clone(),
         });
@@ -501,8 +537,9 @@ struct Job {
     dataset: Dataset,
     config: LoaderConfig,
     epoch: u64,
-    /// This rank's dataset indices in order, up to the end of the last batch wanted.
-    indices: Vec<usize>,
+    /// This rank's sample keys in order (see [`crate::sampler`]: the dataset index is `key %
+    /// len`), up to the end of the last batch wanted.
+    keys: Vec<usize>,
     counters: Arc<Counters>,
     pool: Arc<Pool>,
 }
@@ -511,7 +548,7 @@ struct Job {
 struct Queued {
     id: u64,
     job: Arc<Job>,
-    /// The next position of `job.indices` to hand out.
+    /// The next position of `job.keys` to hand out.
     next_sample: usize,
     /// The batch its consumer takes next.
     next_batch: usize,
@@ -529,6 +566,8 @@ struct Open {
     data: Vec<u8>,
     /// Per position: decoded into its slot (else skipped as bad, or not finished).
     ok: Vec<bool>,
+    /// Per position: the random-erasing box drawn for it.
+    erase: Vec<Option<Erase>>,
     /// Samples not finished.
     todo: usize,
     /// The failure (on_bad_image = fail, or a panic) of the first sample that failed.
@@ -587,14 +626,19 @@ impl Job {
         s * s * 3
     }
 
-    /// Positions of batch `k` in `indices`.
+    /// Positions of batch `k` in `keys`.
     fn span(&self, k: usize) -> Range<usize> {
         let b = self.config.batch_size;
-        k * b..((k + 1) * b).min(self.indices.len())
+        k * b..((k + 1) * b).min(self.keys.len())
+    }
+
+    /// The dataset index of the sample with `key`.
+    fn index(&self, key: usize) -> usize {
+        key % self.dataset.len()
     }
 
     /// Counts a bad sample; an error if it must fail the epoch.
-    fn bad(&self, idx: usize, err: anyhow::Error) -> Result<bool> {
+    fn bad(&self, idx: usize, err: anyhow::Error) -> Result<Option<Applied>> {
         let name = self.dataset.name(idx);
         let c = &self.counters;
         c.bad_images.fetch_add(1, Ordering::Relaxed);
@@ -603,7 +647,7 @@ impl Job {
             ex.push(format!("{name}: {err:#}"));
         }
         match self.config.on_bad_image {
-            BadImagePolicy::Skip => Ok(false),
+            BadImagePolicy::Skip => Ok(None),
             BadImagePolicy::Fail => Err(err.context(format!("bad image {name}"))),
         }
     }
@@ -611,19 +655,21 @@ impl Job {
     /// Batch `index` out of its finished buffer: the decoded samples moved together, in order.
     fn assemble(&self, index: usize, open: Open) -> Batch {
         let (per, mut data) = (self.image_bytes(), open.data);
-        let mut indices = Vec::with_capacity(open.ok.len());
-        for (pos, &idx) in self.indices[self.span(index)].iter().enumerate() {
+        let (mut indices, mut erased) = (Vec::with_capacity(open.ok.len()), Vec::new());
+        for (pos, &key) in self.keys[self.span(index)].iter().enumerate() {
             if open.ok[pos] {
                 let n = indices.len();
                 if n != pos {
                     data.copy_within(pos * per..(pos + 1) * per, n * per);
                 }
-                indices.push(idx);
+                indices.push(self.index(key));
+                erased.push(open.erase[pos]);
             }
         }
         Batch {
             data,
             labels: indices.iter().map(|&i| self.dataset.label(i)).collect(),
+            erased,
             skipped: open.ok.len() - indices.len(),
             indices,
             size: self.config.transform.output_size(),
@@ -639,7 +685,7 @@ impl Queued {
     fn claim(&mut self, open: usize) -> Option<Task> {
         let job = &self.job;
         let k = self.next_sample / job.config.batch_size;
-        if self.cancelled || self.next_sample >= job.indices.len() {
+        if self.cancelled || self.next_sample >= job.keys.len() {
             return None;
         }
         let room = open < job.config.prefetch.max(1);
@@ -651,6 +697,7 @@ impl Queued {
         let open = self.open.entry(k).or_insert_with(|| Open {
             data: job.pool.take(job.config.batch_size * per),
             ok: vec![false; span.len()],
+            erase: vec![None; span.len()],
             todo: span.len(),
             error: None,
         });
@@ -684,7 +731,7 @@ impl Queue {
     }
 
     /// Records a finished sample; true if that completed its batch or a cancelled epoch's work.
-    fn finish(&mut self, task: &Task, r: Result<bool>) -> bool {
+    fn finish(&mut self, task: &Task, r: Result<Option<Applied>>) -> bool {
         let Some(i) = self.epochs.iter().position(|e| e.id == task.id) else {
             return false;
         };
@@ -702,7 +749,10 @@ impl Queue {
             .get_mut(&task.batch)
             .expect("a claimed sample's batch is open");
         match r {
-            Ok(ok) => open.ok[task.pos] = ok,
+            Ok(applied) => {
+                open.ok[task.pos] = applied.is_some();
+                open.erase[task.pos] = applied.and_then(|a| a.erase);
+            }
             Err(err) => {
                 if open.error.as_ref().is_none_or(|(p, _)| task.pos < *p) {
                     open.error = Some((task.pos, err));
@@ -767,16 +817,22 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
 }
 
 impl Task {
-    /// Decodes the sample into its slot: `Ok(true)` when there, `Ok(false)` when skipped as bad,
+    /// Decodes the sample into its slot: what was applied when there, `None` when skipped as bad,
     /// an error when it fails the epoch. `aug` is the worker's, kept for the epoch `aug.0`.
-    fn run(&self, aug: &mut Option<(u64, Augmenter)>, read_buf: &mut Vec<u8>) -> Result<bool> {
+    fn run(
+        &self,
+        aug: &mut Option<(u64, Augmenter)>,
+        read_buf: &mut Vec<u8>,
+    ) -> Result<Option<Applied>> {
         let (job, cfg) = (&*self.job, &self.job.config);
         if aug.as_ref().is_none_or(|(id, _)| *id != self.id) {
             let mut a = Augmenter::new(cfg.transform.clone(), cfg.dct_scaling)?;
             a.set_max_image_pixels(cfg.max_image_pixels);
+            a.set_augment(&cfg.augment)?;
             *aug = Some((self.id, a));
         }
-        let idx = job.indices[job.span(self.batch).start + self.pos];
+        let key = job.keys[job.span(self.batch).start + self.pos];
+        let idx = job.index(key);
         // SAFETY: `slot` starts this sample's `image_bytes` in its open batch's buffer, which
         // holds the whole batch. The slot was handed to this task alone, and the buffer is not
         // moved, read or freed before every sample handed out for it has finished.
@@ -789,7 +845,7 @@ impl Task {
         let c = &job.counters;
         c.read_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        let mut rng = sample_rng(cfg.seed, job.epoch, idx);
+        let mut rng = sample_rng(cfg.seed, job.epoch, key);
         let a = &mut aug.as_mut().expect("made above").1;
         // Decoders see untrusted bytes: contain a panic to this one sample.
         match catch_unwind(AssertUnwindSafe(|| a.apply(bytes, &mut rng, slot))) {
@@ -799,7 +855,7 @@ impl Task {
                 c.augment_ns
                     .fetch_add(applied.augment_time.as_nanos() as u64, Ordering::Relaxed);
                 c.images.fetch_add(1, Ordering::Relaxed);
-                Ok(true)
+                Ok(Some(applied))
             }
             Ok(Err(e)) => job.bad(idx, e.into()),
             Err(p) => {

@@ -4,6 +4,9 @@
 //! needs and, when the crop will be shrunk by 2x or more anyway, decodes at 1/2, 1/4 or 1/8 scale
 //! in the DCT domain. The resize (bilinear with antialiasing, i.e. Pillow's filter, which is what
 //! torchvision uses on PIL images) runs on that smaller region.
+//!
+//! Training transforms can add the recipe's augmentations ([`TrainAugment`]): an auto-augment
+//! policy on the output image, and a random-erasing box drawn here and erased on the device.
 
 use std::time::{Duration, Instant};
 
@@ -11,6 +14,7 @@ use fast_image_resize::images::{CroppedImage, Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use rand::Rng;
 
+use crate::autoaugment::{AutoAugment, Policy};
 use crate::crop::{center_offset, random_resized_crop, resize_shorter, CropBox};
 use crate::decode::{DecodeError, Decoder, Plan};
 
@@ -92,12 +96,101 @@ impl Transform {
     }
 }
 
+/// The augmentations torchvision's recipe (references/classification) adds to a training
+/// transform, applied in its order: after RandomResizedCrop (or RandomCrop) and the flip,
+/// `auto_augment` on the output image, then `RandomErasing(random_erase)`. Both draw from the
+/// sample's own RNG, after the crop and flip, so a sample's result still depends on (seed, epoch,
+/// key) only. Not for evaluation transforms.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TrainAugment {
+    /// TrivialAugmentWide or RandAugment (`--auto-augment ta_wide|ra`); `None`: none.
+    pub auto_augment: Option<Policy>,
+    /// Probability of a random-erasing box (`--random-erase`), `RandomErasing(p,
+    /// scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0)`. The box is only drawn here
+    /// ([`Applied::erase`]): torchvision erases after Normalize, to 0 in normalized space (the mean
+    /// colour), which no uint8 value represents, so the consumer zeroes it after normalizing.
+    pub random_erase: f64,
+}
+
+impl TrainAugment {
+    /// Nothing added.
+    pub fn is_none(&self) -> bool {
+        self.auto_augment.is_none() && self.random_erase == 0.0
+    }
+
+    /// A valid policy and a probability in [0, 1].
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if let Some(policy) = &self.auto_augment {
+            policy.validate()?;
+        }
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.random_erase),
+            "random erasing probability must be in [0, 1], got {}",
+            self.random_erase
+        );
+        Ok(())
+    }
+}
+
+/// `RandomErasing`'s scale range (of the image area) and aspect-ratio range (height / width).
+pub const ERASE_SCALE: [f64; 2] = [0.02, 0.33];
+pub const ERASE_RATIO: [f64; 2] = [0.3, 3.3];
+
+/// A random-erasing box in output pixels (rows `top..top + height`, columns `left..left +
+/// width`), to be set to 0 after normalization. It may be empty (a side rounded to 0 on images
+/// of a few pixels), as torchvision's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Erase {
+    pub top: usize,
+    pub left: usize,
+    pub height: usize,
+    pub width: usize,
+}
+
+/// torchvision's `RandomErasing(p, scale=(0.02, 0.33), ratio=(0.3, 3.3)).forward` on a `height x
+/// width` image, the box only: with probability `p`, up to 10 tries of an area `U(scale)` of the
+/// image's and an aspect ratio `exp(U(log ratio))`, sides rounded half to even (Python's
+/// `round`); the first box that fits strictly inside (`h < height`, `w < width`) is placed
+/// uniformly (row, then column). `None` when `p` says no or all 10 tries failed. Draws nothing
+/// when `p` is 0 (torchvision's recipe then leaves the transform out).
+pub fn random_erase<R: Rng + ?Sized>(
+    p: f64,
+    height: usize,
+    width: usize,
+    rng: &mut R,
+) -> Option<Erase> {
+    if p <= 0.0 || rng.random::<f64>() >= p {
+        return None;
+    }
+    let area = (height * width) as f64;
+    let log_ratio = [ERASE_RATIO[0].ln(), ERASE_RATIO[1].ln()];
+    for _ in 0..10 {
+        let erase_area = area * rng.random_range(ERASE_SCALE[0]..ERASE_SCALE[1]);
+        let aspect = rng.random_range(log_ratio[0]..log_ratio[1]).exp();
+        let h = (erase_area * aspect).sqrt().round_ties_even() as usize;
+        let w = (erase_area / aspect).sqrt().round_ties_even() as usize;
+        if h < height && w < width {
+            let top = rng.random_range(0..height - h + 1);
+            let left = rng.random_range(0..width - w + 1);
+            return Some(Erase {
+                top,
+                left,
+                height: h,
+                width: w,
+            });
+        }
+    }
+    None
+}
+
 /// What the augmenter did with one sample (for tests and statistics).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Applied {
     /// Crop box in original pixels (for `Val`, the center crop mapped back to the original).
     pub crop: [f64; 4],
     pub flipped: bool,
+    /// The random-erasing box drawn (see [`TrainAugment::random_erase`]), if any.
+    pub erase: Option<Erase>,
     /// DCT downscale used by the decoder (1 = full resolution).
     pub downscale: usize,
     pub decode_time: Duration,
@@ -107,6 +200,8 @@ pub struct Applied {
 /// One worker's decode + augment state (reusable buffers, no per-sample allocation).
 pub struct Augmenter {
     transform: Transform,
+    random_erase: f64,
+    auto_augment: Option<AutoAugment>,
     decoder: Decoder,
     resizer: Resizer,
     dct_scaling: bool,
@@ -118,6 +213,8 @@ impl Augmenter {
     pub fn new(transform: Transform, dct_scaling: bool) -> Result<Augmenter, DecodeError> {
         Ok(Augmenter {
             transform,
+            random_erase: 0.0,
+            auto_augment: None,
             decoder: Decoder::new()?,
             resizer: Resizer::new(),
             dct_scaling,
@@ -126,6 +223,19 @@ impl Augmenter {
 
     pub fn transform(&self) -> &Transform {
         &self.transform
+    }
+
+    /// Adds the recipe's augmentations to a training transform (none by default).
+    pub fn set_augment(&mut self, augment: &TrainAugment) -> anyhow::Result<()> {
+        augment.validate()?;
+        anyhow::ensure!(
+            self.transform.is_train() || augment.is_none(),
+            "auto-augment and random erasing are for training transforms, not {:?}",
+            self.transform
+        );
+        self.auto_augment = augment.auto_augment.map(AutoAugment::new);
+        self.random_erase = augment.random_erase;
+        Ok(())
     }
 
     /// Larger images are refused (see [`Decoder::set_max_image_pixels`]); the default is
@@ -146,7 +256,11 @@ impl Augmenter {
         let size = self.transform.output_size();
         assert_eq!(out.len(), size * size * 3, "output slot has the wrong size");
         if let Transform::PadCrop { padding, .. } = self.transform {
-            return self.pad_crop(bytes, size, padding, rng, out, t0);
+            let mut applied = self.pad_crop(bytes, size, padding, rng, out, t0)?;
+            let t1 = Instant::now();
+            applied.erase = self.train_augment(out, size, rng);
+            applied.augment_time += t1.elapsed();
+            return Ok(applied);
         }
         let dct = self.dct_scaling;
         // Source box in original pixels; `clip` = the resize may not look outside it (train:
@@ -187,7 +301,8 @@ impl Augmenter {
         })?;
         let t1 = Instant::now();
 
-        let d = decoded.downscale as f64;
+        let downscale = decoded.downscale;
+        let d = downscale as f64;
         let (bw, bh) = (decoded.width, decoded.height);
         // The box in decoded-buffer pixels.
         let mut b = [
@@ -239,11 +354,17 @@ impl Augmenter {
                 flip_row(row);
             }
         }
+        let erase = if self.transform.is_train() {
+            self.train_augment(out, size, rng)
+        } else {
+            None
+        };
         let t2 = Instant::now();
         Ok(Applied {
             crop: src,
             flipped,
-            downscale: decoded.downscale,
+            erase,
+            downscale,
             decode_time: t1 - t0,
             augment_time: t2 - t1,
         })
@@ -251,6 +372,15 @@ impl Augmenter {
 }
 
 impl Augmenter {
+    /// The [`TrainAugment`] steps on the cropped and flipped `size x size` output, in
+    /// torchvision's order, drawing on from the sample's RNG: the policy's ops, then the erase box.
+    fn train_augment<R: Rng>(&mut self, out: &mut [u8], size: usize, rng: &mut R) -> Option<Erase> {
+        if let Some(auto) = &mut self.auto_augment {
+            auto.apply(out, size, size, rng);
+        }
+        random_erase(self.random_erase, size, size, rng)
+    }
+
     /// `RandomCrop(size, padding)` then a flip: no resampling, so the pixels are the decoded ones.
     fn pad_crop<R: Rng>(
         &mut self,
@@ -303,6 +433,7 @@ impl Augmenter {
                 size as f64,
             ],
             flipped,
+            erase: None,
             downscale: 1,
             decode_time: t1 - t0,
             augment_time: t1.elapsed(),

@@ -8,24 +8,6 @@ use rand::SeedableRng;
 use rn50_pipeline::crop::random_resized_crop;
 use rn50_pipeline::transform::{Augmenter, Transform};
 
-/// Two-sample Kolmogorov–Smirnov statistic.
-fn ks(mut a: Vec<f64>, mut b: Vec<f64>) -> f64 {
-    a.sort_by(f64::total_cmp);
-    b.sort_by(f64::total_cmp);
-    let (mut i, mut j, mut d) = (0, 0, 0.0f64);
-    while i < a.len() && j < b.len() {
-        let x = a[i].min(b[j]);
-        while i < a.len() && a[i] <= x {
-            i += 1;
-        }
-        while j < b.len() && b[j] <= x {
-            j += 1;
-        }
-        d = d.max((i as f64 / a.len() as f64 - j as f64 / b.len() as f64).abs());
-    }
-    d
-}
-
 #[test]
 fn crop_boxes_follow_torchvision_distribution() {
     const N: usize = 20_000;
@@ -39,7 +21,7 @@ fn crop_boxes_follow_torchvision_distribution() {
     let manifest = reference("rrc_params", tmp.path(), &args);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     // alpha = 0.001 critical value for two samples of N.
-    let crit = 1.95 * (2.0 / N as f64).sqrt();
+    let crit = ks_critical(N, N);
     for ((w, h), m) in dims.iter().zip(manifest.as_array().unwrap()) {
         let theirs: Vec<[f64; 4]> = m["boxes"]
             .as_array()
@@ -92,7 +74,7 @@ fn ks_detects_a_different_distribution() {
     let uniform: Vec<f64> = (0..n)
         .map(|_| rand::Rng::random_range(&mut rng, 0.75..4.0 / 3.0))
         .collect();
-    assert!(ks(log_uniform, uniform) > 1.95 * (2.0 / n as f64).sqrt());
+    assert!(ks(log_uniform, uniform) > ks_critical(n, n));
 }
 
 fn imagenet_files() -> Vec<String> {

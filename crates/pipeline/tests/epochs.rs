@@ -116,6 +116,7 @@ fn order(len: usize, epoch: u64) -> Vec<usize> {
         seed: 3,
         rank: 0,
         world_size: 1,
+        reps: 1,
     };
     s.indices(epoch, true)
 }

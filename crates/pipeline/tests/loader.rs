@@ -23,6 +23,7 @@ fn every_sample_once_per_epoch_across_ranks() {
                         seed: 5,
                         rank,
                         world_size: world,
+                        reps: 1,
                     };
                     for i in s.indices(epoch, false) {
                         seen[i] += 1;
@@ -55,6 +56,7 @@ fn order_depends_on_seed_and_epoch_only() {
         seed,
         rank,
         world_size: 4,
+        reps: 1,
     };
     assert_eq!(s(1, 2).indices(0, false), s(1, 2).indices(0, false));
     assert_ne!(s(1, 2).indices(0, false), s(1, 2).indices(1, false));
@@ -65,6 +67,7 @@ fn order_depends_on_seed_and_epoch_only() {
         seed: 0,
         rank: 1,
         world_size: 3,
+        reps: 1,
     };
     assert_eq!(ordered.indices(9, false), vec![1, 4, 7]);
 }

@@ -106,6 +106,29 @@ pub fn mae(a: &[u8], b: &[u8]) -> f64 {
         / a.len().max(1) as f64
 }
 
+/// Two-sample Kolmogorov–Smirnov statistic.
+pub fn ks(mut a: Vec<f64>, mut b: Vec<f64>) -> f64 {
+    a.sort_by(f64::total_cmp);
+    b.sort_by(f64::total_cmp);
+    let (mut i, mut j, mut d) = (0, 0, 0.0f64);
+    while i < a.len() && j < b.len() {
+        let x = a[i].min(b[j]);
+        while i < a.len() && a[i] <= x {
+            i += 1;
+        }
+        while j < b.len() && b[j] <= x {
+            j += 1;
+        }
+        d = d.max((i as f64 / a.len() as f64 - j as f64 / b.len() as f64).abs());
+    }
+    d
+}
+
+/// The two-sample KS statistic above which samples of `n` and `m` differ at α = 0.001.
+pub fn ks_critical(n: usize, m: usize) -> f64 {
+    1.95 * ((n + m) as f64 / (n * m) as f64).sqrt()
+}
+
 /// A valid PNG of `width x height` black pixels, 1 bit each: a few kilobytes for any size, and
 /// `width * height * 3` bytes once decoded to RGB (a decompression bomb).
 pub fn blank_png(width: u32, height: u32) -> Vec<u8> {
