@@ -96,7 +96,20 @@ const CASES: &[(&str, &[&str], &str)] = &[
     ("train", &["--keep-checkpoints", "0"], "--keep-checkpoints"),
     ("train", &["--bucket-cap-mb", "0"], "--bucket-cap-mb"),
     ("train", &["--print-freq", "0"], "--print-freq"),
+    ("train", &["--ra-magnitude", "31"], "--ra-magnitude"),
+    ("train", &["--random-erase", "1.5"], "--random-erase"),
+    ("train", &["--random-erase", "nan"], "--random-erase"),
+    ("train", &["--mixup-alpha", "-1"], "--mixup-alpha"),
+    ("train", &["--cutmix-alpha", "inf"], "--cutmix-alpha"),
+    ("train", &["--ra-reps", "0"], "--ra-reps"),
+    ("train", &["--ra-reps", "17"], "--ra-reps"),
+    ("train", &["--ema", "0.9", "--ema-steps", "0"], "--ema-steps"),
     // train: flags that must agree.
+    ("train", &["--ema-steps", "32"], "--ema-steps"),
+    ("train", &["--auto-augment", "ta_wide", "--ra-magnitude", "5"], "--ra-magnitude"),
+    ("train", &["--auto-augment", "ta_wide"], "--dummy"),
+    ("train", &["--random-erase", "0.1"], "--dummy"),
+    ("train", &["--ra-reps", "2"], "--dummy"),
     ("train", &["--val-crop", "64"], "--val-crop"),
     ("train", &["--min-res", "64"], "--min-res"),
     ("train", &["--min-res", "32", "--start-ramp", "1", "--end-ramp", "0.5"], "--end-ramp"),
@@ -362,6 +375,17 @@ fn every_default_parses_and_is_unchanged() {
         (t.label_smoothing, t.ema, t.workers, t.min_res),
         (0.0, None, None, None)
     );
+    assert_eq!(
+        (
+            t.auto_augment,
+            t.ra_magnitude,
+            t.random_erase,
+            t.ra_reps,
+            t.ema_steps
+        ),
+        (None, 9, 0.0, 1, 1)
+    );
+    assert_eq!((t.mixup_alpha, t.cutmix_alpha), (0.0, 0.0));
     assert_eq!(
         (t.start_ramp, t.end_ramp, t.val_resize, t.val_crop),
         (0.0, None, 256, 224)

@@ -513,6 +513,22 @@ fn main_py_and_timm_flags_are_aliases_or_refused_with_rn50s_way() {
         ("--log-interval 5", "--print-freq 5"),
         ("--checkpoint-hist 4", "--keep-checkpoints 4"),
         ("--weight-decay 5e-5", "--wd 5e-5"),
+        // timm's mixup/cutmix alphas and RepeatAugSampler; torchvision reference's sizes, warmup and EMA period.
+        (
+            "--mixup 0.2 --cutmix 1.0",
+            "--mixup-alpha 0.2 --cutmix-alpha 1.0",
+        ),
+        ("--aug-repeats 4", "--ra-reps 4"),
+        ("--train-crop-size 176", "--image-size 176"),
+        (
+            "--val-resize-size 232 --val-crop-size 224",
+            "--val-resize 232 --val-crop 224",
+        ),
+        ("--lr-warmup-epochs 5", "--warmup-epochs 5"),
+        (
+            "--ema 0.999 --model-ema-steps 32",
+            "--ema 0.999 --ema-steps 32",
+        ),
     ] {
         let (a, b): (Vec<&str>, Vec<&str>) = (
             theirs.split_whitespace().collect(),
@@ -541,7 +557,10 @@ fn main_py_and_timm_flags_are_aliases_or_refused_with_rn50s_way() {
         (&["--opt", "sgd"], "--optimizer"),
         (&["--start-epoch", "3"], "--resume"),
         (&["--decay-milestones", "30", "60"], "--lr-milestones"),
-        (&["--aa", "rand-m9-mstd0.5"], "AutoAugment"),
+        (&["--aa", "rand-m9-mstd0.5"], "--auto-augment ta_wide"),
+        (&["--reprob", "0.25"], "--random-erase P"),
+        (&["--ra-sampler"], "--ra-reps N"),
+        (&["--norm-weight-decay", "0"], "--no-bn-wd"),
     ] {
         let mut args = vec!["--dummy"];
         args.extend_from_slice(flag);

@@ -6,6 +6,7 @@ pub mod host;
 pub mod source;
 
 use anyhow::Result;
+use rn50_pipeline::transform::Erase;
 use rn50_pipeline::Batch;
 use tch::{Device, Kind, Tensor};
 
@@ -23,6 +24,8 @@ pub fn to_device_async(pinned: &Tensor, device: Device) -> Result<Tensor> {
 pub struct DeviceBatch {
     pub images: Tensor,
     pub labels: Tensor,
+    /// The images' random-erasing boxes (positions in the batch), zeroed by the step after normalisation.
+    pub erased: Vec<(usize, Erase)>,
     /// On CPU the images tensor borrows the loader's buffer: keep it until the tensors are dropped
     /// (fields drop in order, so the tensors go first).
     _host: Option<Batch>,
@@ -36,6 +39,12 @@ impl DeviceBatch {
     pub fn new(batch: Batch, device: Device) -> Result<Self> {
         let shape = [batch.n() as i64, batch.h() as i64, batch.w() as i64, 3];
         let labels = Tensor::from_slice(batch.labels());
+        let erased = batch
+            .erased()
+            .iter()
+            .enumerate()
+            .filter_map(|(image, e)| e.map(|e| (image, e)))
+            .collect();
         // SAFETY: `batch` holds `shape.product()` contiguous bytes and outlives `host` (kept in `_host`
         // on CPU; on GPU `host` is copied from before `batch` is dropped here).
         let host = unsafe {
@@ -51,6 +60,7 @@ impl DeviceBatch {
             return Ok(Self {
                 images: host,
                 labels,
+                erased,
                 _host: Some(batch),
             });
         }
@@ -60,6 +70,7 @@ impl DeviceBatch {
         Ok(Self {
             images: to_device_async(&pinned, device)?,
             labels: to_device_async(&crate::shim::pin_memory(&labels)?, device)?,
+            erased,
             _host: None,
         })
     }

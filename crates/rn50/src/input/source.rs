@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use rn50_pipeline::transform::Erase;
 use rn50_pipeline::{Dataset, Epoch, Epochs, Loader, LoaderConfig, Transform};
 use tch::{Device, Kind, Tensor};
 
@@ -34,6 +35,8 @@ pub struct Staged {
     /// How long the host waited for its producer (the loader, or the host thread making random bytes) to
     /// have the batch ready: the data wait, as `train` counts it. Staging it for the device is not in it.
     pub wait: Duration,
+    /// Random erasing's boxes (the loader's `--random-erase` draws), to zero after normalisation.
+    pub erased: Vec<(usize, Erase)>,
     _keep: Keep,
 }
 
@@ -53,6 +56,7 @@ impl From<DeviceBatch> for Staged {
             images: b.images.shallow_clone(),
             labels: b.labels.shallow_clone(),
             wait: Duration::ZERO,
+            erased: b.erased.clone(),
             _keep: Keep::Loader { _batch: b },
         }
     }
@@ -100,6 +104,7 @@ impl Source {
                 images: images.shallow_clone(),
                 labels: labels.shallow_clone(),
                 wait: Duration::ZERO,
+                erased: Vec::new(),
                 _keep: Keep::Nothing,
             }),
             Source::Host {
@@ -124,6 +129,7 @@ impl Source {
                     images: on_device.shallow_clone(),
                     labels: labels.shallow_clone(),
                     wait,
+                    erased: Vec::new(),
                     _keep: keep,
                 })
             }

@@ -1,6 +1,7 @@
 //! One training step as a reusable unit: forward, cross-entropy (optional label smoothing), backward,
 //! SGD update, in fp32 / bf16 autocast / fp16 autocast with dynamic loss scaling.
 pub mod input;
+pub mod mix;
 pub mod optim;
 pub mod precision;
 pub mod scaler;
@@ -164,7 +165,9 @@ impl TrainStep {
         })
     }
 
-    /// Forward and loss under this step's precision (train-mode BN).
+    /// Forward and loss under this step's precision (train-mode BN). `labels`: class indices `[N]`, or class
+    /// probabilities `[N, classes]` (Mixup/CutMix's targets; label smoothing then applies to them, as PyTorch's
+    /// cross-entropy does).
     pub fn forward(&self, x: &Tensor, labels: &Tensor) -> Result<Forward> {
         let _autocast = self.config.precision.autocast(self.device())?;
         let logits = self.model.forward_t(x, true);

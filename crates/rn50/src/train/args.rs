@@ -43,6 +43,19 @@ pub enum Augment {
     Cifar,
 }
 
+/// `--auto-augment`: torchvision's names (references/classification's --auto-augment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+pub enum AutoAugmentKind {
+    /// TrivialAugmentWide: one of 14 ops per image, with a random magnitude out of 31.
+    #[value(name = "ta_wide")]
+    #[serde(rename = "ta_wide")]
+    TaWide,
+    /// RandAugment: 2 ops per image, at magnitude --ra-magnitude.
+    #[value(name = "ra")]
+    #[serde(rename = "ra")]
+    Ra,
+}
+
 /// Train a ResNet on DATA/train, evaluating on DATA/val (or DATA/test) after every epoch (or every
 /// --eval-every epochs).
 ///
@@ -94,7 +107,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0.001, value_parser = positive())]
     pub lars_eta: f64,
     /// Linear warmup from 0 to the peak LR over this many epochs (fractions allowed), 0 to below --epochs.
-    #[arg(long, default_value_t = 0.0, value_parser = finite_in(0.0..))]
+    #[arg(long, alias = "lr-warmup-epochs", default_value_t = 0.0, value_parser = finite_in(0.0..))]
     pub warmup_epochs: f64,
     /// LR decay after warmup: step (÷10 at --lr-milestones), cosine (to --lr-end), linear (to 0) or poly
     /// (end + (peak - end)·(1 - t)^--lr-poly-power, t going from 0 after the warmup to 1 at the last step:
@@ -128,6 +141,10 @@ pub struct TrainArgs {
     #[arg(long, alias = "model-ema-decay", value_parser = finite_in(0.0..=1.0),
           default_value_if("model_ema", clap::builder::ArgPredicate::IsPresent, "0.9998"))]
     pub ema: Option<f64>,
+    /// Update the EMA every N steps of each epoch (its first step, the (N+1)th, ...), at least 1: torchvision's
+    /// --model-ema-steps (its recipe: 32).
+    #[arg(long, alias = "model-ema-steps", default_value_t = 1, value_parser = usize_in(1..))]
+    pub ema_steps: usize,
     /// timm's switch for --ema 0.9998 (hidden: rn50's way is --ema DECAY).
     #[arg(long, hide = true)]
     #[serde(skip)]
@@ -141,11 +158,36 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value_t = Augment::Imagenet)]
     pub augment: Augment,
     /// Training crop size (the final one with progressive resizing), 32 to 4096 pixels.
-    #[arg(long, alias = "img-size", default_value_t = 224, value_parser = usize_in(32..=rn50_args::MAX_IMAGE_SIZE))]
+    #[arg(long, aliases = ["img-size", "train-crop-size"], default_value_t = 224, value_parser = usize_in(32..=rn50_args::MAX_IMAGE_SIZE))]
     pub image_size: usize,
     /// Zero padding of the cifar RandomCrop, 0 to 1024 pixels.
     #[arg(long, default_value_t = 4, value_parser = usize_in(0..=1024))]
     pub pad: usize,
+    /// Per-image automatic augmentation after the crop and flip (torchvision's reference recipe: ta_wide):
+    /// ta_wide (TrivialAugmentWide) or ra (RandAugment), computed as torchvision's transforms.v2 on uint8 images.
+    #[arg(long, value_enum)]
+    pub auto_augment: Option<AutoAugmentKind>,
+    /// RandAugment's magnitude, 0 to 30 (of 31 bins; torchvision's default 9).
+    #[arg(long, default_value_t = 9, value_parser = usize_in(0..=30))]
+    pub ra_magnitude: usize,
+    /// Random erasing: the probability, 0 to 1, that a training image gets a rectangle set to 0 after normalisation
+    /// (the mean colour), with torchvision's RandomErasing defaults (2-33% of the area, aspect ratio 0.3 to 3.3).
+    #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = finite_in(0.0..=1.0))]
+    pub random_erase: f64,
+    /// Mixup's α, 0 (off) or more: images and one-hot targets of a batch blended with the previous image's, weight
+    /// λ ~ Beta(α, α) (torchvision's reference: 0.2). With --cutmix-alpha too, each batch gets one of the two,
+    /// either with probability ½.
+    #[arg(long, alias = "mixup", value_name = "ALPHA", default_value_t = 0.0, value_parser = finite_in(0.0..))]
+    pub mixup_alpha: f64,
+    /// CutMix's α, 0 (off) or more: a box of each image replaced by the previous image's, the targets weighted by
+    /// area (torchvision's reference: 1.0).
+    #[arg(long, alias = "cutmix", value_name = "ALPHA", default_value_t = 0.0, value_parser = finite_in(0.0..))]
+    pub cutmix_alpha: f64,
+    /// Repeated augmentation, 1 (off) to 16: each image shown N times in a row, differently augmented, the copies
+    /// spread over the processes (torchvision's RASampler; its recipe: 4). As RASampler, an epoch keeps its length,
+    /// so it shows about 1/N of the images.
+    #[arg(long, alias = "aug-repeats", default_value_t = 1, value_parser = usize_in(1..=16))]
+    pub ra_reps: usize,
     /// Progressive resizing (FFCV): train at this resolution until --start-ramp, then grow linearly to
     /// --image-size by --end-ramp (rounded to multiples of 32). 32 to --image-size.
     #[arg(long, value_parser = usize_in(32..=rn50_args::MAX_IMAGE_SIZE))]
@@ -157,10 +199,10 @@ pub struct TrainArgs {
     #[arg(long, value_parser = finite_in(0.0..))]
     pub end_ramp: Option<f64>,
     /// Evaluation: resize the shorter side to this, 1 to 4096 pixels, then center-crop --val-crop.
-    #[arg(long, default_value_t = 256, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
+    #[arg(long, alias = "val-resize-size", default_value_t = 256, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
     pub val_resize: usize,
     /// Evaluation center crop, 1 to --val-resize pixels.
-    #[arg(long, default_value_t = 224, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
+    #[arg(long, alias = "val-crop-size", default_value_t = 224, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
     pub val_crop: usize,
     /// Evaluate every N epochs (at least 1), from epoch --eval-offset on; the last epoch is always evaluated.
     /// Epochs without evaluation have no accuracy in metrics.jsonl and never become best.safetensors.
@@ -315,6 +357,19 @@ impl TrainArgs {
             && !matches!(self.lr_schedule, ScheduleKind::Cosine | ScheduleKind::Poly)
         {
             return usage("--lr-end is for --lr-schedule cosine or poly".into());
+        }
+        if self.ra_magnitude != 9 && self.auto_augment != Some(AutoAugmentKind::Ra) {
+            return usage("--ra-magnitude is for --auto-augment ra".into());
+        }
+        if self.dummy
+            && (self.auto_augment.is_some() || self.random_erase > 0.0 || self.ra_reps > 1)
+        {
+            return usage(
+                "--auto-augment, --random-erase and --ra-reps act on the loader's images: --dummy has none".into(),
+            );
+        }
+        if self.ema_steps > 1 && self.ema.is_none() {
+            return usage("--ema-steps is for --ema DECAY".into());
         }
         if self.val_crop > self.val_resize {
             return usage(format!(

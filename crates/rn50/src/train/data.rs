@@ -1,13 +1,14 @@
 //! Where `rn50 train` gets its batches: DATA/train and DATA/val (or DATA/test) with the chosen recipe's
-//! transforms, a train loader rebuilt when progressive resizing changes the resolution, all on one set of
+//! transforms (with --auto-augment, --random-erase and --ra-reps), a train loader rebuilt when progressive resizing changes the resolution, all on one set of
 //! loader threads. The hand-over of a host batch to the device is [`crate::input::DeviceBatch`].
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use rn50_pipeline::{Dataset, Epoch, Loader, LoaderConfig, Transform};
+use rn50_pipeline::transform::TrainAugment;
+use rn50_pipeline::{Dataset, Epoch, Loader, LoaderConfig, Policy, Transform};
 
-use crate::train::args::{Augment, TrainArgs};
+use crate::train::args::{Augment, AutoAugmentKind, TrainArgs};
 
 /// The validation split: `val/`, or `test/` as CIFAR-style trees name it.
 fn val_split(root: &Path) -> Result<PathBuf> {
@@ -87,7 +88,16 @@ impl RealData {
         }
         let classes = train.classes().to_vec();
         let (train_images, val_images) = (train.len(), val.len());
+        let auto_augment = args.auto_augment.map(|kind| match kind {
+            AutoAugmentKind::TaWide => Policy::trivial_augment_wide(),
+            AutoAugmentKind::Ra => Policy::rand_augment(args.ra_magnitude),
+        });
         let train_cfg = LoaderConfig {
+            augment: TrainAugment {
+                auto_augment,
+                random_erase: args.random_erase,
+            },
+            ra_reps: args.ra_reps,
             seed: args.seed,
             rank,
             world_size: world,

@@ -103,11 +103,29 @@ const FOREIGN: &[Foreign] = &[
         true,
         "use --val-resize and --val-crop (crop-pct 0.875 = --val-resize 256 --val-crop 224)",
     ),
-    foreign("aa", true, "rn50 has no AutoAugment/RandAugment yet"),
-    foreign("mixup", true, "rn50 has no mixup yet"),
-    foreign("cutmix", true, "rn50 has no CutMix yet"),
-    foreign("reprob", true, "rn50 has no random erasing yet"),
-    foreign("aug-repeats", true, "rn50 has no repeated augmentation yet"),
+    foreign(
+        "aa",
+        true,
+        "use --auto-augment ta_wide (TrivialAugmentWide) or --auto-augment ra (RandAugment, --ra-magnitude N): \
+         torchvision's policies; timm's policy strings (rand-m9-mstd0.5-inc1, ...) are not read",
+    ),
+    foreign(
+        "reprob",
+        true,
+        "use --random-erase P: torchvision's RandomErasing, the box set to 0 after normalisation (timm's default \
+         --remode pixel fills it with noise instead)",
+    ),
+    foreign(
+        "ra-sampler",
+        false,
+        "use --ra-reps N alone (torchvision's --ra-sampler --ra-reps N)",
+    ),
+    foreign(
+        "norm-weight-decay",
+        true,
+        "use --no-bn-wd for no weight decay on batch-norm parameters (and biases), torchvision's \
+         --norm-weight-decay 0",
+    ),
 ];
 
 /// The first main.py/timm flag of [`FOREIGN`] given, if any.

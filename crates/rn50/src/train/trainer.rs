@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Context, Result};
 use rn50_args::UsageError;
 use rn50_distributed::{DistContext, WorldInfo};
+use rn50_pipeline::sampler::rng_for;
 use rn50_pipeline::Epoch;
 use rn50_report::tensorboard::{EventWriter, FLUSH_EVERY};
 use rn50_report::{EpochMetrics, IoMonitor, IoSample, StepRecord, TrainSummary};
@@ -23,6 +24,7 @@ use crate::device::{device_name, Compute};
 use crate::input::{DeviceBatch, Source, Staged};
 use crate::model::weights::{self, WeightsFile};
 use crate::model::{Model, ResNetConfig, Stem};
+use crate::step::mix::{self, BatchMix};
 use crate::step::{SgdConfig, Skipped, StepConfig, TrainStep};
 use crate::train::args::{Augment, OptimizerKind, ScheduleKind, TrainArgs};
 use crate::train::checkpoint::{self, Position};
@@ -101,6 +103,8 @@ struct Setup<'a> {
     /// With --dummy: one random batch, trained on at every step.
     dummy: Option<Source>,
     step: TrainStep,
+    /// --mixup-alpha / --cutmix-alpha, when either is above 0.
+    mix: Option<BatchMix>,
     ema: Option<EmaModel>,
     /// The flags, as checkpoints record them.
     config: serde_json::Value,
@@ -300,6 +304,7 @@ impl<'a> Setup<'a> {
             data,
             dummy,
             step,
+            mix: BatchMix::new(args.mixup_alpha, args.cutmix_alpha),
             ema,
             config: serde_json::to_value(args)?,
             position,
@@ -1100,12 +1105,15 @@ impl<'a> Trainer<'a> {
                 None
             } else {
                 self.setup.step.opt.zero_grad();
-                let stepped = self.forward_backward(trained, &mut prog)?;
+                let stepped = self.forward_backward(trained, epoch, s, &mut prog)?;
                 let _ = correct1.g_add_(&stepped.correct1);
                 let skipped = self.setup.step.apply(lr)?;
                 self.first_step.taken();
+                // torchvision's --model-ema-steps: on the epoch's steps 0, N, 2N, ...
                 if let Some(e) = &mut self.setup.ema {
-                    e.ema.update();
+                    if s.is_multiple_of(self.setup.args.ema_steps) {
+                        e.ema.update();
+                    }
                 }
                 let due = (s + 1).is_multiple_of(self.setup.args.print_freq) || s + 1 == per_epoch;
                 match due {
@@ -1211,10 +1219,15 @@ impl<'a> Trainer<'a> {
         })
     }
 
-    /// Forward and backward over the step's micro-batches: their mean loss and top-1 hits (on the device).
+    /// Forward and backward over the step's micro-batches (step `s` of `epoch`): their mean loss and top-1 hits
+    /// (on the device). Each is normalised, its random-erasing boxes zeroed, and mixed (--mixup-alpha,
+    /// --cutmix-alpha) with draws that depend on (seed, epoch, step, micro-batch, rank) only, so a resumed run mixes
+    /// as an uninterrupted one.
     fn forward_backward(
         &mut self,
         batches: Vec<Staged>,
+        epoch: usize,
+        s: usize,
         prog: &mut EpochProgress,
     ) -> Result<Stepped> {
         let n = batches.len();
@@ -1224,12 +1237,30 @@ impl<'a> Trainer<'a> {
             correct1: Tensor::zeros([], (Kind::Int64, device)),
             images: 0,
         };
+        let (world, rank) = (self.setup.world, self.setup.dist.rank());
         for (micro, batch) in batches.into_iter().enumerate() {
             let step = &mut self.setup.step;
-            let x = step.input.normalize(&batch.images);
-            let f = step.backward(&x, &batch.labels, micro, n)?;
+            let mut x = step.input.normalize(&batch.images);
+            mix::erase(&mut x, &batch.erased);
+            let targets = match &self.setup.mix {
+                Some(m) => {
+                    let key = ((s * n + micro) * world + rank) as u64;
+                    let mut rng = rng_for(self.setup.args.seed, epoch as u64, key, b"batchmix");
+                    let (h, w) = (x.size()[2] as usize, x.size()[3] as usize);
+                    let classes = step.model.net.config.num_classes;
+                    m.draw(&mut rng, h, w).apply(&mut x, &batch.labels, classes)
+                }
+                None => batch.labels.shallow_clone(),
+            };
+            let f = step.backward(&x, &targets, micro, n)?;
             out.loss += f.loss / n as f64;
-            out.correct1 += correct_top1(&f.logits, &batch.labels);
+            // main.py's top1 meter; with mixed targets, against the class each weighs most (torchvision's
+            // reference, utils.accuracy).
+            let hits = match targets.dim() {
+                2 => correct_top1(&f.logits, &targets.argmax(1, false)),
+                _ => correct_top1(&f.logits, &batch.labels),
+            };
+            out.correct1 += hits;
             out.images += batch.labels.size()[0] as usize;
         }
         prog.images += out.images;
