@@ -5,6 +5,13 @@ ImageFolder + PIL decode + the same transforms (RandomResizedCrop + RandomHorizo
 Resize + CenterCrop with --val) + PILToTensor (uint8, as ours: normalization belongs on the
 device), N worker processes, the same batch size, warm-up and timed steps. Prints one line and
 optionally writes JSON with the same keys as `rn50 bench-loader --json`.
+
+--auto-augment ta_wide|ra, --ra-magnitude N and --random-erase P add the recipe's training
+augmentations with the same meaning as ours, in references/classification's order and backend:
+TrivialAugmentWide() / RandAugment(magnitude=N) on the PIL image (torchvision's default PIL
+backend; NEAREST interpolation, the classes' default and ours), PILToTensor, then RandomErasing(P)
+on the uint8 tensor (the recipe erases after Normalize; both loaders leave normalization to the
+device, so the work is the same: ours draws the box, the device zeroes it).
 """
 import argparse
 import json
@@ -13,6 +20,13 @@ import time
 import torch
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms as T
+
+
+def probability(text):
+    v = float(text)
+    if not 0.0 <= v <= 1.0:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be a finite number in [0, 1], got {text}")
+    return v
 
 
 def main():
@@ -26,13 +40,27 @@ def main():
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--val-resize", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--auto-augment", choices=["ta_wide", "ra"])
+    p.add_argument("--ra-magnitude", type=int, default=9, choices=range(31), metavar="0..30")
+    p.add_argument("--random-erase", type=probability, default=0.0, metavar="P")
     p.add_argument("--json")
     a = p.parse_args()
+    if a.val and (a.auto_augment or a.random_erase > 0):
+        p.error("--auto-augment and --random-erase are training augmentations: not with --val")
 
     if a.val:
         tf = T.Compose([T.Resize(a.val_resize), T.CenterCrop(a.size), T.PILToTensor()])
     else:
-        tf = T.Compose([T.RandomResizedCrop(a.size), T.RandomHorizontalFlip(), T.PILToTensor()])
+        steps = [T.RandomResizedCrop(a.size), T.RandomHorizontalFlip()]
+        nearest = T.InterpolationMode.NEAREST
+        if a.auto_augment == "ta_wide":
+            steps.append(T.TrivialAugmentWide(interpolation=nearest))
+        elif a.auto_augment == "ra":
+            steps.append(T.RandAugment(magnitude=a.ra_magnitude, interpolation=nearest))
+        steps.append(T.PILToTensor())
+        if a.random_erase > 0:
+            steps.append(T.RandomErasing(p=a.random_erase, value=0))
+        tf = T.Compose(steps)
     ds = datasets.ImageFolder(a.data, tf)
     # As rn50 bench-loader: repeat a small set so one epoch covers the run (no epoch drains).
     needed = (a.steps + a.warmup) * a.batch_size

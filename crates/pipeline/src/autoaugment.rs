@@ -270,14 +270,8 @@ fn apply_op<K: MulAdd>(op: &Op, img: Image, scratch: &mut Vec<u8>) {
             let m = inverse_affine_matrix(center, 0.0, [0.0, 0.0], [0.0, degrees]);
             img.warp_nearest::<K>(m, scratch);
         }
-        Op::TranslateX { pixels } => {
-            let m = inverse_affine_matrix([0.0; 2], 0.0, [pixels as f64, 0.0], [0.0; 2]);
-            img.warp_nearest::<K>(m, scratch);
-        }
-        Op::TranslateY { pixels } => {
-            let m = inverse_affine_matrix([0.0; 2], 0.0, [0.0, pixels as f64], [0.0; 2]);
-            img.warp_nearest::<K>(m, scratch);
-        }
+        Op::TranslateX { pixels } => img.translate::<K>(pixels, 0, scratch),
+        Op::TranslateY { pixels } => img.translate::<K>(0, pixels, scratch),
         Op::Rotate { degrees } => img.rotate::<K>(degrees, scratch),
         Op::Brightness { factor } => {
             check_factor("brightness", factor);
@@ -817,6 +811,37 @@ impl Image<'_> {
                 let (d, s) = ((y * w + x) * 3, (sy * w + sx) * 3);
                 self.pixels[d..d + 3].copy_from_slice(&scratch[s..s + 3]);
             }
+        }
+    }
+
+    /// `affine_image(translate=[dx, dy])` with NEAREST and fill 0: a shift by whole pixels. The
+    /// warp below computes each source coordinate as `x - dx` plus float32 rounding errors of a
+    /// few ulps of the image size (about 10^-3 up to 4096 pixels a side), far from the half pixel
+    /// where its rounding would change, so copying rows gives the same pixels, 50x faster. Larger
+    /// images take the warp.
+    #[inline(always)]
+    fn translate<K: MulAdd>(self, dx: i64, dy: i64, scratch: &mut Vec<u8>) {
+        if self.width.max(self.height) > 4096 {
+            let m = inverse_affine_matrix([0.0; 2], 0.0, [dx as f64, dy as f64], [0.0; 2]);
+            return self.warp_nearest::<K>(m, scratch);
+        }
+        let (w, h) = (self.width as i64, self.height as i64);
+        scratch.clear();
+        scratch.extend_from_slice(self.pixels);
+        // Output columns `x0..x1` read input columns `x0 - dx..x1 - dx`.
+        let (x0, x1) = (dx.clamp(0, w), (w + dx).clamp(0, w));
+        for (y, row) in self.pixels.chunks_exact_mut(w as usize * 3).enumerate() {
+            let sy = y as i64 - dy;
+            if !(0..h).contains(&sy) || x0 == x1 {
+                row.fill(0);
+                continue;
+            }
+            let src = &scratch[(sy * w * 3) as usize..][..(w * 3) as usize];
+            let (a, b) = (x0 as usize * 3, x1 as usize * 3);
+            row[..a].fill(0);
+            row[a..b]
+                .copy_from_slice(&src[(a as i64 - dx * 3) as usize..(b as i64 - dx * 3) as usize]);
+            row[b..].fill(0);
         }
     }
 

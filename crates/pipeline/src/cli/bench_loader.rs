@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use rn50_args::{check_batch_bytes, usize_in, UsageError, MAX_BATCH, MAX_IMAGE_SIZE, MAX_THREADS};
 
-use super::{default_workers, write_json, PixelLimit};
+use super::{default_workers, write_json, AugmentArgs, PixelLimit};
 use crate::loader::{BadImagePolicy, LoaderConfig};
 use crate::source::Dataset;
 use crate::synthetic::{self, SyntheticConfig};
@@ -64,6 +64,8 @@ pub struct BenchLoaderArgs {
     #[arg(long, value_enum, default_value_t = BadImagePolicy::Skip)]
     pub on_bad_image: BadImagePolicy,
     #[command(flatten)]
+    pub augment: AugmentArgs,
+    #[command(flatten)]
     pub pixel_limit: PixelLimit,
     /// Write the results as JSON to this file.
     #[arg(long, value_name = "FILE")]
@@ -78,6 +80,12 @@ pub fn run(cmd: &BenchLoaderArgs) -> Result<()> {
             "--size {} is larger than --val-resize {}: the center crop is taken from the resized image",
             cmd.size, cmd.val_resize
         )));
+    }
+    let augment = cmd.augment.train_augment();
+    if cmd.val && !augment.is_none() {
+        bail!(UsageError::new(
+            "--auto-augment and --random-erase are training augmentations: not with --val"
+        ));
     }
     check_batch_bytes(
         "--batch-size",
@@ -115,6 +123,7 @@ pub fn run(cmd: &BenchLoaderArgs) -> Result<()> {
     };
     let config = LoaderConfig {
         transform,
+        augment,
         seed: cmd.seed,
         prefetch: cmd.prefetch.unwrap_or(base.prefetch),
         on_bad_image: cmd.on_bad_image,
@@ -123,12 +132,13 @@ pub fn run(cmd: &BenchLoaderArgs) -> Result<()> {
         ..base
     };
     tracing::info!(
-        "bench-loader: {}, {} images, {} threads, batch {}, {} steps",
+        "bench-loader: {}, {} images, {} threads, batch {}, {} steps, {:?}",
         dataset.description(),
         dataset.len(),
         cmd.workers,
         cmd.batch_size,
-        cmd.steps
+        cmd.steps,
+        config.augment
     );
     let r = crate::bench::run(dataset, config, cmd.steps, cmd.warmup)?;
     println!(

@@ -1,10 +1,14 @@
 //! Command-line surfaces for the `rn50` binary, one module per command, each an `XxxArgs` and a
 //! `run(&XxxArgs)`: [`pack`] (`rn50 pack`) and [`bench_loader`] (`rn50 bench-loader`); and the
-//! flags the commands that decode images share ([`PixelLimit`]).
+//! flags the commands that decode images share ([`PixelLimit`]) and those that train
+//! ([`AugmentArgs`]).
 
 use anyhow::{Context, Result};
+use rn50_args::{finite_in, usize_in};
 
+use crate::autoaugment::Policy;
 use crate::decode::MAX_IMAGE_PIXELS;
+use crate::transform::TrainAugment;
 
 pub mod bench_loader;
 pub mod pack;
@@ -23,6 +27,48 @@ pub struct PixelLimit {
     #[arg(long, value_name = "PIXELS", default_value_t = MAX_IMAGE_PIXELS,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_image_pixels: u64,
+}
+
+/// `--auto-augment`, `--ra-magnitude`, `--random-erase`: the training augmentations of
+/// torchvision's recipe (references/classification's flags of the same names), passed on as
+/// `LoaderConfig::augment`.
+#[derive(clap::Args, Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct AugmentArgs {
+    /// Auto-augment policy on each image after the crop and flip: ta_wide (TrivialAugmentWide) or
+    /// ra (RandAugment: 2 ops at --ra-magnitude); NEAREST interpolation, as torchvision's default.
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub auto_augment: Option<AutoAugmentPolicy>,
+    /// RandAugment's magnitude, 0 to 30 (of 31 bins).
+    #[arg(long, value_name = "N", default_value_t = 9, value_parser = usize_in(0..=30))]
+    pub ra_magnitude: usize,
+    /// Probability of a random-erasing box per image, 0 to 1: drawn here, zeroed by the consumer
+    /// after normalization.
+    #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = finite_in(0.0..=1.0))]
+    pub random_erase: f64,
+}
+
+/// `--auto-augment`'s values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AutoAugmentPolicy {
+    /// TrivialAugmentWide.
+    #[value(name = "ta_wide")]
+    TaWide,
+    /// RandAugment.
+    #[value(name = "ra")]
+    Ra,
+}
+
+impl AugmentArgs {
+    pub fn train_augment(&self) -> TrainAugment {
+        TrainAugment {
+            auto_augment: self.auto_augment.map(|p| match p {
+                AutoAugmentPolicy::TaWide => Policy::trivial_augment_wide(),
+                AutoAugmentPolicy::Ra => Policy::rand_augment(self.ra_magnitude),
+            }),
+            random_erase: self.random_erase,
+        }
+    }
 }
 
 /// `--json FILE`, written atomically.
@@ -62,6 +108,34 @@ mod tests {
             let with = |v: &str| max_image_pixels(&[cmd, &["--max-image-pixels", v]].concat());
             assert_eq!(with("1000").unwrap(), 1000);
             assert!(with("0").is_err() && with("-1").is_err());
+        }
+    }
+
+    #[test]
+    fn augment_flags_parse_into_the_policies_and_refuse_values_out_of_range() {
+        let parse = |args: &[&str]| match Cli::try_parse_from(
+            [&["rn50", "bench-loader", "in"], args].concat(),
+        ) {
+            Ok(Cli::BenchLoader(c)) => Ok(c.augment.train_augment()),
+            Ok(_) => unreachable!(),
+            Err(e) => Err(e.exit_code()),
+        };
+        assert_eq!(parse(&[]), Ok(TrainAugment::default()));
+        let ta = parse(&["--auto-augment", "ta_wide", "--random-erase", "0.25"]).unwrap();
+        assert_eq!(ta.auto_augment, Some(Policy::trivial_augment_wide()));
+        assert_eq!(ta.random_erase, 0.25);
+        let ra = parse(&["--auto-augment", "ra", "--ra-magnitude", "15"]).unwrap();
+        assert_eq!(ra.auto_augment, Some(Policy::rand_augment(15)));
+        let ra = parse(&["--auto-augment", "ra"]).unwrap();
+        assert_eq!(ra.auto_augment, Some(Policy::rand_augment(9)));
+        for bad in [
+            &["--auto-augment", "aa"][..],
+            &["--ra-magnitude", "31"],
+            &["--random-erase", "1.5"],
+            &["--random-erase", "-0.1"],
+            &["--random-erase", "nan"],
+        ] {
+            assert_eq!(parse(bad), Err(2), "{bad:?}");
         }
     }
 }
