@@ -151,6 +151,9 @@ const CASES: &[(&str, &[&str], &str)] = &[
     ("bench-loader", &["--val-resize", "100000"], "--val-resize"),
     ("bench-loader", &["--prefetch", "0"], "--prefetch"),
     ("bench-loader", &["--prefetch", "2049"], "--prefetch"),
+    ("bench-loader", &["--ra-magnitude", "31"], "--ra-magnitude"),
+    ("bench-loader", &["--random-erase", "-0.1"], "--random-erase"),
+    ("bench-loader", &["--auto-augment", "ta_wide", "--ra-magnitude", "3"], "--ra-magnitude"),
     ("bench-loader", &["--val", "--size", "64", "--val-resize", "32"], "--size"),
     ("bench-loader", &["-b", "65536", "--size", "4096"], "--batch-size"),
     // pack, prepare
@@ -377,9 +380,9 @@ fn every_default_parses_and_is_unchanged() {
     );
     assert_eq!(
         (
-            t.auto_augment,
-            t.ra_magnitude,
-            t.random_erase,
+            t.augmentation.auto_augment,
+            t.augmentation.ra_magnitude,
+            t.augmentation.random_erase,
             t.ra_reps,
             t.ema_steps
         ),

@@ -492,7 +492,7 @@ fn config_toml_is_portable_and_says_what_differs() {
 #[test]
 fn main_py_and_timm_flags_are_aliases_or_refused_with_rn50s_way() {
     let with = |flags: &[&str]| {
-        let mut args = vec!["--dummy"];
+        let mut args = vec!["/data/imagenet"];
         args.extend_from_slice(flags);
         resolved(&args)
     };

@@ -81,6 +81,7 @@ pub fn run(cmd: &BenchLoaderArgs) -> Result<()> {
             cmd.size, cmd.val_resize
         )));
     }
+    cmd.augment.check()?;
     let augment = cmd.augment.train_augment();
     if cmd.val && !augment.is_none() {
         bail!(UsageError::new(

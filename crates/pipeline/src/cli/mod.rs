@@ -34,15 +34,17 @@ pub struct PixelLimit {
 /// `LoaderConfig::augment`.
 #[derive(clap::Args, Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct AugmentArgs {
-    /// Auto-augment policy on each image after the crop and flip: ta_wide (TrivialAugmentWide) or
-    /// ra (RandAugment: 2 ops at --ra-magnitude); NEAREST interpolation, as torchvision's default.
+    /// Per-image automatic augmentation after the crop and flip (torchvision's recipe: ta_wide):
+    /// ta_wide (TrivialAugmentWide: one of 14 ops, random magnitude) or ra (RandAugment: 2 ops at
+    /// --ra-magnitude), as torchvision's transforms.v2 computes them on uint8 images (NEAREST).
     #[arg(long, value_enum, value_name = "POLICY")]
     pub auto_augment: Option<AutoAugmentPolicy>,
     /// RandAugment's magnitude, 0 to 30 (of 31 bins).
     #[arg(long, value_name = "N", default_value_t = 9, value_parser = usize_in(0..=30))]
     pub ra_magnitude: usize,
-    /// Probability of a random-erasing box per image, 0 to 1: drawn here, zeroed by the consumer
-    /// after normalization.
+    /// Random erasing: the probability, 0 to 1, that an image gets a box of 2-33% of its area
+    /// (aspect ratio 0.3 to 3.3) set to 0 after normalisation, the mean colour (torchvision's
+    /// RandomErasing; the box is drawn by the loader and zeroed on the device).
     #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = finite_in(0.0..=1.0))]
     pub random_erase: f64,
 }
@@ -60,6 +62,17 @@ pub enum AutoAugmentPolicy {
 }
 
 impl AugmentArgs {
+    /// The rule between these flags (each one's range is clap's): --ra-magnitude only with
+    /// --auto-augment ra, where it means something.
+    pub fn check(&self) -> Result<(), rn50_args::UsageError> {
+        if self.ra_magnitude != 9 && self.auto_augment != Some(AutoAugmentPolicy::Ra) {
+            return Err(rn50_args::UsageError::new(
+                "--ra-magnitude is for --auto-augment ra",
+            ));
+        }
+        Ok(())
+    }
+
     pub fn train_augment(&self) -> TrainAugment {
         TrainAugment {
             auto_augment: self.auto_augment.map(|p| match p {

@@ -7,6 +7,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use rn50_args::{check_batch_bytes, finite_in, positive, usize_in, UsageError};
+use rn50_pipeline::cli::AugmentArgs;
 use rn50_report::table::{fmt_decimals, fmt_lr};
 
 use crate::device::ComputeArgs;
@@ -41,19 +42,6 @@ pub enum Augment {
     /// RandomCrop with zero padding + flip; images as they are for evaluation; 3x3 stem without
     /// max-pool (CIFAR-10/100 and other ~32 px data).
     Cifar,
-}
-
-/// `--auto-augment`: torchvision's names (references/classification's --auto-augment).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
-pub enum AutoAugmentKind {
-    /// TrivialAugmentWide: one of 14 ops per image, with a random magnitude out of 31.
-    #[value(name = "ta_wide")]
-    #[serde(rename = "ta_wide")]
-    TaWide,
-    /// RandAugment: 2 ops per image, at magnitude --ra-magnitude.
-    #[value(name = "ra")]
-    #[serde(rename = "ra")]
-    Ra,
 }
 
 /// Train a ResNet on DATA/train, evaluating on DATA/val (or DATA/test) after every epoch (or every
@@ -163,17 +151,8 @@ pub struct TrainArgs {
     /// Zero padding of the cifar RandomCrop, 0 to 1024 pixels.
     #[arg(long, default_value_t = 4, value_parser = usize_in(0..=1024))]
     pub pad: usize,
-    /// Per-image automatic augmentation after the crop and flip (torchvision's reference recipe: ta_wide):
-    /// ta_wide (TrivialAugmentWide) or ra (RandAugment), computed as torchvision's transforms.v2 on uint8 images.
-    #[arg(long, value_enum)]
-    pub auto_augment: Option<AutoAugmentKind>,
-    /// RandAugment's magnitude, 0 to 30 (of 31 bins; torchvision's default 9).
-    #[arg(long, default_value_t = 9, value_parser = usize_in(0..=30))]
-    pub ra_magnitude: usize,
-    /// Random erasing: the probability, 0 to 1, that a training image gets a rectangle set to 0 after normalisation
-    /// (the mean colour), with torchvision's RandomErasing defaults (2-33% of the area, aspect ratio 0.3 to 3.3).
-    #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = finite_in(0.0..=1.0))]
-    pub random_erase: f64,
+    #[command(flatten)]
+    pub augmentation: AugmentArgs,
     /// Mixup's α, 0 (off) or more: images and one-hot targets of a batch blended with the previous image's, weight
     /// λ ~ Beta(α, α) (torchvision's reference: 0.2). With --cutmix-alpha too, each batch gets one of the two,
     /// either with probability ½.
@@ -358,12 +337,8 @@ impl TrainArgs {
         {
             return usage("--lr-end is for --lr-schedule cosine or poly".into());
         }
-        if self.ra_magnitude != 9 && self.auto_augment != Some(AutoAugmentKind::Ra) {
-            return usage("--ra-magnitude is for --auto-augment ra".into());
-        }
-        if self.dummy
-            && (self.auto_augment.is_some() || self.random_erase > 0.0 || self.ra_reps > 1)
-        {
+        self.augmentation.check()?;
+        if self.dummy && (!self.augmentation.train_augment().is_none() || self.ra_reps > 1) {
             return usage(
                 "--auto-augment, --random-erase and --ra-reps act on the loader's images: --dummy has none".into(),
             );

@@ -5,10 +5,9 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use rn50_pipeline::transform::TrainAugment;
-use rn50_pipeline::{Dataset, Epoch, Loader, LoaderConfig, Policy, Transform};
+use rn50_pipeline::{Dataset, Epoch, Loader, LoaderConfig, Transform};
 
-use crate::train::args::{Augment, AutoAugmentKind, TrainArgs};
+use crate::train::args::{Augment, TrainArgs};
 
 /// The validation split: `val/`, or `test/` as CIFAR-style trees name it.
 fn val_split(root: &Path) -> Result<PathBuf> {
@@ -88,15 +87,8 @@ impl RealData {
         }
         let classes = train.classes().to_vec();
         let (train_images, val_images) = (train.len(), val.len());
-        let auto_augment = args.auto_augment.map(|kind| match kind {
-            AutoAugmentKind::TaWide => Policy::trivial_augment_wide(),
-            AutoAugmentKind::Ra => Policy::rand_augment(args.ra_magnitude),
-        });
         let train_cfg = LoaderConfig {
-            augment: TrainAugment {
-                auto_augment,
-                random_erase: args.random_erase,
-            },
+            augment: args.augmentation.train_augment(),
             ra_reps: args.ra_reps,
             seed: args.seed,
             rank,
