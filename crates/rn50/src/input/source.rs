@@ -51,12 +51,12 @@ enum Keep {
 
 impl From<DeviceBatch> for Staged {
     /// A loader's batch on the device, kept whole: on CPU its tensors view the loader's buffer.
-    fn from(b: DeviceBatch) -> Staged {
+    fn from(mut b: DeviceBatch) -> Staged {
         Staged {
             images: b.images.shallow_clone(),
             labels: b.labels.shallow_clone(),
             wait: Duration::ZERO,
-            erased: b.erased.clone(),
+            erased: std::mem::take(&mut b.erased),
             _keep: Keep::Loader { _batch: b },
         }
     }
