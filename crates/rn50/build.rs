@@ -1,11 +1,12 @@
 //! Builds the C++ shims against the headers of the libtorch that torch-sys found (shim.cpp: autocast, foreach
 //! optimizer ops, device queries, what tch 0.26 lacks; fused_bn.cpp: the fused cuDNN batch norm + ReLU of the
-//! `cuda` feature; profile.cpp: the Kineto profiler), and makes the binary find that libtorch at run time.
+//! `cuda` feature; fused_block.cpp: the bottleneck with batch norm folded into the convolutions, ATen stages
+//! everywhere and cuDNN graphs in a `cuda` build; profile.cpp: the Kineto profiler), and makes the binary find that libtorch at run time.
 use rn50_shim_build::{cuda_feature, Libtorch};
 
 fn main() {
     let torch = Libtorch::from_torch_sys();
-    let extra = ["shim/fused_bn.cpp", "shim/profile.cpp"];
+    let extra = ["shim/fused_bn.cpp", "shim/fused_block.cpp", "shim/profile.cpp"];
     let mut build = torch.shim("shim/shim.cpp", cuda_feature());
     for file in extra {
         println!("cargo:rerun-if-changed={file}");

@@ -84,6 +84,9 @@ pub struct BenchConfig {
     pub tf32: Option<bool>,
     /// BatchNorm (+ add) + ReLU fused into one cuDNN op (CUDA, fp16/bf16, channels_last).
     pub fused_bn: Option<bool>,
+    /// Bottlenecks with batch norm folded into the convolutions through cuDNN graphs; absent in older results.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fused_block: Option<bool>,
     pub optimizer: Option<SgdConfig>,
     /// Effective learning rate (after linear scaling).
     pub lr: Option<f64>,

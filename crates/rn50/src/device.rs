@@ -30,6 +30,11 @@ pub struct ComputeArgs {
     /// with `bench`).
     #[arg(long)]
     pub no_fused_bn: bool,
+    /// On CUDA, keep each bottleneck's batch norms as separate (fused batch norm + ReLU) ops instead of folding
+    /// them into the convolutions through cuDNN graphs (statistics in the convolution's epilogue, normalisation
+    /// and ReLU in the next one's prologue, as NVIDIA's MLPerf ResNet-50); `--no-fused-bn` turns off both.
+    #[arg(long)]
+    pub no_fused_block: bool,
 }
 
 /// [`ComputeArgs`] resolved against this machine.
@@ -39,6 +44,8 @@ pub struct Compute {
     pub channels_last: bool,
     /// Fused batch norm + ReLU where it applies (see [`DeviceSettings::fused_bn`]).
     pub fused_bn: bool,
+    /// Bottlenecks with batch norm folded into the convolutions (see [`DeviceSettings::fused_block`]).
+    pub fused_block: bool,
     pub cpu: crate::machine::CpuInfo,
 }
 
@@ -61,6 +68,7 @@ impl ComputeArgs {
             precision,
             channels_last: memory_format::resolve(requested, device, narrowest_conv)?,
             fused_bn: !self.no_fused_bn,
+            fused_block: !self.no_fused_bn && !self.no_fused_block,
             cpu,
         })
     }
@@ -117,16 +125,21 @@ pub struct DeviceSettings {
     /// BatchNorm (+ residual add) + ReLU of training as one cuDNN op ([`crate::model::fused`]); it applies to
     /// fp16/bf16 channels_last CUDA tensors and leaves everything else to the separate ops.
     pub fused_bn: bool,
+    /// Each bottleneck in training as one autograd function with its batch norms folded into the convolutions
+    /// through cuDNN graphs ([`crate::model::fused::bottleneck`]); same reach as `fused_bn`.
+    pub fused_block: bool,
 }
 
 impl DeviceSettings {
-    /// The settings for `device`; `fused_bn: false` (`--no-fused-bn`) keeps PyTorch's separate kernels.
-    pub fn for_device(device: Device, fused_bn: bool) -> Self {
+    /// The settings for `device`; `fused_bn: false` (`--no-fused-bn`) keeps PyTorch's separate kernels,
+    /// `fused_block: false` (`--no-fused-block`) the per-layer fused batch norm.
+    pub fn for_device(device: Device, fused_bn: bool, fused_block: bool) -> Self {
         let gpu = device.is_cuda();
         Self {
             tf32: gpu,
             cudnn_benchmark: gpu,
             fused_bn: gpu && fused_bn,
+            fused_block: gpu && fused_bn && fused_block,
         }
     }
 
@@ -134,13 +147,14 @@ impl DeviceSettings {
         crate::shim::set_tf32(self.tf32)?;
         tch::Cuda::cudnn_set_benchmark(self.cudnn_benchmark);
         crate::model::fused::set_enabled(self.fused_bn);
+        crate::model::fused::set_block_enabled(self.fused_block);
         Ok(())
     }
 }
 
 /// Applies [`DeviceSettings`] for `device` to this process and starts its peak-memory count afresh.
-pub fn setup(device: Device, fused_bn: bool) -> Result<DeviceSettings> {
-    let settings = DeviceSettings::for_device(device, fused_bn);
+pub fn setup(device: Device, fused_bn: bool, fused_block: bool) -> Result<DeviceSettings> {
+    let settings = DeviceSettings::for_device(device, fused_bn, fused_block);
     settings.apply()?;
     if let Device::Cuda(i) = device {
         crate::shim::cuda_reset_peak(i);
@@ -210,15 +224,19 @@ mod tests {
     /// context, which exists without a GPU).
     #[test]
     fn device_settings_reach_libtorch() {
-        let gpu = DeviceSettings::for_device(Device::Cuda(0), true);
-        assert!(gpu.tf32 && gpu.cudnn_benchmark && gpu.fused_bn);
-        assert!(!DeviceSettings::for_device(Device::Cuda(0), false).fused_bn);
+        let gpu = DeviceSettings::for_device(Device::Cuda(0), true, true);
+        assert!(gpu.tf32 && gpu.cudnn_benchmark && gpu.fused_bn && gpu.fused_block);
+        let no_bn = DeviceSettings::for_device(Device::Cuda(0), false, true);
+        assert!(!no_bn.fused_bn && !no_bn.fused_block, "--no-fused-bn turns off both");
+        let no_block = DeviceSettings::for_device(Device::Cuda(0), true, false);
+        assert!(no_block.fused_bn && !no_block.fused_block);
         gpu.apply().unwrap();
         assert!(crate::shim::tf32() && crate::shim::cudnn_benchmark());
-        assert!(crate::model::fused::enabled());
-        let cpu = setup(Device::Cpu, true).unwrap();
-        assert_eq!(cpu, DeviceSettings::for_device(Device::Cpu, true));
+        assert!(crate::model::fused::enabled() && crate::model::fused::block_enabled());
+        let cpu = setup(Device::Cpu, true, true).unwrap();
+        assert_eq!(cpu, DeviceSettings::for_device(Device::Cpu, true, true));
         assert!(!crate::shim::tf32() && !crate::shim::cudnn_benchmark());
         assert!(!crate::model::fused::enabled(), "no fused BN on a CPU");
+        assert!(!crate::model::fused::block_enabled(), "no fused block on a CPU");
     }
 }

@@ -1,6 +1,7 @@
 //! Safe wrappers over `shim/shim.cpp`: the libtorch calls tch 0.26 lacks (CPU autocast, foreach SGD, AMP
 //! unscale, TF32 and cuDNN autotuning, pinning without the deprecated device argument, build facts, CUDA
-//! allocator statistics, torch.save files) and the fused cuDNN batch norm + ReLU of `shim/fused_bn.cpp`.
+//! allocator statistics, torch.save files), the fused cuDNN batch norm + ReLU of `shim/fused_bn.cpp` and the
+//! bottleneck with batch norm folded into its convolutions of `shim/fused_block.cpp`.
 //!
 //! The conventions of rn50's two FFI layers (this one and `rn50_distributed`'s `ffi.rs`), the same in both:
 //! - the `extern "C"` declarations sit in a private `ffi` module with the only helpers that touch raw
@@ -107,6 +108,22 @@ mod ffi {
             eps: f64,
             out: *mut *mut C_tensor,
         ) -> c_int;
+        pub fn rn50_block_last_error() -> *const c_char;
+        #[allow(clippy::too_many_arguments)]
+        pub fn rn50_bottleneck(
+            x: *const C_tensor,
+            params: *const *const C_tensor,
+            nparams: usize,
+            buffers: *const *const C_tensor,
+            nbuffers: usize,
+            stride: i64,
+            momentum: f64,
+            eps: f64,
+            use_graph: c_int,
+            out: *mut *mut C_tensor,
+        ) -> c_int;
+        pub fn rn50_block_graphs_compiled() -> c_int;
+        pub fn rn50_block_report() -> *mut c_char;
     }
 
     /// The shim's message for the last failed call on this thread.
@@ -119,6 +136,12 @@ mod ffi {
     pub fn fused_last_error() -> String {
         // SAFETY: as in `last_error`.
         unsafe { message(rn50_fused_last_error()) }
+    }
+
+    /// The same for `shim/fused_block.cpp`.
+    pub fn block_last_error() -> String {
+        // SAFETY: as in `last_error`.
+        unsafe { message(rn50_block_last_error()) }
     }
 
     /// # Safety
@@ -316,6 +339,65 @@ pub fn bn_relu(
         2 => Ok(Fused::NotApplicable(ffi::fused_last_error())),
         _ => bail!("fused batch norm + ReLU: {}", ffi::fused_last_error()),
     }
+}
+
+/// A ResNet bottleneck in training, `relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))) + shortcut(x))`, as
+/// one autograd function whose stages fold each batch norm into the convolutions around it (`shim/fused_block.cpp`):
+/// statistics from the convolution's output, the normalisation and ReLU applied as the next convolution reads its
+/// input, the activations recomputed in backward instead of stored. `params`: the conv weights (conv1, conv2,
+/// conv3, then the downsample's if any), then γ and β of bn1, bn2, bn3 (and the downsample's); `buffers`: each
+/// batch norm's running mean and variance in the same order, updated as `batch_norm` does. `use_graph`: the
+/// stages as cuDNN graphs where the build has them and cuDNN supports the shape, else (and with `false`) as ATen
+/// ops, the decomposition's reference.
+#[allow(clippy::too_many_arguments)]
+pub fn bottleneck(
+    x: &Tensor,
+    params: &[Tensor],
+    buffers: &[Tensor],
+    stride: i64,
+    momentum: f64,
+    eps: f64,
+    use_graph: bool,
+) -> Result<Fused> {
+    let (p, b) = (ffi::handles(params), ffi::handles(buffers));
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: live tensor handles and arrays of them, valid for the call; on success the shim stores a new heap
+    // tensor in `out`.
+    let rc = unsafe {
+        ffi::rn50_bottleneck(
+            x.as_ptr(),
+            p.as_ptr(),
+            p.len(),
+            b.as_ptr(),
+            b.len(),
+            stride,
+            momentum,
+            eps,
+            c_int::from(use_graph),
+            &mut out,
+        )
+    };
+    match rc {
+        // SAFETY: on success `out` is a new heap tensor, owned from here on by the returned Tensor.
+        0 => Ok(Fused::Done(unsafe { Tensor::from_ptr(out) })),
+        2 => Ok(Fused::NotApplicable(ffi::block_last_error())),
+        _ => bail!("fused bottleneck: {}", ffi::block_last_error()),
+    }
+}
+
+/// Whether this build has the fused bottleneck's cuDNN graphs (a `cuda` build with the cuDNN frontend headers).
+pub fn block_graphs_compiled() -> bool {
+    // SAFETY: no arguments, returns a constant.
+    unsafe { ffi::rn50_block_graphs_compiled() != 0 }
+}
+
+/// The fused bottleneck's stages that fell back to ATen ops since the last call (cuDNN did not support the graph
+/// for that shape), one message each, every one reported once per process.
+pub fn block_report() -> Vec<String> {
+    // SAFETY: no arguments; returns a malloc'd string or null.
+    ffi::take_string(unsafe { ffi::rn50_block_report() })
+        .map(|s| s.lines().map(str::to_string).collect())
+        .unwrap_or_default()
 }
 
 /// One SGD update of `params` with torch.optim.SGD's multi-tensor kernels. `grads` are modified in place

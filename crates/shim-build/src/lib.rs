@@ -63,7 +63,7 @@ impl Libtorch {
         build
     }
 
-    /// CUDA, NCCL and cuDNN headers: `CUDA_HOME/include` if set, then the pip wheels' nvidia packages next to torch in
+    /// CUDA, NCCL, cuDNN and cuDNN frontend headers: `CUDA_HOME/include` if set, then the pip wheels' nvidia packages next to torch in
     /// site-packages (cuda_runtime.h needs crt/host_config.h and cuda_fp16.h needs CCCL's nv/target: the
     /// `nvidia-cuda-crt` and `nvidia-cuda-cccl` wheels, both installing into nvidia/cu13/include). Links are
     /// resolved first: `.venv/libtorch` points into site-packages, where nvidia/ sits next to torch/.
@@ -76,6 +76,13 @@ impl Libtorch {
             nvidia.join("nccl/include"),
             nvidia.join("cudnn/include"),
         ];
+        // The cuDNN frontend (header-only, the `nvidia-cudnn-frontend` wheel) installs into site-packages/include;
+        // without it the fused block's cuDNN graphs are left out of the build (fused_block.cpp checks).
+        if let Some(site) = real.parent() {
+            if site.join("include/cudnn_frontend.h").exists() {
+                dirs.push(site.join("include"));
+            }
+        }
         if let Some(home) = env::var_os("CUDA_HOME") {
             dirs.insert(0, PathBuf::from(home).join("include"));
         }

@@ -152,7 +152,7 @@ impl BenchArgs {
             (Some(m), None) => m,
             (None, None) => DataMode::Device,
         };
-        let settings = DeviceSettings::for_device(device, compute.fused_bn);
+        let settings = DeviceSettings::for_device(device, compute.fused_bn, compute.fused_block);
         let global_batch = batch_size * world.world_size;
         Ok((
             BenchConfig {
@@ -172,6 +172,7 @@ impl BenchArgs {
                 seed: Some(self.seed),
                 tf32: Some(settings.tf32),
                 fused_bn: Some(settings.fused_bn),
+                fused_block: Some(settings.fused_block),
                 optimizer: Some(SgdConfig::default()),
                 // train's default rate (--lr-base 0.1 per 256 images) at this global batch.
                 lr: Some(scaled_lr(
@@ -329,7 +330,11 @@ pub fn measure(
     if let Some(t) = cfg.threads {
         tch::set_num_threads(t as i32);
     }
-    crate::device::setup(device, cfg.fused_bn.unwrap_or(false))?;
+    crate::device::setup(
+        device,
+        cfg.fused_bn.unwrap_or(false),
+        cfg.fused_block.unwrap_or(false),
+    )?;
     tch::manual_seed(cfg.seed.unwrap_or(0) as i64);
     let model = Model::new(ResNetConfig::new(plan.arch), device);
     let step_cfg = StepConfig {
@@ -471,7 +476,11 @@ pub fn render(r: &BenchResult) -> String {
         c.image_size.unwrap_or(0),
         c.precision.as_deref().unwrap_or("?"),
         if c.channels_last == Some(true) { " channels_last" } else { "" },
-        if c.fused_bn == Some(true) { " fused-BN" } else { "" },
+        match (c.fused_bn, c.fused_block) {
+            (Some(true), Some(true)) => " fused-BN+block",
+            (Some(true), _) => " fused-BN",
+            _ => "",
+        },
         c.device.as_deref().unwrap_or("?"),
         c.threads.unwrap_or(0),
         c.data.as_deref().unwrap_or("?"),

@@ -283,7 +283,35 @@ impl Block {
         Self { units, downsample }
     }
 
+    /// A bottleneck's tensors as [`fused::bottleneck`] takes them: the conv weights (conv1-3, downsample), then γ
+    /// and β of each batch norm in the same order; and each batch norm's running mean and variance.
+    fn fused_tensors(&self) -> (Vec<Tensor>, Vec<Tensor>) {
+        let units: Vec<&ConvBn> = self.units.iter().chain(&self.downsample).collect();
+        let mut params: Vec<Tensor> = units.iter().map(|u| u.conv.weight.shallow_clone()).collect();
+        let mut buffers = Vec::new();
+        for u in &units {
+            let (Some(w), Some(b)) = (u.bn.ws.as_ref(), u.bn.bs.as_ref()) else {
+                unreachable!("rn50's batch norms are affine");
+            };
+            params.extend([w.shallow_clone(), b.shallow_clone()]);
+            buffers.extend([
+                u.bn.running_mean.shallow_clone(),
+                u.bn.running_var.shallow_clone(),
+            ]);
+        }
+        (params, buffers)
+    }
+
     fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        if train && fused::block_enabled() && self.units.len() == 3 && !sync_bn::enabled() {
+            let (params, buffers) = self.fused_tensors();
+            let stride = self.units[1].conv.stride;
+            if let Some(out) =
+                fused::bottleneck(x, &params, &buffers, stride, BN_MOMENTUM, BN_EPS)
+            {
+                return out;
+            }
+        }
         let (last, inner) = self.units.split_last().expect("a block has units");
         let mut y = x.shallow_clone();
         for u in inner {

@@ -155,7 +155,7 @@ impl<'a> Setup<'a> {
             .compute
             .resolve(world_info.local_rank, model_cfg.narrowest_conv())?;
         let device = compute.device;
-        crate::device::setup(device, compute.fused_bn)?;
+        crate::device::setup(device, compute.fused_bn, compute.fused_block)?;
         // The CPUs this process may use, split between the ranks of this node (as bench does).
         let per_rank = world_info.threads_per_rank();
         if world_info.local_world_size > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {

@@ -1,0 +1,349 @@
+//! The bottleneck with batch norm folded into its convolutions (`shim/fused_block.cpp`) against PyTorch autograd
+//! of the plain block (conv → batch_norm(training) → ReLU ×3, the shortcut, add, ReLU) on the same inputs: output,
+//! the input gradient, every parameter gradient and the running statistics.
+//!
+//! On the CPU the block runs its stages as ATen ops (the decomposition: statistics from the convolution's output,
+//! batch norm finalized into a scale and bias, the activation recomputed from the raw convolution output in the
+//! next convolution and in backward, the batch-norm input gradient as three per-channel coefficients), in fp32,
+//! where it must match the plain block to rounding. On a GPU (tests marked ignored, run with `--include-ignored`
+//! on a GPU machine, failing without one) each stage is its cuDNN graph, checked in fp16/bf16 against fp32.
+use rn50::model::{fused, memory_format, Arch, Model, ResNetConfig};
+use rn50::shim::{self, Fused};
+use tch::{Device, Kind, Reduction, Tensor};
+
+const MOMENTUM: f64 = 0.1;
+const EPS: f64 = 1e-5;
+
+/// One bottleneck's tensors, fp32 leaves: the conv weights (conv1, conv2, conv3, downsample), then γ, β of each
+/// batch norm; and each batch norm's running mean and variance. As `ResNet`'s blocks hand them to the shim.
+struct Block {
+    params: Vec<Tensor>,
+    stride: i64,
+    downsample: bool,
+}
+
+impl Block {
+    fn new(cin: i64, planes: i64, stride: i64, dev: Device) -> Block {
+        let cout = 4 * planes;
+        let downsample = stride != 1 || cin != cout;
+        let leaf = |t: Tensor| t.set_requires_grad(true);
+        let conv = |co: i64, ci: i64, k: i64| {
+            leaf(Tensor::randn([co, ci, k, k], (Kind::Float, dev)) * (2.0 / (ci * k * k) as f64).sqrt())
+        };
+        let mut params = vec![
+            conv(planes, cin, 1),
+            conv(planes, planes, 3),
+            conv(cout, planes, 1),
+        ];
+        if downsample {
+            params.push(conv(cout, cin, 1));
+        }
+        for c in [planes, planes, cout, cout]
+            .into_iter()
+            .take(if downsample { 4 } else { 3 })
+        {
+            params.push(leaf(Tensor::rand([c], (Kind::Float, dev)) + 0.5));
+            params.push(leaf(Tensor::randn([c], (Kind::Float, dev)) * 0.2));
+        }
+        Block {
+            params,
+            stride,
+            downsample,
+        }
+    }
+
+    fn convs(&self) -> usize {
+        if self.downsample {
+            4
+        } else {
+            3
+        }
+    }
+
+    /// Fresh running statistics (mean 0.1, var 1.5, as a partly trained network has), one pair per batch norm.
+    fn buffers(&self) -> Vec<Tensor> {
+        let dev = self.params[0].device();
+        (0..self.convs())
+            .flat_map(|i| {
+                let c = self.params[i].size()[0];
+                [
+                    Tensor::full([c], 0.1, (Kind::Float, dev)),
+                    Tensor::full([c], 1.5, (Kind::Float, dev)),
+                ]
+            })
+            .collect()
+    }
+
+    /// The plain block in PyTorch ops, in `kind` (weights cast as autocast would), recorded by autograd.
+    fn reference(&self, x: &Tensor, buffers: &[Tensor], kind: Kind) -> Tensor {
+        let p = &self.params;
+        let n = self.convs();
+        let conv = |x: &Tensor, i: usize, stride: i64, pad: i64| {
+            x.conv2d(&p[i].to_kind(kind), None::<Tensor>, [stride; 2], [pad; 2], [1, 1], 1)
+        };
+        let bn = |y: &Tensor, i: usize| {
+            y.batch_norm(
+                Some(&p[n + 2 * i]),
+                Some(&p[n + 2 * i + 1]),
+                Some(&buffers[2 * i]),
+                Some(&buffers[2 * i + 1]),
+                true,
+                MOMENTUM,
+                EPS,
+                false,
+            )
+            .to_kind(kind)
+        };
+        let a1 = bn(&conv(x, 0, 1, 0), 0).relu();
+        let a2 = bn(&conv(&a1, 1, self.stride, 1), 1).relu();
+        let y3 = bn(&conv(&a2, 2, 1, 0), 2);
+        let shortcut = if self.downsample {
+            bn(&conv(x, 3, self.stride, 0), 3)
+        } else {
+            x.shallow_clone()
+        };
+        (y3 + shortcut).relu()
+    }
+
+    fn fused(&self, x: &Tensor, buffers: &[Tensor], use_graph: bool) -> Tensor {
+        match shim::bottleneck(x, &self.params, buffers, self.stride, MOMENTUM, EPS, use_graph).unwrap() {
+            Fused::Done(y) => y,
+            Fused::NotApplicable(why) => panic!("the fused block declined: {why}"),
+        }
+    }
+}
+
+/// What one forward/backward gives: output, gradients of the input and of every parameter, running statistics.
+struct Outcome {
+    out: Tensor,
+    grads: Vec<(String, Tensor)>,
+    running: Vec<Tensor>,
+}
+
+/// Runs `forward` on a fresh copy of `x` and of the running statistics, back-propagates `weight · out` summed, and
+/// collects everything, the parameter gradients cleared afterwards.
+fn outcome(
+    block: &Block,
+    x: &Tensor,
+    weight: &Tensor,
+    forward: impl Fn(&Tensor, &[Tensor]) -> Tensor,
+) -> Outcome {
+    let x = x.detach().copy().set_requires_grad(true);
+    let running = block.buffers();
+    let out = forward(&x, &running);
+    (out.to_kind(Kind::Float) * weight).sum(Kind::Float).backward();
+    let mut grads = vec![("input".to_string(), x.grad().to_kind(Kind::Float))];
+    for (i, p) in block.params.iter().enumerate() {
+        grads.push((format!("param {i}"), p.grad().copy()));
+        let mut g = p.grad();
+        let _ = g.zero_();
+    }
+    Outcome {
+        out: out.detach().to_kind(Kind::Float),
+        grads,
+        running,
+    }
+}
+
+/// ‖a − b‖ / ‖b‖ in fp32.
+fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
+    let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
+    let num = f64::try_from((&a - &b).norm()).unwrap();
+    let den = f64::try_from(b.norm()).unwrap().max(1e-12);
+    num / den
+}
+
+/// Every quantity of `got` within `tol` of `want`, or (with `peer`, the same computation in PyTorch's ops in the
+/// same low precision) no further from it than 1.5 times the peer is.
+fn compare(case: &str, got: &Outcome, want: &Outcome, peer: Option<&Outcome>, tol: f64) {
+    let judge = |what: &str, g: &Tensor, w: &Tensor, p: Option<&Tensor>| {
+        let e = rel_err(g, w);
+        let ep = p.map(|p| rel_err(p, w));
+        assert!(
+            e < tol || ep.is_some_and(|ep| e <= 1.5 * ep),
+            "{case}: {what} is off by {e:.2e} (tolerance {tol:.0e}; PyTorch's ops in the same precision: {ep:?})"
+        );
+    };
+    judge("output", &got.out, &want.out, peer.map(|p| &p.out));
+    for (i, (name, g)) in got.grads.iter().enumerate() {
+        judge(
+            &format!("gradient of {name}"),
+            g,
+            &want.grads[i].1,
+            peer.map(|p| &p.grads[i].1),
+        );
+    }
+    for (i, r) in got.running.iter().enumerate() {
+        let what = format!("running {} {}", if i % 2 == 0 { "mean" } else { "var" }, i / 2);
+        judge(&what, r, &want.running[i], peer.map(|p| &p.running[i]));
+    }
+}
+
+/// The decomposition in ATen ops equals the plain block on the CPU in fp32: with and without a downsample,
+/// stride 1 and 2 (odd sides, where the strided convolution drops a row), NCHW and channels_last.
+#[test]
+fn decomposition_matches_pytorch_autograd_of_the_plain_block() {
+    let cases = [
+        // (cin, planes, stride, side)
+        (16, 4, 1, 8),  // identity shortcut
+        (8, 4, 1, 8),   // downsample at stride 1 (the first block of layer1)
+        (16, 8, 2, 9),  // downsample at stride 2, odd side
+        (32, 8, 1, 5),  // identity, odd side
+    ];
+    for (cin, planes, stride, side) in cases {
+        for channels_last in [false, true] {
+            tch::manual_seed(3);
+            let case = format!("cin {cin} planes {planes} stride {stride} side {side} channels_last {channels_last}");
+            let block = Block::new(cin, planes, stride, Device::Cpu);
+            let mut x = Tensor::randn([4, cin, side, side], (Kind::Float, Device::Cpu)).relu();
+            if channels_last {
+                x = memory_format::channels_last(&x);
+            }
+            let out_side = (side - 1) / stride + 1;
+            let weight = Tensor::randn([4, 4 * planes, out_side, out_side], (Kind::Float, Device::Cpu));
+            let want = outcome(&block, &x, &weight, |x, b| block.reference(x, b, Kind::Float));
+            let got = outcome(&block, &x, &weight, |x, b| block.fused(x, b, false));
+            compare(&case, &got, &want, None, 1e-5);
+            // The CPU has no cuDNN graphs: asking for them runs the same ATen stages.
+            let graph = outcome(&block, &x, &weight, |x, b| block.fused(x, b, true));
+            compare(&format!("{case} (graphs asked)"), &graph, &want, None, 1e-5);
+        }
+    }
+}
+
+/// The check can fail: a decomposition that got the batch-norm input gradient wrong (here: the plain block with
+/// its running statistics' momentum changed, standing for any stage off by a little) is caught.
+#[test]
+fn the_comparison_catches_a_stage_that_is_off() {
+    tch::manual_seed(5);
+    let block = Block::new(8, 4, 2, Device::Cpu);
+    let x = Tensor::randn([4, 8, 8, 8], (Kind::Float, Device::Cpu)).relu();
+    let weight = Tensor::randn([4, 16, 4, 4], (Kind::Float, Device::Cpu));
+    let want = outcome(&block, &x, &weight, |x, b| block.reference(x, b, Kind::Float));
+    let off = outcome(&block, &x, &weight, |x, b| {
+        match shim::bottleneck(x, &block.params, b, block.stride, 0.2, EPS, false).unwrap() {
+            Fused::Done(y) => y,
+            Fused::NotApplicable(why) => panic!("{why}"),
+        }
+    });
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        compare("momentum 0.2", &off, &want, None, 1e-5)
+    }));
+    assert!(caught.is_err(), "a block whose running statistics are off passed");
+}
+
+/// The block declines what is not a bottleneck's set of tensors, leaving the caller to run the separate ops.
+#[test]
+fn the_block_declines_what_it_does_not_apply_to() {
+    let block = Block::new(16, 4, 1, Device::Cpu);
+    let x = Tensor::randn([2, 16, 4, 4], (Kind::Float, Device::Cpu));
+    let buffers = block.buffers();
+    let r = shim::bottleneck(&x, &block.params[..5], &buffers, 1, MOMENTUM, EPS, false).unwrap();
+    assert!(matches!(r, Fused::NotApplicable(ref why) if why.contains("bottleneck")));
+    let r = shim::bottleneck(&x, &block.params, &buffers[..4], 1, MOMENTUM, EPS, false).unwrap();
+    assert!(matches!(r, Fused::NotApplicable(ref why) if why.contains("running statistics")));
+}
+
+/// The GPU of a test marked `#[ignore]` (GPU only): asked to run without one, it fails rather than pass unrun.
+fn gpu() -> Device {
+    assert!(shim::cuda_compiled(), "this binary was built without --features cuda");
+    assert!(shim::block_graphs_compiled(), "this binary was built without the cuDNN frontend headers");
+    assert!(tch::Cuda::is_available(), "no CUDA device visible");
+    Device::Cuda(0)
+}
+
+/// Each of ResNet-50's bottleneck kinds at a reduced batch, fp16 and bf16, channels_last: the block through cuDNN
+/// graphs against the plain block in fp32 on the same inputs (values exact in the low precision), within the
+/// error of PyTorch's own ops in that precision. Prints which stages fell back to ATen ops.
+#[test]
+#[ignore = "needs a CUDA GPU and a build with --features cuda: run with --include-ignored there"]
+fn cudnn_graph_stages_match_the_plain_block_on_a_gpu() {
+    let dev = gpu();
+    // (cin, planes, stride, side): layer1.0, layer1.1, layer2.0, layer3.1, layer4.0 of ResNet-50.
+    let cases = [(64, 64, 1, 56), (256, 64, 1, 56), (256, 128, 2, 56), (1024, 256, 1, 14), (1024, 512, 2, 14)];
+    for kind in [Kind::Half, Kind::BFloat16] {
+        let tol = if kind == Kind::Half { 5e-3 } else { 4e-2 };
+        for (cin, planes, stride, side) in cases {
+            tch::manual_seed(11);
+            let case = format!("{kind:?} cin {cin} planes {planes} stride {stride} side {side}");
+            let block = Block::new(cin, planes, stride, dev);
+            let x = memory_format::channels_last(
+                &Tensor::randn([32, cin, side, side], (Kind::Float, dev)).relu().to_kind(kind),
+            );
+            let out_side = (side - 1) / stride + 1;
+            let weight = Tensor::randn([32, 4 * planes, out_side, out_side], (Kind::Float, dev));
+            let want = outcome(&block, &x, &weight, |x, b| block.reference(&x.to_kind(Kind::Float), b, Kind::Float));
+            let peer = outcome(&block, &x, &weight, |x, b| block.reference(x, b, kind));
+            let graph = outcome(&block, &x, &weight, |x, b| block.fused(x, b, true));
+            for line in shim::block_report() {
+                println!("{case}: {line}");
+            }
+            assert_eq!(graph.out.size(), want.out.size());
+            compare(&case, &graph, &want, Some(&peer), tol);
+            let aten = outcome(&block, &x, &weight, |x, b| block.fused(x, b, false));
+            compare(&format!("{case} (ATen stages)"), &aten, &want, Some(&peer), tol);
+            println!(
+                "{case}: output off fp32 by {:.2e} (graphs), {:.2e} (ATen stages), {:.2e} (PyTorch's ops)",
+                rel_err(&graph.out, &want.out),
+                rel_err(&aten.out, &want.out),
+                rel_err(&peer.out, &want.out)
+            );
+        }
+    }
+}
+
+/// A whole ResNet-50 forward/backward in fp16 AMP (channels_last) three ways from the same weights and batch: the
+/// fused blocks, the per-layer fused batch norm (today's path), and fp32. The fused blocks' loss, gradients and
+/// running statistics must be as close to fp32 as the per-layer path's are.
+#[test]
+#[ignore = "needs a CUDA GPU and a build with --features cuda: run with --include-ignored there"]
+fn resnet50_with_fused_blocks_trains_as_the_per_layer_path() {
+    let dev = gpu();
+    shim::set_tf32(false).unwrap();
+    const SCALE: f64 = 1024.0;
+    tch::manual_seed(0);
+    let model = Model::new(ResNetConfig::new(Arch::ResNet50), dev);
+    model.to_channels_last();
+    let x = memory_format::channels_last(&Tensor::randn([32, 3, 224, 224], (Kind::Float, dev)));
+    let labels = Tensor::randint(1000, [32], (Kind::Int64, dev));
+    let start: Vec<Tensor> = model.state().iter().map(|(_, t)| t.copy()).collect();
+    let flat = |v: &[Tensor]| Tensor::cat(&v.iter().map(|t| t.flatten(0, -1)).collect::<Vec<_>>(), 0);
+    let run = |precision: Option<Kind>, block: bool| {
+        tch::no_grad(|| {
+            for ((_, mut t), s) in model.state().into_iter().zip(&start) {
+                t.copy_(s);
+            }
+        });
+        fused::set_enabled(precision.is_some());
+        fused::set_block_enabled(block);
+        let loss = {
+            let _autocast = precision.map(|k| shim::Autocast::enter(dev, k).unwrap());
+            model
+                .forward_t(&x, true)
+                .cross_entropy_loss(&labels, None::<Tensor>, Reduction::Mean, -100, 0.0)
+        };
+        let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
+        let grads: Vec<Tensor> = Tensor::run_backward(&[&loss * SCALE], &params, false, false)
+            .into_iter()
+            .map(|g| g.to_kind(Kind::Float) / SCALE)
+            .collect();
+        fused::set_enabled(false);
+        fused::set_block_enabled(false);
+        (f64::try_from(&loss).unwrap(), flat(&grads), flat(&model.buffers()))
+    };
+    let (loss_b, grads_b, stats_b) = run(Some(Kind::Half), true);
+    for line in shim::block_report() {
+        println!("{line}");
+    }
+    let (loss_l, grads_l, stats_l) = run(Some(Kind::Half), false);
+    let (loss_r, grads_r, stats_r) = run(None, false);
+    let (lb, ll) = ((loss_b - loss_r).abs(), (loss_l - loss_r).abs());
+    let (gb, gl) = (rel_err(&grads_b, &grads_r), rel_err(&grads_l, &grads_r));
+    let (sb, sl) = (rel_err(&stats_b, &stats_r), rel_err(&stats_l, &stats_r));
+    println!(
+        "off fp32, fused blocks vs per-layer: loss {lb:.2e} vs {ll:.2e}, gradients {gb:.2e} vs {gl:.2e}, running statistics {sb:.2e} vs {sl:.2e}"
+    );
+    assert!(lb < 1e-3 * loss_r.abs() || lb <= 1.5 * ll, "loss {loss_b} (blocks) {loss_l} (per-layer) {loss_r} (fp32)");
+    assert!(gb <= 1.5 * gl + 1e-3, "gradients off fp32 by {gb:.2e} (blocks), {gl:.2e} (per-layer)");
+    assert!(sb <= 1.5 * sl + 1e-4, "running statistics off fp32 by {sb:.2e} (blocks), {sl:.2e} (per-layer)");
+}
