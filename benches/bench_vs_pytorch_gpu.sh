@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU step, rn50 against PyTorch in the same run: `rn50 bench` as it runs by default (bottlenecks with batch
-# norm folded into the convolutions through cuDNN graphs), with --no-fused-block (the per-layer fused cuDNN batch
-# norm) and with --no-fused-bn (PyTorch's separate kernels), PyTorch eager (benches/pytorch_train_bench.py) and PyTorch with torch.compile, alternating,
+# The GPU step, rn50 against PyTorch in the same run: `rn50 bench` as it runs by default (the fused cuDNN batch
+# norm), with --fused-block (bottlenecks with bn1 and bn2 folded into the convolutions through cuDNN graphs) and
+# with --no-fused-bn (PyTorch's separate kernels), PyTorch eager (benches/pytorch_train_bench.py) and PyTorch with torch.compile, alternating,
 # R rounds each, same arch / batch / precision / channels_last / steps, synthetic batch on the GPU. Prints each
 # run, then the median of each and its ratio to PyTorch eager and to torch.compile.
 #
@@ -29,7 +29,7 @@ RN50=${RN50:-target/release/rn50}
 PY=${PY:-.venv/bin/python}
 out=$(mktemp -d)
 common="--arch $arch --batch-size $batch --precision $prec --warmup $warmup --steps $steps"
-impls="rn50 rn50-per-layer rn50-unfused torch"
+impls="rn50 rn50-fused-block rn50-unfused torch"
 [[ $compile == 1 ]] && impls="$impls torch-compile"
 printf '%-14s %-6s %10s\n' impl round img/s
 for r in $(seq 1 "$rounds"); do
@@ -37,7 +37,7 @@ for r in $(seq 1 "$rounds"); do
         f=$out/$impl.$r.json
         case $impl in
             rn50) "$RN50" bench $common --device cuda --json "$f" >/dev/null ;;
-            rn50-per-layer) "$RN50" bench $common --device cuda --no-fused-block --json "$f" >/dev/null ;;
+            rn50-fused-block) "$RN50" bench $common --device cuda --fused-block --json "$f" >/dev/null ;;
             rn50-unfused) "$RN50" bench $common --device cuda --no-fused-bn --json "$f" >/dev/null ;;
             torch) "$PY" benches/pytorch_train_bench.py $common --channels-last --device cuda >"$f" ;;
             torch-compile) "$PY" benches/pytorch_train_bench.py $common --channels-last --device cuda --compile >"$f" ;;

@@ -6,7 +6,11 @@ use rn50_shim_build::{cuda_feature, Libtorch};
 
 fn main() {
     let torch = Libtorch::from_torch_sys();
-    let extra = ["shim/fused_bn.cpp", "shim/fused_block.cpp", "shim/profile.cpp"];
+    let extra = [
+        "shim/fused_bn.cpp",
+        "shim/fused_block.cpp",
+        "shim/profile.cpp",
+    ];
     let mut build = torch.shim("shim/shim.cpp", cuda_feature());
     for file in extra {
         println!("cargo:rerun-if-changed={file}");

@@ -1,29 +1,31 @@
-// The ResNet bottleneck with its batch norms folded into the convolutions, as NVIDIA's MLPerf ResNet-50 runs it:
-// one autograd function per block whose stages are the ones cuDNN's graph API fuses.
+// The body of a ResNet bottleneck, conv1 → bn1 → ReLU → conv2 → bn2 → ReLU → conv3, with its two batch norms folded
+// into the convolutions as NVIDIA's MLPerf ResNet-50 runs them: one autograd function whose stages are the ones
+// cuDNN's graph API fuses. The block's tail (bn3 + shortcut + ReLU) stays cuDNN's fused batch norm + add + ReLU
+// (fused_bn.cpp), which computes bn3's statistics, adds and applies the ReLU in one call each way.
 //
-// Forward, for each conv i of the block (y_i its raw output, a_i = relu(scale_i·y_i + bias_i) the activation the
-// next conv reads, never stored):
+// Forward, for conv i (y_i its raw output, a_i = relu(scale_i·y_i + bias_i) the activation the next conv reads,
+// never stored):
 //   conv_stats   y_i = conv(a_{i-1}) with a_{i-1} recomputed from y_{i-1} as the conv loads it (prologue), and
 //                the per-channel sum and sum of squares of y_i as it is written (epilogue, "genstats");
 //   finalize     mean, inverse std, the running statistics (unbiased variance, momentum), and the scale and bias
-//                that apply the batch norm: scale = γ·invstd, bias = β − mean·scale;
-//   tail         out = relu(scale_3·y_3 + bias_3 + shortcut), shortcut = x or scale_d·y_d + bias_d.
-// Backward:
-//   the tail's ReLU and batch norms (PyTorch's batch-norm backward);
+//                that apply the batch norm: scale = γ·invstd, bias = β − mean·scale.
+// Backward, from dy_3:
+//   wgrad        dW_i from dy_i and a_{i-1} recomputed from y_{i-1} (prologue);
 //   dgrad_drelu  dz_{i-1} = dgrad(dy_i) · [scale_{i-1}·y_{i-1} + bias_{i-1} > 0], the mask recomputed from the raw
 //                input and the statistics, plus the batch-norm weight gradient dγ = Σ dz·x̂, dβ = Σ dz;
 //   bn_input     dy_{i-1} = a·dz + b·y_{i-1} + c, the batch-norm input gradient as three per-channel coefficients
 //                (cuDNN's eq_scale_dy, eq_scale_x, eq_bias): a = γ·invstd, b = −γ·invstd²·dγ/M,
 //                c = γ·invstd·(invstd·mean·dγ − dβ)/M, M = N·H·W;
-//   wgrad        dW_i from dy_i and a_{i-1} recomputed from y_{i-1} (prologue).
+//   conv1's wgrad and dgrad as PyTorch runs them (its input is the block's, already activated).
 //
 // Every stage has two implementations: ATen ops (any device and type: the decomposition's reference, tested on
 // the CPU against PyTorch autograd of the plain block) and, in a CUDA build with the cuDNN frontend's headers, a
-// cuDNN graph, built once per shape and cached. A graph cuDNN does not support for a shape (GPU generation,
-// cuDNN version) runs that stage's ATen ops instead; each such fallback is reported once (rn50_block_report).
+// cuDNN graph, built once per shape and cached. On CUDA every graph of a body's shape is built before its first
+// use; if cuDNN supports one of them not (GPU generation, cuDNN version, bf16), the body declines and the block
+// runs the per-layer path, said once (rn50_block_report).
 //
-// rn50_bottleneck returns 0 on success, 1 on an error (message in rn50_block_last_error), 2 when the block does
-// not apply to these tensors (the caller runs the separate ops).
+// rn50_bottleneck returns 0 on success, 1 on an error (message in rn50_block_last_error), 2 when the body does
+// not apply to these tensors (the caller runs the per-layer ops).
 #include "rn50_shim_common.h"
 
 #include <ATen/ATen.h>
@@ -41,7 +43,10 @@
 #define RN50_CUDNN_GRAPH 1
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cudnn/Handle.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <dlfcn.h>
+
+#include <chrono>
 
 #include <memory>
 #include <unordered_map>
@@ -71,6 +76,19 @@ void report_once(const std::string& msg) {
   if (reported.insert(msg).second) pending.push_back(msg);
 }
 
+// guarded() for an entry point that may decline: `f` returns why it does not apply (2, kept as the last error) or
+// nothing (0); an exception is 1.
+template <typename F>
+int guarded_applicable(F&& f) {
+  std::string why;
+  int rc = guarded([&] { why = f(); });
+  if (rc == 0 && !why.empty()) {
+    last_error = why;
+    return 2;
+  }
+  return rc;
+}
+
 // A per-channel [C] tensor shaped to broadcast against NCHW.
 Tensor ch(const Tensor& t) { return t.view({1, -1, 1, 1}); }
 
@@ -98,6 +116,10 @@ struct Geometry {
 };
 
 int64_t count(const Tensor& y) { return y.size(0) * y.size(2) * y.size(3); }
+
+// The conv geometry of conv i of the body: conv1 1x1, conv2 3x3 with the block's stride (v1.5), conv3 1x1.
+Geometry geometry(size_t i, int64_t stride) { return i == 1 ? Geometry{stride, 1} : Geometry{1, 0}; }
+
 
 bool graphs_wanted(const Tensor& t, bool use_graph) {
   return use_graph && t.is_cuda() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16);
@@ -130,12 +152,6 @@ Stats finalize_aten(const ConvOut& c, const Tensor& gamma, const Tensor& beta, c
   running_mean.mul_(1 - momentum).add_(mean, momentum);
   running_var.mul_(1 - momentum).add_(var * (m / std::max(m - 1, 1.0)), momentum);
   return {mean, invstd, scale, bias};
-}
-
-Tensor tail_aten(const Tensor& y3, const Stats& s3, const Tensor& shortcut, const Stats* sd) {
-  auto main = y3 * ch(s3.scale) + ch(s3.bias);
-  auto side = sd ? shortcut * ch(sd->scale) + ch(sd->bias) : shortcut;
-  return at::relu(main + side).to(y3.scalar_type()).contiguous(y3.suggest_memory_format());
 }
 
 // dz = dgrad(dy) masked by the ReLU of the activation recomputed from y_prev, and the batch-norm weight gradient.
@@ -181,10 +197,15 @@ namespace fe = cudnn_frontend;
 using Attr = std::shared_ptr<fe::graph::Tensor_attributes>;
 
 // A built graph and its tensors in the order `run` binds pointers to them, or why it could not be built.
+// Execution plans of a graph: the first kCandidates that cuDNN's heuristics propose and that build; the first run
+// times each and keeps the fastest, as cudnn.benchmark does for PyTorch's convolutions.
+constexpr int64_t kCandidates = 4;
 struct Plan {
   std::shared_ptr<fe::graph::Graph> graph;
   std::vector<Attr> io;
-  int64_t workspace = 0;
+  std::vector<int64_t> candidates;
+  int64_t chosen = -1;
+  int64_t workspace = 0;  // the largest of the candidates'
   std::string error;
 };
 
@@ -238,9 +259,21 @@ struct Builder {
     if (st.is_good()) st = g->build_operation_graph(h);
     if (st.is_good()) st = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
     if (st.is_good()) st = g->check_support(h);
-    if (st.is_good()) st = g->build_plans(h);
-    if (st.is_good()) st = g->get_workspace_size(p.workspace);
     if (!st.is_good()) return st.get_message().empty() ? std::string("not supported") : st.get_message();
+    std::string why;
+    for (int64_t i = 0; i < std::min(g->get_execution_plan_count(), kCandidates); ++i) {
+      int64_t ws = 0;
+      auto built = g->build_plan_at_index(h, i);
+      if (built.is_good()) built = g->get_workspace_size_plan_at_index(i, ws);
+      if (!built.is_good()) {
+        why = built.get_message();
+        continue;
+      }
+      p.candidates.push_back(i);
+      p.workspace = std::max(p.workspace, ws);
+    }
+    if (p.candidates.empty()) return why.empty() ? std::string("no plan builds") : why;
+    p.chosen = p.candidates.size() == 1 ? p.candidates[0] : -1;
     p.graph = g;
     return {};
   }
@@ -255,7 +288,7 @@ bool load_cudnn() {
   return lib != nullptr;
 }
 
-// The cached plan for `key`, built by `build` on first use. Null if it cannot be built (reported once).
+// The cached plan for `key`, built by `build` on first use; its `error` says why cuDNN cannot run it.
 template <typename F>
 Plan* plan(const std::string& key, F&& build) {
   std::lock_guard<std::mutex> lock(plans_mutex);
@@ -271,9 +304,31 @@ Plan* plan(const std::string& key, F&& build) {
         slot->error = e.what();
       }
     }
-    if (!slot->error.empty()) report_once(key + ": cuDNN graph not available (" + slot->error + "); ATen ops instead");
+    // cuDNN's messages run over many lines; the first says what failed.
+    if (!slot->error.empty()) slot->error = key + ": " + slot->error.substr(0, slot->error.find('\n'));
   }
-  return slot->error.empty() ? slot.get() : nullptr;
+  return slot.get();
+}
+
+void check(fe::error_t st) {
+  if (!st.is_good()) throw std::runtime_error("cuDNN graph execution failed: " + st.get_message());
+}
+
+// Times each candidate plan on these buffers (every graph here writes only its outputs, so running it again is
+// harmless) and keeps the fastest.
+void choose(Plan& p, cudnnHandle_t h, std::unordered_map<Attr, void*>& pack, void* ws) {
+  std::lock_guard<std::mutex> lock(plans_mutex);
+  if (p.chosen >= 0) return;
+  double best = 0;
+  for (auto i : p.candidates) {
+    check(p.graph->execute_plan_at_index(h, pack, ws, i));
+    c10::cuda::device_synchronize();
+    auto start = std::chrono::steady_clock::now();
+    for (int k = 0; k < 3; ++k) check(p.graph->execute_plan_at_index(h, pack, ws, i));
+    c10::cuda::device_synchronize();
+    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (p.chosen < 0 || t < best) best = t, p.chosen = i;
+  }
 }
 
 void run(Plan& p, const std::vector<const Tensor*>& ts) {
@@ -281,8 +336,9 @@ void run(Plan& p, const std::vector<const Tensor*>& ts) {
   for (size_t i = 0; i < p.io.size(); ++i) pack[p.io[i]] = ts[i]->data_ptr();
   auto opts = ts[0]->options().dtype(at::kByte);
   auto ws = at::empty({std::max<int64_t>(p.workspace, 1)}, opts);
-  auto st = p.graph->execute(handle(), pack, ws.data_ptr());
-  if (!st.is_good()) throw std::runtime_error("cuDNN graph execution failed: " + st.get_message());
+  auto h = handle();
+  if (p.chosen < 0) choose(p, h, pack, ws.data_ptr());
+  check(p.graph->execute_plan_at_index(h, pack, ws.data_ptr(), p.chosen));
 }
 
 std::string shape_key(const char* stage, std::initializer_list<int64_t> v, at::ScalarType t) {
@@ -294,29 +350,41 @@ std::string shape_key(const char* stage, std::initializer_list<int64_t> v, at::S
   return s.str();
 }
 
-std::optional<ConvOut> conv_stats_graph(const Tensor& x, const Tensor& w, Geometry g, const Stats* prologue) {
-  int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3), k = w.size(0), r = w.size(2);
-  int64_t p = (h + 2 * g.pad - r) / g.stride + 1, q = (wd + 2 * g.pad - r) / g.stride + 1;
-  auto type = x.scalar_type();
-  auto key = shape_key(prologue ? "scale-bias-relu-conv-genstats" : "conv-genstats",
-                       {n, c, h, wd, k, r, g.stride, g.pad}, type);
-  auto* pl = plan(key, [&](Plan& pl, cudnnHandle_t hd) {
+// The shape of one convolution of the body: input [n, c, h, w], filter [k, c, r, r].
+struct ConvShape {
+  int64_t n, c, h, w, k, r;
+  Geometry g;
+  int64_t p() const { return (h + 2 * g.pad - r) / g.stride + 1; }
+  int64_t q() const { return (w + 2 * g.pad - r) / g.stride + 1; }
+  static ConvShape of(const Tensor& x, const Tensor& w, Geometry g) {
+    return {x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), g};
+  }
+};
+
+std::string shape_key(const char* stage, const ConvShape& s, at::ScalarType t) {
+  return shape_key(stage, {s.n, s.c, s.h, s.w, s.k, s.r, s.g.stride, s.g.pad}, t);
+}
+
+// conv (with the scale-bias-ReLU prologue or without) + genstats. io: x, w, y, sum, sumsq[, scale, bias].
+Plan* conv_stats_plan(const ConvShape& s, bool prologue, at::ScalarType type) {
+  auto key = shape_key(prologue ? "scale-bias-relu-conv-genstats" : "conv-genstats", s, type);
+  return plan(key, [&](Plan& pl, cudnnHandle_t hd) {
     Builder b(fe_type(type), fe::DataType_t::FLOAT);
-    auto X = b.image("x", n, c, h, wd);
-    auto W = b.filter("w", k, c, r);
+    auto X = b.image("x", s.n, s.c, s.h, s.w);
+    auto W = b.filter("w", s.k, s.c, s.r);
     auto in = X;
     Attr S, B;
     if (prologue) {
-      S = b.channels("scale", c, b.io);
-      B = b.channels("bias", c, b.io);
+      S = b.channels("scale", s.c, b.io);
+      B = b.channels("bias", s.c, b.io);
       in = b.sbr(X, S, B);
     }
     auto Y = b.g->conv_fprop(in, W,
                              fe::graph::Conv_fprop_attributes()
-                                 .set_padding({g.pad, g.pad})
-                                 .set_stride({g.stride, g.stride})
+                                 .set_padding({s.g.pad, s.g.pad})
+                                 .set_stride({s.g.stride, s.g.stride})
                                  .set_dilation({1, 1}));
-    Y->set_dim({n, k, p, q}).set_stride(nhwc(n, k, p, q));
+    Y->set_dim({s.n, s.k, s.p(), s.q()}).set_stride(nhwc(s.n, s.k, s.p(), s.q()));
     b.out(Y, b.io);
     auto [SUM, SQ] = b.g->genstats(Y, fe::graph::Genstats_attributes());
     b.out(SUM, fe::DataType_t::FLOAT);
@@ -325,24 +393,13 @@ std::optional<ConvOut> conv_stats_graph(const Tensor& x, const Tensor& w, Geomet
     if (prologue) pl.io.insert(pl.io.end(), {S, B});
     return b.finish(pl, hd);
   });
-  if (!pl) return std::nullopt;
-  auto y = at::empty({n, k, p, q}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
-  auto sum = at::empty({k}, x.options().dtype(at::kFloat));
-  auto sumsq = at::empty({k}, x.options().dtype(at::kFloat));
-  if (prologue) {
-    run(*pl, {&x, &w, &y, &sum, &sumsq, &prologue->io_scale, &prologue->io_bias});
-  } else {
-    run(*pl, {&x, &w, &y, &sum, &sumsq});
-  }
-  return ConvOut{y, sum, sumsq};
 }
 
-std::optional<Stats> finalize_graph(const ConvOut& co, const Tensor& gamma, const Tensor& beta,
-                                    const Tensor& running_mean, const Tensor& running_var, double momentum,
-                                    double eps) {
-  int64_t c = co.sum.size(0), m = count(co.y);
-  auto key = shape_key("bn-finalize", {c, m}, co.y.scalar_type());
-  auto* pl = plan(key, [&](Plan& pl, cudnnHandle_t hd) {
+// BN finalize for c channels over m values each. io: sum, sumsq, γ, β, running mean, var, then scale, bias, mean,
+// invstd, next running mean, var.
+Plan* finalize_plan(int64_t c, int64_t m, double momentum, double eps) {
+  auto key = shape_key("bn-finalize", {c, m}, at::kHalf);
+  return plan(key, [&](Plan& pl, cudnnHandle_t hd) {
     Builder b(fe::DataType_t::FLOAT, fe::DataType_t::FLOAT);
     auto f = fe::DataType_t::FLOAT;
     auto SUM = b.channels("sum", c, f), SQ = b.channels("sq_sum", c, f);
@@ -357,125 +414,63 @@ std::optional<Stats> finalize_graph(const ConvOut& co, const Tensor& gamma, cons
     pl.io = {SUM, SQ, G, BE, RM, RV, SCALE, BIAS, MEAN, INVSTD, NRM, NRV};
     return b.finish(pl, hd);
   });
-  if (!pl) return std::nullopt;
-  auto e = [&] { return at::empty({c}, co.sum.options()); };
-  Stats s{e(), e(), e(), e(), {}, {}};
-  auto next_mean = e(), next_var = e();
-  run(*pl, {&co.sum, &co.sumsq, &gamma, &beta, &running_mean, &running_var, &s.scale, &s.bias, &s.mean, &s.invstd,
-            &next_mean, &next_var});
-  running_mean.copy_(next_mean);
-  running_var.copy_(next_var);
-  return s;
 }
 
-std::optional<Tensor> tail_graph(const Tensor& y3, const Stats& s3, const Tensor& shortcut, const Stats* sd) {
-  int64_t n = y3.size(0), k = y3.size(1), p = y3.size(2), q = y3.size(3);
-  auto type = y3.scalar_type();
-  auto key = shape_key(sd ? "scale-bias-add-scale-bias-relu" : "scale-bias-add-relu", {n, k, p, q}, type);
-  auto* pl = plan(key, [&](Plan& pl, cudnnHandle_t hd) {
-    Builder b(fe_type(type), fe::DataType_t::FLOAT);
-    auto Y = b.image("y", n, k, p, q), S = b.channels("scale", k, b.io), B = b.channels("bias", k, b.io);
-    auto R = b.image("shortcut", n, k, p, q);
-    auto main = b.pw(fe::PointwiseMode_t::ADD, b.pw(fe::PointwiseMode_t::MUL, Y, S), B);
-    auto side = R;
-    Attr SD, BD;
-    if (sd) {
-      SD = b.channels("scale_d", k, b.io);
-      BD = b.channels("bias_d", k, b.io);
-      side = b.pw(fe::PointwiseMode_t::ADD, b.pw(fe::PointwiseMode_t::MUL, R, SD), BD);
-    }
-    auto OUT = b.relu(b.pw(fe::PointwiseMode_t::ADD, main, side));
-    OUT->set_dim({n, k, p, q}).set_stride(nhwc(n, k, p, q));
-    b.out(OUT, b.io);
-    pl.io = {Y, S, B, R, OUT};
-    if (sd) pl.io.insert(pl.io.end(), {SD, BD});
-    return b.finish(pl, hd);
-  });
-  if (!pl) return std::nullopt;
-  auto out = at::empty_like(y3, at::MemoryFormat::ChannelsLast);
-  if (sd) {
-    run(*pl, {&y3, &s3.io_scale, &s3.io_bias, &shortcut, &out, &sd->io_scale, &sd->io_bias});
-  } else {
-    run(*pl, {&y3, &s3.io_scale, &s3.io_bias, &shortcut, &out});
-  }
-  return out;
-}
-
-std::optional<std::pair<Tensor, BnGrad>> dgrad_drelu_graph(const Tensor& dy, const Tensor& w, Geometry g,
-                                                           const Tensor& y_prev, const Stats& s,
-                                                           const Tensor& gamma, const Tensor& beta) {
-  int64_t n = y_prev.size(0), c = y_prev.size(1), h = y_prev.size(2), wd = y_prev.size(3);
-  int64_t k = dy.size(1), p = dy.size(2), q = dy.size(3), r = w.size(2);
-  auto type = dy.scalar_type();
-  auto key = shape_key("dgrad-drelu-dbn-weight", {n, c, h, wd, k, r, g.stride, g.pad}, type);
-  auto* pl = plan(key, [&](Plan& pl, cudnnHandle_t hd) {
+// dgrad + ReLU backward (activation recomputed from y_prev and the statistics) + the batch-norm weight gradient.
+// s is the shape of the forward conv (input y_prev). io: dy, w, y_prev, mean, invstd, γ, β, then dz, dγ, dβ and
+// cuDNN's own three input-gradient coefficients.
+Plan* dgrad_drelu_plan(const ConvShape& s, at::ScalarType type) {
+  auto key = shape_key("dgrad-drelu-dbn-weight", s, type);
+  return plan(key, [&](Plan& pl, cudnnHandle_t hd) {
     Builder b(fe_type(type), fe::DataType_t::FLOAT);
     auto f = fe::DataType_t::FLOAT;
-    auto DY = b.image("dy", n, k, p, q);
-    auto W = b.filter("w", k, c, r);
+    auto DY = b.image("dy", s.n, s.k, s.p(), s.q());
+    auto W = b.filter("w", s.k, s.c, s.r);
     auto DG = b.g->conv_dgrad(DY, W,
                               fe::graph::Conv_dgrad_attributes()
-                                  .set_padding({g.pad, g.pad})
-                                  .set_stride({g.stride, g.stride})
+                                  .set_padding({s.g.pad, s.g.pad})
+                                  .set_stride({s.g.stride, s.g.stride})
                                   .set_dilation({1, 1}));
-    DG->set_dim({n, c, h, wd});
-    auto X = b.image("y_prev", n, c, h, wd);
-    auto M = b.channels("mean", c, f), V = b.channels("invstd", c, f);
-    auto G = b.channels("gamma", c, f), BE = b.channels("beta", c, f);
+    DG->set_dim({s.n, s.c, s.h, s.w});
+    auto X = b.image("y_prev", s.n, s.c, s.h, s.w);
+    auto M = b.channels("mean", s.c, f), V = b.channels("invstd", s.c, f);
+    auto G = b.channels("gamma", s.c, f), BE = b.channels("beta", s.c, f);
     auto xhat = b.pw(fe::PointwiseMode_t::MUL, b.pw(fe::PointwiseMode_t::SUB, X, M), V);
     auto pre = b.pw(fe::PointwiseMode_t::ADD, b.pw(fe::PointwiseMode_t::MUL, xhat, G), BE);
     auto DZ = b.pw(fe::PointwiseMode_t::RELU_BWD, DG, pre);
-    DZ->set_dim({n, c, h, wd}).set_stride(nhwc(n, c, h, wd));
+    DZ->set_dim({s.n, s.c, s.h, s.w}).set_stride(nhwc(s.n, s.c, s.h, s.w));
     b.out(DZ, b.io);
     auto [DGAMMA, DBETA, EQ_DY, EQ_X, EQ_B] = b.g->dbn_weight(DZ, X, M, V, G, fe::graph::DBN_weight_attributes());
     for (auto& t : {DGAMMA, DBETA, EQ_DY, EQ_X, EQ_B}) b.out(t, f);
     pl.io = {DY, W, X, M, V, G, BE, DZ, DGAMMA, DBETA, EQ_DY, EQ_X, EQ_B};
     return b.finish(pl, hd);
   });
-  if (!pl) return std::nullopt;
-  auto dz = at::empty_like(y_prev, at::MemoryFormat::ChannelsLast);
-  auto e = [&] { return at::empty({c}, s.mean.options()); };
-  BnGrad grad{e(), e()};
-  // cuDNN's own input-gradient coefficients are computed too (the graph needs every output bound); rn50 derives
-  // them from dγ and dβ (input_coefficients), one definition for both implementations.
-  auto eq_dy = e(), eq_x = e(), eq_b = e();
-  run(*pl, {&dy, &w, &y_prev, &s.mean, &s.invstd, &gamma, &beta, &dz, &grad.dgamma, &grad.dbeta, &eq_dy, &eq_x,
-            &eq_b});
-  return std::make_pair(dz, grad);
 }
 
-std::optional<Tensor> wgrad_sbr_graph(const Tensor& dy, const Tensor& y_prev, const Tensor& w, Geometry g,
-                                      const Stats& s) {
-  int64_t n = y_prev.size(0), c = y_prev.size(1), h = y_prev.size(2), wd = y_prev.size(3);
-  int64_t k = dy.size(1), p = dy.size(2), q = dy.size(3), r = w.size(2);
-  auto type = dy.scalar_type();
-  auto key = shape_key("scale-bias-relu-wgrad", {n, c, h, wd, k, r, g.stride, g.pad}, type);
-  auto* pl = plan(key, [&](Plan& pl, cudnnHandle_t hd) {
+// wgrad with the scale-bias-ReLU prologue on its input. io: dy, y_prev, scale, bias, dw.
+Plan* wgrad_sbr_plan(const ConvShape& s, at::ScalarType type) {
+  auto key = shape_key("scale-bias-relu-wgrad", s, type);
+  return plan(key, [&](Plan& pl, cudnnHandle_t hd) {
     Builder b(fe_type(type), fe_type(type));
-    auto X = b.image("y_prev", n, c, h, wd);
-    auto S = b.channels("scale", c, b.io), B = b.channels("bias", c, b.io);
-    auto DY = b.image("dy", n, k, p, q);
+    auto X = b.image("y_prev", s.n, s.c, s.h, s.w);
+    auto S = b.channels("scale", s.c, b.io), B = b.channels("bias", s.c, b.io);
+    auto DY = b.image("dy", s.n, s.k, s.p(), s.q());
     auto DW = b.g->conv_wgrad(DY, b.sbr(X, S, B),
                               fe::graph::Conv_wgrad_attributes()
-                                  .set_padding({g.pad, g.pad})
-                                  .set_stride({g.stride, g.stride})
+                                  .set_padding({s.g.pad, s.g.pad})
+                                  .set_stride({s.g.stride, s.g.stride})
                                   .set_dilation({1, 1}));
-    DW->set_dim({k, c, r, r}).set_stride({c * r * r, 1, c * r, c});
+    DW->set_dim({s.k, s.c, s.r, s.r}).set_stride({s.c * s.r * s.r, 1, s.c * s.r, s.c});
     b.out(DW, b.io);
     pl.io = {DY, X, S, B, DW};
     return b.finish(pl, hd);
   });
-  if (!pl) return std::nullopt;
-  auto dw = at::empty_like(w, at::MemoryFormat::ChannelsLast);
-  run(*pl, {&dy, &y_prev, &s.io_scale, &s.io_bias, &dw});
-  return dw;
 }
 
-std::optional<Tensor> bn_input_graph(const Tensor& dz, const Tensor& y, const InputCoefficients& kf) {
-  int64_t n = y.size(0), c = y.size(1), h = y.size(2), w = y.size(3);
-  auto type = y.scalar_type();
+// dy = a·dz + b·y + c over [n, c, h, w]. io: dz, y, a, b, c, dy.
+Plan* bn_input_plan(int64_t n, int64_t c, int64_t h, int64_t w, at::ScalarType type) {
   auto key = shape_key("bn-input-gradient", {n, c, h, w}, type);
-  auto* pl = plan(key, [&](Plan& pl, cudnnHandle_t hd) {
+  return plan(key, [&](Plan& pl, cudnnHandle_t hd) {
     Builder b(fe_type(type), fe::DataType_t::FLOAT);
     auto f = fe::DataType_t::FLOAT;
     auto DZ = b.image("dz", n, c, h, w), Y = b.image("y", n, c, h, w);
@@ -488,7 +483,75 @@ std::optional<Tensor> bn_input_graph(const Tensor& dz, const Tensor& y, const In
     pl.io = {DZ, Y, A, B, C, DY};
     return b.finish(pl, hd);
   });
-  if (!pl) return std::nullopt;
+}
+
+// Every graph of a body whose input is x (weights w1, w2, w3, the stride on conv2), built (or found) now. The
+// first one cuDNN does not support, or null if it supports them all.
+const Plan* first_unsupported(const Tensor& x, at::TensorList w, int64_t stride, double momentum, double eps) {
+  auto type = x.scalar_type();
+  auto s1 = ConvShape::of(x, w[0], geometry(0, stride));
+  ConvShape s2{s1.n, s1.k, s1.p(), s1.q(), w[1].size(0), w[1].size(2), geometry(1, stride)};
+  ConvShape s3{s2.n, s2.k, s2.p(), s2.q(), w[2].size(0), w[2].size(2), geometry(2, stride)};
+  for (const Plan* p : {conv_stats_plan(s1, false, type), finalize_plan(s1.k, s1.n * s1.p() * s1.q(), momentum, eps),
+                        conv_stats_plan(s2, true, type), finalize_plan(s2.k, s2.n * s2.p() * s2.q(), momentum, eps),
+                        conv_stats_plan(s3, true, type), wgrad_sbr_plan(s3, type), dgrad_drelu_plan(s3, type),
+                        bn_input_plan(s3.n, s3.c, s3.h, s3.w, type), wgrad_sbr_plan(s2, type),
+                        dgrad_drelu_plan(s2, type), bn_input_plan(s2.n, s2.c, s2.h, s2.w, type)})
+    if (!p->error.empty()) return p;
+  return nullptr;
+}
+
+ConvOut conv_stats_graph(const Tensor& x, const Tensor& w, Geometry g, const Stats* prologue) {
+  auto s = ConvShape::of(x, w, g);
+  auto* pl = conv_stats_plan(s, prologue != nullptr, x.scalar_type());
+  auto y = at::empty({s.n, s.k, s.p(), s.q()}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  auto sum = at::empty({s.k}, x.options().dtype(at::kFloat));
+  auto sumsq = at::empty({s.k}, x.options().dtype(at::kFloat));
+  if (prologue) {
+    run(*pl, {&x, &w, &y, &sum, &sumsq, &prologue->io_scale, &prologue->io_bias});
+  } else {
+    run(*pl, {&x, &w, &y, &sum, &sumsq});
+  }
+  return ConvOut{y, sum, sumsq};
+}
+
+Stats finalize_graph(const ConvOut& co, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                     const Tensor& running_var, double momentum, double eps) {
+  int64_t c = co.sum.size(0);
+  auto* pl = finalize_plan(c, count(co.y), momentum, eps);
+  auto e = [&] { return at::empty({c}, co.sum.options()); };
+  Stats s{e(), e(), e(), e(), {}, {}};
+  auto next_mean = e(), next_var = e();
+  run(*pl, {&co.sum, &co.sumsq, &gamma, &beta, &running_mean, &running_var, &s.scale, &s.bias, &s.mean, &s.invstd,
+            &next_mean, &next_var});
+  running_mean.copy_(next_mean);
+  running_var.copy_(next_var);
+  return s;
+}
+
+std::pair<Tensor, BnGrad> dgrad_drelu_graph(const Tensor& dy, const Tensor& w, Geometry g, const Tensor& y_prev,
+                                            const Stats& s, const Tensor& gamma, const Tensor& beta) {
+  auto* pl = dgrad_drelu_plan(ConvShape::of(y_prev, w, g), dy.scalar_type());
+  auto dz = at::empty_like(y_prev, at::MemoryFormat::ChannelsLast);
+  auto e = [&] { return at::empty({y_prev.size(1)}, s.mean.options()); };
+  BnGrad grad{e(), e()};
+  // cuDNN's own input-gradient coefficients must be bound too; rn50 derives them from dγ and dβ
+  // (input_coefficients), one definition for both implementations.
+  auto eq_dy = e(), eq_x = e(), eq_b = e();
+  run(*pl, {&dy, &w, &y_prev, &s.mean, &s.invstd, &gamma, &beta, &dz, &grad.dgamma, &grad.dbeta, &eq_dy, &eq_x,
+            &eq_b});
+  return {dz, grad};
+}
+
+Tensor wgrad_sbr_graph(const Tensor& dy, const Tensor& y_prev, const Tensor& w, Geometry g, const Stats& s) {
+  auto* pl = wgrad_sbr_plan(ConvShape::of(y_prev, w, g), dy.scalar_type());
+  auto dw = at::empty_like(w, at::MemoryFormat::ChannelsLast);
+  run(*pl, {&dy, &y_prev, &s.io_scale, &s.io_bias, &dw});
+  return dw;
+}
+
+Tensor bn_input_graph(const Tensor& dz, const Tensor& y, const InputCoefficients& kf) {
+  auto* pl = bn_input_plan(y.size(0), y.size(1), y.size(2), y.size(3), y.scalar_type());
   auto dy = at::empty_like(y, at::MemoryFormat::ChannelsLast);
   run(*pl, {&dz, &y, &kf.a, &kf.b, &kf.c, &dy});
   return dy;
@@ -496,82 +559,51 @@ std::optional<Tensor> bn_input_graph(const Tensor& dz, const Tensor& y, const In
 #endif  // RN50_CUDNN_GRAPH
 
 // ---------------------------------------------------------------------------------------------------------------
-// Each stage: its cuDNN graph where wanted and built, else its ATen ops.
+// Each stage: its cuDNN graph (the caller checked that cuDNN supports every graph of the body) or its ATen ops.
+
+#ifdef RN50_CUDNN_GRAPH
+#define RN50_STAGE(graph, call) \
+  if (graph) return call
+#else
+#define RN50_STAGE(graph, call)
+#endif
 
 ConvOut conv_stats(const Tensor& x, const Tensor& w, Geometry g, const Stats* prologue, bool graph) {
-#ifdef RN50_CUDNN_GRAPH
-  if (graphs_wanted(x, graph))
-    if (auto r = conv_stats_graph(x, w, g, prologue)) return *r;
-#endif
+  RN50_STAGE(graph, conv_stats_graph(x, w, g, prologue));
   return conv_stats_aten(x, w, g, prologue);
 }
 
 Stats finalize(const ConvOut& c, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                const Tensor& running_var, double momentum, double eps, bool graph) {
-#ifdef RN50_CUDNN_GRAPH
-  if (graphs_wanted(c.y, graph))
-    if (auto r = finalize_graph(c, gamma, beta, running_mean, running_var, momentum, eps)) return *r;
-#endif
+  RN50_STAGE(graph, finalize_graph(c, gamma, beta, running_mean, running_var, momentum, eps));
   return finalize_aten(c, gamma, beta, running_mean, running_var, momentum, eps);
-}
-
-Tensor tail(const Tensor& y3, const Stats& s3, const Tensor& shortcut, const Stats* sd, bool graph) {
-#ifdef RN50_CUDNN_GRAPH
-  if (graphs_wanted(y3, graph))
-    if (auto r = tail_graph(y3, s3, shortcut, sd)) return *r;
-#endif
-  return tail_aten(y3, s3, shortcut, sd);
 }
 
 std::pair<Tensor, BnGrad> dgrad_drelu(const Tensor& dy, const Tensor& w, Geometry g, const Tensor& y_prev,
                                       const Stats& s, const Tensor& gamma, const Tensor& beta, bool graph) {
-#ifdef RN50_CUDNN_GRAPH
-  if (graphs_wanted(dy, graph))
-    if (auto r = dgrad_drelu_graph(dy, w, g, y_prev, s, gamma, beta)) return *r;
-#endif
+  RN50_STAGE(graph, dgrad_drelu_graph(dy, w, g, y_prev, s, gamma, beta));
   return dgrad_drelu_aten(dy, w, g, y_prev, s);
 }
 
-Tensor wgrad(const Tensor& dy, const Tensor& input, const Tensor& w, Geometry g, const Stats* prologue, bool graph) {
-#ifdef RN50_CUDNN_GRAPH
-  // A plain wgrad is PyTorch's own (cuDNN underneath); the graph earns its place with the prologue.
-  if (prologue && graphs_wanted(dy, graph))
-    if (auto r = wgrad_sbr_graph(dy, input, w, g, *prologue)) return *r;
-#endif
-  return wgrad_aten(dy, input, w, g, prologue);
+Tensor wgrad(const Tensor& dy, const Tensor& y_prev, const Tensor& w, Geometry g, const Stats& prologue, bool graph) {
+  RN50_STAGE(graph, wgrad_sbr_graph(dy, y_prev, w, g, prologue));
+  return wgrad_aten(dy, y_prev, w, g, &prologue);
 }
 
 Tensor bn_input(const Tensor& dz, const Tensor& y, const InputCoefficients& k, bool graph) {
-#ifdef RN50_CUDNN_GRAPH
-  if (graphs_wanted(y, graph))
-    if (auto r = bn_input_graph(dz, y, k)) return *r;
-#endif
+  RN50_STAGE(graph, bn_input_graph(dz, y, k));
   return bn_input_aten(dz, y, k);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// The block.
+// The body: conv1 → bn1 → ReLU → conv2 → bn2 → ReLU → conv3, its output before bn3 (the block's tail, bn3 + shortcut
+// + ReLU, stays cuDNN's fused batch norm + add + ReLU, which computes bn3's statistics in the same kernel).
 
-// Parameters in the order the caller passes them: conv weights (fp32) conv1, conv2, conv3[, downsample], then
-// γ, β of bn1, bn2, bn3[, downsample]. Buffers: running mean, var of each batch norm in the same order.
-struct Layout {
-  bool downsample;
-  size_t convs() const { return downsample ? 4 : 3; }
-  const Tensor& gamma(const at::TensorList& p, size_t i) const { return p[convs() + 2 * i]; }
-  const Tensor& beta(const at::TensorList& p, size_t i) const { return p[convs() + 2 * i + 1]; }
-};
-
-// The conv geometry of unit i: conv1 1x1, conv2 3x3 with the block's stride (v1.5), conv3 1x1, downsample 1x1/s.
-Geometry geometry(size_t i, int64_t stride) {
-  switch (i) {
-    case 1:
-      return {stride, 1};
-    case 3:
-      return {stride, 0};
-    default:
-      return {1, 0};
-  }
-}
+// Parameters in the order the caller passes them: the conv weights (fp32) of conv1, conv2, conv3, then γ, β of
+// bn1 and bn2. Buffers: the running mean and var of bn1 and bn2.
+constexpr size_t kParams = 7, kBuffers = 4;
+const Tensor& gamma_of(at::ArrayRef<Tensor> p, size_t bn) { return p[3 + 2 * bn]; }
+const Tensor& beta_of(at::ArrayRef<Tensor> p, size_t bn) { return p[4 + 2 * bn]; }
 
 // Stats in the saved-tensor list, kStats tensors each.
 constexpr size_t kStats = 6;
@@ -582,22 +614,21 @@ Stats load(const std::vector<Tensor>& saved, size_t o) {
   return {saved[o], saved[o + 1], saved[o + 2], saved[o + 3], saved[o + 4], saved[o + 5]};
 }
 
-// Autocast off inside the block: every stage runs in the types it is written for.
+// Autocast off inside the body: every stage runs in the types it is written for.
 struct NoAutocast {
   c10::impl::ExcludeDispatchKeyGuard guard{c10::autocast_dispatch_keyset};
 };
 
-struct Bottleneck : public torch::autograd::Function<Bottleneck> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& x, at::TensorList params,
-                        std::vector<Tensor> buffers, int64_t stride, double momentum, double eps, bool graph) {
+struct Body : public torch::autograd::Function<Body> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, at::TensorList params, std::vector<Tensor> buffers,
+                        int64_t stride, double momentum, double eps, bool graph) {
     NoAutocast no_autocast;
-    Layout l{params.size() == 12};
     auto type = x.scalar_type();
     auto fmt = x.suggest_memory_format();
     std::vector<Tensor> w;
-    for (size_t i = 0; i < l.convs(); ++i) w.push_back(params[i].to(type).contiguous(fmt));
+    for (size_t i = 0; i < 3; ++i) w.push_back(params[i].to(type).contiguous(fmt));
     auto bn = [&](size_t i, const ConvOut& c) {
-      auto s = finalize(c, l.gamma(params, i), l.beta(params, i), buffers[2 * i], buffers[2 * i + 1], momentum,
+      auto s = finalize(c, gamma_of(params, i), beta_of(params, i), buffers[2 * i], buffers[2 * i + 1], momentum,
                         eps, graph);
       s.io_scale = s.scale.to(type);
       s.io_bias = s.bias.to(type);
@@ -607,118 +638,80 @@ struct Bottleneck : public torch::autograd::Function<Bottleneck> {
     auto s1 = bn(0, c1);
     auto c2 = conv_stats(c1.y, w[1], geometry(1, stride), &s1, graph);
     auto s2 = bn(1, c2);
-    auto c3 = conv_stats(c2.y, w[2], geometry(2, stride), &s2, graph);
-    auto s3 = bn(2, c3);
-    Tensor out, yd;
-    Stats sd;
-    if (l.downsample) {
-      auto cd = conv_stats(x, w[3], geometry(3, stride), nullptr, graph);
-      sd = bn(3, cd);
-      yd = cd.y;
-      out = tail(c3.y, s3, yd, &sd, graph);
-    } else {
-      out = tail(c3.y, s3, x, nullptr, graph);
-    }
-    // Saved: x, the raw conv outputs, out; each batch norm's Stats (kStats tensors); the weights in x's type.
-    std::vector<Tensor> saved{x, c1.y, c2.y, c3.y, out};
-    for (auto* s : {&s1, &s2, &s3}) save(saved, *s);
-    saved.insert(saved.end(), w.begin(), w.end());
-    if (l.downsample) {
-      saved.push_back(yd);
-      save(saved, sd);
-    }
+    // conv3's statistics go unused (the tail computes bn3's): the graph is the one verified with them.
+    auto y3 = conv_stats(c2.y, w[2], geometry(2, stride), &s2, graph).y;
+    // Saved: x, y1, y2, the weights in x's type, the Stats of bn1 and bn2.
+    std::vector<Tensor> saved{x, c1.y, c2.y, w[0], w[1], w[2]};
+    save(saved, s1);
+    save(saved, s2);
     ctx->save_for_backward(saved);
     ctx->saved_data["stride"] = stride;
-    ctx->saved_data["eps"] = eps;
     ctx->saved_data["graph"] = graph;
-    ctx->saved_data["downsample"] = l.downsample;
-    // γ and β are read again in backward; they are parameters the caller keeps alive and unchanged until then.
+    // γ and β are read again in backward: parameters, unchanged until the optimizer steps after it.
     ctx->saved_data["params"] = c10::List<Tensor>(std::vector<Tensor>(params.begin(), params.end()));
-    return out;
+    return y3;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     NoAutocast no_autocast;
     auto saved = ctx->get_saved_variables();
     int64_t stride = ctx->saved_data["stride"].toInt();
-    double eps = ctx->saved_data["eps"].toDouble();
     bool graph = ctx->saved_data["graph"].toBool();
-    Layout l{ctx->saved_data["downsample"].toBool()};
-    auto params_list = ctx->saved_data["params"].toTensorList();
-    std::vector<Tensor> params(params_list.begin(), params_list.end());
-    const auto &x = saved[0], &y1 = saved[1], &y2 = saved[2], &y3 = saved[3], &out = saved[4];
-    Stats s1 = load(saved, 5), s2 = load(saved, 5 + kStats), s3 = load(saved, 5 + 2 * kStats);
-    size_t weights = 5 + 3 * kStats;
-    std::vector<Tensor> w(saved.begin() + weights, saved.begin() + weights + l.convs());
-    auto fmt = x.suggest_memory_format();
-    auto dout = grads[0].to(x.scalar_type()).contiguous(fmt);
+    auto list = ctx->saved_data["params"].toTensorList();
+    std::vector<Tensor> params(list.begin(), list.end());
+    const auto &x = saved[0], &y1 = saved[1], &y2 = saved[2];
+    std::vector<Tensor> w{saved[3], saved[4], saved[5]};
+    Stats s1 = load(saved, 6), s2 = load(saved, 6 + kStats);
+    auto dy3 = grads[0].to(x.scalar_type()).contiguous(x.suggest_memory_format());
 
-    // The tail: ReLU, then the batch norms of conv3 and the downsample (PyTorch's batch-norm backward).
-    auto dtail = at::threshold_backward(dout, out, 0);
-    auto bn_backward = [&](const Tensor& y, size_t i, const Stats& s) {
-      auto r = at::native_batch_norm_backward(dtail, y, l.gamma(params, i), {}, {}, s.mean, s.invstd, true, eps,
-                                              {true, true, true});
-      return std::make_tuple(std::get<0>(r).contiguous(fmt), std::get<1>(r), std::get<2>(r));
-    };
-    auto [dy3, dg3, db3] = bn_backward(y3, 2, s3);
-
-    std::vector<Tensor> dparams(params.size());
-    auto set_bn = [&](size_t i, Tensor dg, Tensor db) {
-      dparams[l.convs() + 2 * i] = std::move(dg);
-      dparams[l.convs() + 2 * i + 1] = std::move(db);
-    };
-    set_bn(2, dg3, db3);
-
-    Tensor dx_shortcut;
-    if (l.downsample) {
-      size_t o = weights + l.convs();
-      auto [dyd, dgd, dbd] = bn_backward(saved[o], 3, load(saved, o + 1));
-      set_bn(3, dgd, dbd);
-      auto g = geometry(3, stride);
-      auto r = at::convolution_backward(dyd, x, w[3], std::nullopt, {g.stride, g.stride}, {g.pad, g.pad}, {1, 1},
-                                        false, {0, 0}, 1, {true, true, false});
-      dx_shortcut = std::get<0>(r);
-      dparams[3] = std::get<1>(r);
-    } else {
-      dx_shortcut = dtail;
-    }
-
-    // conv3 and bn2, then conv2 and bn1: wgrad with the prologue; dgrad + ReLU backward + dγ, dβ; the input
-    // gradient of the batch norm.
-    auto inner = [&](size_t conv, const Tensor& dy, const Tensor& y_prev, const Stats& s, size_t bn_index) {
+    std::vector<Tensor> dparams(kParams);
+    // conv i and the batch norm before it: wgrad with the prologue; dgrad + ReLU backward + dγ, dβ; the batch
+    // norm's input gradient.
+    auto inner = [&](size_t conv, const Tensor& dy, const Tensor& y_prev, const Stats& s) {
+      size_t bn = conv - 1;
       auto g = geometry(conv, stride);
-      dparams[conv] = wgrad(dy, y_prev, w[conv], g, &s, graph);
-      const auto& gamma = l.gamma(params, bn_index);
-      auto [dz, bg] = dgrad_drelu(dy, w[conv], g, y_prev, s, gamma, l.beta(params, bn_index), graph);
-      set_bn(bn_index, bg.dgamma, bg.dbeta);
+      dparams[conv] = wgrad(dy, y_prev, w[conv], g, s, graph);
+      const auto& gamma = gamma_of(params, bn);
+      auto [dz, bg] = dgrad_drelu(dy, w[conv], g, y_prev, s, gamma, beta_of(params, bn), graph);
+      dparams[3 + 2 * bn] = bg.dgamma;
+      dparams[4 + 2 * bn] = bg.dbeta;
       return bn_input(dz, y_prev, input_coefficients(s, gamma, bg, count(y_prev)), graph);
     };
-    auto dy2 = inner(2, dy3, y2, s2, 1);
-    auto dy1 = inner(1, dy2, y1, s1, 0);
-
+    auto dy2 = inner(2, dy3, y2, s2);
+    auto dy1 = inner(1, dy2, y1, s1);
     // conv1 reads the block's input as it is.
     auto g1 = geometry(0, stride);
     auto r1 = at::convolution_backward(dy1, x, w[0], std::nullopt, {g1.stride, g1.stride}, {g1.pad, g1.pad}, {1, 1},
                                        false, {0, 0}, 1, {true, true, false});
     dparams[0] = std::get<1>(r1);
-    auto dx = std::get<0>(r1) + dx_shortcut;
 
-    // One gradient per forward input: x, each parameter (in their own type), then buffers, stride, momentum, eps,
-    // graph (none).
-    variable_list result{dx};
-    for (size_t i = 0; i < params.size(); ++i) result.push_back(dparams[i].to(params[i].scalar_type()));
-    result.resize(1 + params.size() + 5);
+    // One gradient per forward input: x, each parameter (in its own type), then none for buffers, stride,
+    // momentum, eps, graph.
+    variable_list result{std::get<0>(r1)};
+    for (size_t i = 0; i < kParams; ++i) result.push_back(dparams[i].to(params[i].scalar_type()));
+    result.resize(1 + kParams + 5);
     return result;
   }
 };
 
-// Why the block does not apply to these tensors, or empty if it does.
-std::string not_applicable(const Tensor& x, size_t nparams, size_t nbuffers) {
-  if (nparams != 9 && nparams != 12) return "not a bottleneck's parameters";
-  if (nbuffers != (nparams == 12 ? 8 : 6)) return "running statistics do not match the parameters";
+// Why the body does not apply to these tensors, or empty if it does.
+std::string not_applicable(const Tensor& x, size_t nparams, size_t nbuffers, bool use_graph, int64_t stride,
+                           at::TensorList params, double momentum, double eps) {
+  if (nparams != kParams) return "not a bottleneck body's parameters";
+  if (nbuffers != kBuffers) return "running statistics do not match the parameters";
   if (x.dim() != 4) return "input not NCHW";
-  if (x.is_cuda() && !x.is_contiguous(at::MemoryFormat::ChannelsLast)) return "not NHWC-contiguous";
+  if (!use_graph || !x.is_cuda()) return {};
+#ifdef RN50_CUDNN_GRAPH
+  if (!graphs_wanted(x, true)) return "not fp16/bf16";
+  if (!x.is_contiguous(at::MemoryFormat::ChannelsLast)) return "not NHWC-contiguous";
+  if (auto* p = first_unsupported(x, params.slice(0, 3), stride, momentum, eps)) {
+    report_once(p->error + " is not supported by this cuDNN: these blocks run the per-layer fused batch norm");
+    return p->error;
+  }
   return {};
+#else
+  return "built without the cuDNN frontend";
+#endif
 }
 
 }  // namespace
@@ -727,19 +720,19 @@ extern "C" {
 
 const char* rn50_block_last_error() { return last_error.c_str(); }
 
-// relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))) + shortcut(x)) in training, as one autograd function of
-// the stages above. params/buffers as in Layout; use_graph: cuDNN graphs where they build (else the ATen stages).
+// conv3(relu(bn2(conv2(relu(bn1(conv1(x))))))) in training, as one autograd function of the stages above.
+// params/buffers as in kParams/kBuffers; use_graph: cuDNN graphs (on CUDA: if cuDNN lacks one, the body declines
+// with 2), else the ATen stages.
 int rn50_bottleneck(at::Tensor* x, at::Tensor** params, size_t nparams, at::Tensor** buffers, size_t nbuffers,
                     int64_t stride, double momentum, double eps, int use_graph, at::Tensor** out) {
-  auto why = not_applicable(*x, nparams, nbuffers);
-  if (!why.empty()) {
-    last_error = why;
-    return 2;
-  }
-  return guarded([&] {
+  return guarded_applicable([&]() -> std::string {
     auto p = gather(params, nparams);
     auto b = gather(buffers, nbuffers);
-    *out = new at::Tensor(Bottleneck::apply(*x, at::TensorList(p), b, stride, momentum, eps, use_graph != 0));
+    auto why = not_applicable(*x, nparams, nbuffers, use_graph != 0, stride, p, momentum, eps);
+    if (!why.empty()) return why;
+    bool graph = use_graph != 0 && graphs_wanted(*x, true);
+    *out = new at::Tensor(Body::apply(*x, at::TensorList(p), b, stride, momentum, eps, graph));
+    return {};
   });
 }
 

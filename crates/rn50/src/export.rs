@@ -87,7 +87,7 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         channels_last: false,
         no_channels_last: true,
         no_fused_bn: true,
-        no_fused_block: true,
+        fused_block: false,
     };
     let file = WeightsFile::read(&args.weights)?;
     let (mut model, _) = load_for_inference(args.arch, &file, &compute)?;

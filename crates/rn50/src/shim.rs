@@ -341,14 +341,14 @@ pub fn bn_relu(
     }
 }
 
-/// A ResNet bottleneck in training, `relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))) + shortcut(x))`, as
-/// one autograd function whose stages fold each batch norm into the convolutions around it (`shim/fused_block.cpp`):
-/// statistics from the convolution's output, the normalisation and ReLU applied as the next convolution reads its
-/// input, the activations recomputed in backward instead of stored. `params`: the conv weights (conv1, conv2,
-/// conv3, then the downsample's if any), then γ and β of bn1, bn2, bn3 (and the downsample's); `buffers`: each
-/// batch norm's running mean and variance in the same order, updated as `batch_norm` does. `use_graph`: the
-/// stages as cuDNN graphs where the build has them and cuDNN supports the shape, else (and with `false`) as ATen
-/// ops, the decomposition's reference.
+/// A ResNet bottleneck's body in training, `conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))`, as one autograd
+/// function whose stages fold each batch norm into the convolutions around it (`shim/fused_block.cpp`): statistics
+/// from the convolution's output, the normalisation and ReLU applied as the next convolution reads its input, the
+/// activations recomputed in backward instead of stored. `params`: the conv weights of conv1, conv2, conv3, then
+/// γ and β of bn1 and bn2; `buffers`: the running mean and variance of bn1 and bn2, updated as `batch_norm` does.
+/// `use_graph`: on CUDA the stages as cuDNN graphs (declined, [`Fused::NotApplicable`], where the build lacks them
+/// or cuDNN does not support one for this shape); with `false`, and on the CPU, as ATen ops, the decomposition's
+/// reference.
 #[allow(clippy::too_many_arguments)]
 pub fn bottleneck(
     x: &Tensor,
@@ -385,14 +385,14 @@ pub fn bottleneck(
     }
 }
 
-/// Whether this build has the fused bottleneck's cuDNN graphs (a `cuda` build with the cuDNN frontend headers).
+/// Whether this build has the fused bottleneck body's cuDNN graphs (a `cuda` build with the cuDNN frontend headers).
 pub fn block_graphs_compiled() -> bool {
     // SAFETY: no arguments, returns a constant.
     unsafe { ffi::rn50_block_graphs_compiled() != 0 }
 }
 
-/// The fused bottleneck's stages that fell back to ATen ops since the last call (cuDNN did not support the graph
-/// for that shape), one message each, every one reported once per process.
+/// The bottleneck shapes the fused body declined since the last call (cuDNN does not support one of their graphs),
+/// one message each, every one reported once per process.
 pub fn block_report() -> Vec<String> {
     // SAFETY: no arguments; returns a malloc'd string or null.
     ffi::take_string(unsafe { ffi::rn50_block_report() })

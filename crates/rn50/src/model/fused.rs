@@ -3,9 +3,9 @@
 //! unless `--no-fused-bn` says otherwise. Where the fused op does not apply (CPU, fp32, NCHW, evaluation) the
 //! network runs PyTorch's separate batch norm, add and ReLU, as it always does with the switch off.
 //!
-//! A second switch folds each bottleneck's batch norms into its convolutions (`shim/fused_block.cpp`: statistics
+//! A second switch folds bn1 and bn2 of each bottleneck into its convolutions (`shim/fused_block.cpp`: statistics
 //! in the convolution's epilogue, normalisation and ReLU in the next one's prologue, as NVIDIA's MLPerf ResNet-50
-//! runs); where it applies it replaces the fused batch norm for the whole block.
+//! runs); the block's tail stays the fused batch norm + add + ReLU.
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tch::nn::BatchNorm;
@@ -58,8 +58,8 @@ pub fn bn_relu(
 
 static BLOCK_ENABLED: AtomicBool = AtomicBool::new(false);
 
-/// The bottleneck with batch norm folded into its convolutions (`--no-fused-block` turns it off); on where
-/// [`crate::device::setup`] turns the fused batch norm on, unless that flag says otherwise.
+/// Bottleneck bodies with batch norm folded into their convolutions: `--fused-block`, where
+/// [`crate::device::setup`] turns the fused batch norm on too.
 pub fn set_block_enabled(on: bool) {
     BLOCK_ENABLED.store(on, Ordering::Relaxed);
 }
@@ -68,9 +68,9 @@ pub fn block_enabled() -> bool {
     BLOCK_ENABLED.load(Ordering::Relaxed)
 }
 
-/// A bottleneck in training as one fused autograd function through cuDNN graphs ([`shim::bottleneck`]), or `None`
-/// where that is off or does not apply (CPU, fp32, NCHW). A stage cuDNN does not support for its shape runs as
-/// ATen ops inside the same function, said once in the log.
+/// A bottleneck's body in training, `conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))`, as one autograd function of
+/// cuDNN graphs ([`shim::bottleneck`]), or `None` where that is off or does not apply (CPU, fp32, NCHW, a cuDNN
+/// that lacks one of the graphs for this shape: said once in the log).
 pub fn bottleneck(
     x: &Tensor,
     params: &[Tensor],

@@ -186,13 +186,17 @@ impl ConvBn {
     /// `relu(bn(conv(x)) + residual)`: on a GPU in training one fused cuDNN op for BN, add and ReLU (see
     /// [`super::fused`]), elsewhere (and with `--sync-bn`) the separate ops.
     fn forward_relu(&self, x: &Tensor, train: bool, residual: Option<&Tensor>) -> Tensor {
-        let y = self.conv(x);
+        self.bn_relu(&self.conv(x), train, residual)
+    }
+
+    /// `relu(bn(y) + residual)` of this unit's conv output `y`.
+    fn bn_relu(&self, y: &Tensor, train: bool, residual: Option<&Tensor>) -> Tensor {
         if train && !sync_bn::enabled() {
-            if let Some(out) = fused::bn_relu(&y, residual, &self.bn, BN_MOMENTUM, BN_EPS) {
+            if let Some(out) = fused::bn_relu(y, residual, &self.bn, BN_MOMENTUM, BN_EPS) {
                 return out;
             }
         }
-        let mut y = self.bn(&y, train);
+        let mut y = self.bn(y, train);
         if let Some(r) = residual {
             y = y.g_add_(r);
         }
@@ -283,13 +287,16 @@ impl Block {
         Self { units, downsample }
     }
 
-    /// A bottleneck's tensors as [`fused::bottleneck`] takes them: the conv weights (conv1-3, downsample), then γ
-    /// and β of each batch norm in the same order; and each batch norm's running mean and variance.
-    fn fused_tensors(&self) -> (Vec<Tensor>, Vec<Tensor>) {
-        let units: Vec<&ConvBn> = self.units.iter().chain(&self.downsample).collect();
-        let mut params: Vec<Tensor> = units.iter().map(|u| u.conv.weight.shallow_clone()).collect();
+    /// A bottleneck's body (conv1 to conv3, bn1 and bn2) as [`fused::bottleneck`] takes it: the three conv
+    /// weights, then γ and β of bn1 and bn2; and their running means and variances.
+    fn body_tensors(&self) -> (Vec<Tensor>, Vec<Tensor>) {
+        let mut params: Vec<Tensor> = self
+            .units
+            .iter()
+            .map(|u| u.conv.weight.shallow_clone())
+            .collect();
         let mut buffers = Vec::new();
-        for u in &units {
+        for u in &self.units[..2] {
             let (Some(w), Some(b)) = (u.bn.ws.as_ref(), u.bn.bs.as_ref()) else {
                 unreachable!("rn50's batch norms are affine");
             };
@@ -303,13 +310,17 @@ impl Block {
     }
 
     fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        let identity = || match &self.downsample {
+            Some(d) => d.forward(x, train),
+            None => x.shallow_clone(),
+        };
+        // On a GPU in training, a bottleneck's body with bn1 and bn2 folded into its convolutions (cuDNN graphs),
+        // then the same tail as below.
         if train && fused::block_enabled() && self.units.len() == 3 && !sync_bn::enabled() {
-            let (params, buffers) = self.fused_tensors();
+            let (params, buffers) = self.body_tensors();
             let stride = self.units[1].conv.stride;
-            if let Some(out) =
-                fused::bottleneck(x, &params, &buffers, stride, BN_MOMENTUM, BN_EPS)
-            {
-                return out;
+            if let Some(y3) = fused::bottleneck(x, &params, &buffers, stride, BN_MOMENTUM, BN_EPS) {
+                return self.units[2].bn_relu(&y3, train, Some(&identity()));
             }
         }
         let (last, inner) = self.units.split_last().expect("a block has units");
@@ -317,11 +328,7 @@ impl Block {
         for u in inner {
             y = u.forward_relu(&y, train, None);
         }
-        let identity = match &self.downsample {
-            Some(d) => d.forward(x, train),
-            None => x.shallow_clone(),
-        };
-        last.forward_relu(&y, train, Some(&identity))
+        last.forward_relu(&y, train, Some(&identity()))
     }
 }
 
