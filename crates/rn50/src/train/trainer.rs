@@ -734,7 +734,10 @@ impl RunLogs {
         undo.created.extend(created.into_iter().flatten());
         if let Some(path) = setup.mllog_path {
             match std::fs::metadata(path) {
-                Ok(m) => undo.appended.push((path.to_path_buf(), m.len())),
+                Ok(m) if m.is_file() => undo.appended.push((path.to_path_buf(), m.len())),
+                // A pipe or a device: what was written to it cannot be taken back (and opening a pipe to cut it
+                // would wait for a reader).
+                Ok(_) => {}
                 Err(_) => undo.created.push(path.to_path_buf()),
             }
         }
