@@ -31,7 +31,7 @@ fn export(weights: &Path, arch: &str, model: &Path, extra: &[&str]) -> std::proc
 /// file but no torchvision.
 fn rn50_weights(arch: rn50::model::Arch, path: &Path) {
     let model = rn50::model::Model::new(rn50::model::ResNetConfig::new(arch), tch::Device::Cpu);
-    rn50::model::weights::save(&model, path, None).unwrap();
+    rn50::model::weights::save(&model, path, &Default::default()).unwrap();
 }
 
 /// Exports torchvision-made `arch` weights and compares the module with torchvision on `images` and random
@@ -108,7 +108,8 @@ fn existing_out_is_refused_without_overwrite() {
         rn50::model::ResNetConfig::new(rn50::model::Arch::ResNet18),
         tch::Device::Cpu,
     );
-    rn50::model::weights::save(&m, &weights, Some(&classes)).unwrap();
+    let recorded = rn50::model::weights::Recorded::with_classes(Some(&classes));
+    rn50::model::weights::save(&m, &weights, &recorded).unwrap();
     let model = dir.path().join("model.pt");
     std::fs::write(&model, b"keep me").unwrap();
     let export = |extra: &[&str]| export(&weights, "resnet18", &model, extra);
