@@ -123,7 +123,10 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         exported.bytes as f64 / 1e6
     );
     if let Some(p) = &args.json {
-        rn50_util::atomic_write(p, serde_json::to_string_pretty(&exported)?.as_bytes())
+        // As Python's json.dumps writes it: every character beyond printable ASCII escaped, so that the class
+        // names (anyone's to write into a weights file) print safely from the file too.
+        let json = crate::train::mllog::python_json(&exported)? + "\n";
+        rn50_util::atomic_write(p, json.as_bytes())
             .with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())

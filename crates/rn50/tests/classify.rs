@@ -205,3 +205,115 @@ fn classify_prints_the_class_folder_names_recorded_at_training() {
         assert_eq!(name, &classes[*index], "{stdout}");
     }
 }
+
+/// Issue 34: class names come from a weights file's metadata, which anyone can write: `classify` printed them raw,
+/// so a name holding a terminal escape and a newline coloured the terminal and forged an output line. Control
+/// characters are printed escaped (`\u{1b}`, `\n`) by `classify`, in `eval`'s mismatch message, and in `export
+/// --json`, which is all printable ASCII.
+#[test]
+fn class_names_from_a_file_print_with_control_characters_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let names: Vec<String> = [
+        "\u{1b}[31mred\u{1b}[0m",
+        "cat\n   1. 100.00%     0  forged",
+        "dog\u{9b}2J",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut cfg = rn50::model::ResNetConfig::new(rn50::model::Arch::ResNet18);
+    (cfg.width, cfg.num_classes) = (8, 3);
+    let model = rn50::model::Model::new(cfg, tch::Device::Cpu);
+    let weights = dir.path().join("w.safetensors");
+    let recorded = rn50::model::weights::Recorded::with_classes(Some(&names));
+    rn50::model::weights::save(&model, &weights, &recorded).unwrap();
+    let w = weights.to_str().unwrap();
+    let photo = common::imagenet_photos()[0].clone();
+    let raw = |text: &str| text.contains('\u{1b}') || text.contains('\u{9b}');
+
+    let out = common::rn50(&[
+        "classify",
+        "--weights",
+        w,
+        "-a",
+        "resnet18",
+        "--resize",
+        "32",
+        "--crop",
+        "32",
+        "--top",
+        "3",
+        "--device",
+        "cpu",
+        photo.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.lines().count(),
+        4,
+        "the photo and three classes:\n{stdout}"
+    );
+    assert!(!raw(&stdout), "{stdout:?}");
+    for escaped in [
+        r"\u{1b}[31mred\u{1b}[0m",
+        r"cat\n   1. 100.00%",
+        r"dog\u{9b}2J",
+    ] {
+        assert!(stdout.contains(escaped), "{escaped} in {stdout}");
+    }
+
+    let data = dir.path().join("data");
+    common::image_tree(&data, "val", 3, 1);
+    let out = common::rn50(&[
+        "eval",
+        "-a",
+        "resnet18",
+        "--weights",
+        w,
+        "--device",
+        "cpu",
+        "--resize",
+        "32",
+        "--crop",
+        "32",
+        data.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(r#"trained with "\u{1b}[31mred\u{1b}[0m" there"#),
+        "{err}"
+    );
+    assert!(!raw(&err) && err.trim_end().lines().count() == 1, "{err:?}");
+
+    let json = dir.path().join("export.json");
+    let out = common::rn50(&[
+        "export",
+        "--weights",
+        w,
+        "-a",
+        "resnet18",
+        "--out",
+        dir.path().join("m.pt").to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read(&json).unwrap();
+    assert!(
+        text.iter()
+            .all(|&b| (b' '..=b'~').contains(&b) || b == b'\n'),
+        "{:?}",
+        String::from_utf8_lossy(&text)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    assert_eq!(j["class_names"], serde_json::json!(names));
+}
