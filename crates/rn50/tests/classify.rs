@@ -177,10 +177,21 @@ fn classify_prints_the_class_folder_names_recorded_at_training() {
     }
 
     let cat = data.join("test/cat/0000.jpg");
+    let stdout = classify_32px(&run.join("final.safetensors"), 10, &cat);
+    let tops = parse(&stdout, &[cat]);
+    assert_eq!(tops[0].len(), 10, "{stdout}");
+    for (_, _, index, name) in &tops[0] {
+        assert_eq!(name, &classes[*index], "{stdout}");
+    }
+}
+
+/// What `rn50 classify` prints of `image` at 32 px with the ResNet-18 `weights`, its `top` classes; it must succeed.
+fn classify_32px(weights: &Path, top: usize, image: &Path) -> String {
+    let top = top.to_string();
     let out = common::rn50(&[
         "classify",
         "--weights",
-        run.join("final.safetensors").to_str().unwrap(),
+        weights.to_str().unwrap(),
         "-a",
         "resnet18",
         "--resize",
@@ -188,22 +199,17 @@ fn classify_prints_the_class_folder_names_recorded_at_training() {
         "--crop",
         "32",
         "--top",
-        "10",
+        &top,
         "--device",
         "cpu",
-        cat.to_str().unwrap(),
+        image.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let tops = parse(&stdout, &[cat]);
-    assert_eq!(tops[0].len(), 10, "{stdout}");
-    for (_, _, index, name) in &tops[0] {
-        assert_eq!(name, &classes[*index], "{stdout}");
-    }
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Issue 34: class names come from a weights file's metadata, which anyone can write: `classify` printed them raw,
@@ -230,28 +236,7 @@ fn class_names_from_a_file_print_with_control_characters_escaped() {
     let photo = common::imagenet_photos()[0].clone();
     let raw = |text: &str| text.contains('\u{1b}') || text.contains('\u{9b}');
 
-    let out = common::rn50(&[
-        "classify",
-        "--weights",
-        w,
-        "-a",
-        "resnet18",
-        "--resize",
-        "32",
-        "--crop",
-        "32",
-        "--top",
-        "3",
-        "--device",
-        "cpu",
-        photo.to_str().unwrap(),
-    ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = classify_32px(&weights, 3, &photo);
     assert_eq!(
         stdout.lines().count(),
         4,

@@ -911,16 +911,7 @@ fn unreadable_training_images_are_counted_per_epoch() {
     .unwrap();
     std::fs::write(class.join("bad_2.JPEG"), b"").unwrap();
     let out = dir.path().join("run");
-    let flags = "-a resnet18 --width 8 -b 2 -j 2 --image-size 32 --val-resize 32 --val-crop 32 \
-                 --epochs 2 --device cpu --precision fp32";
-    let mut a = vec![
-        "train",
-        data.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    a.extend(flags.split_whitespace());
-    let r = rn50(&a);
+    let r = two_small_epochs(&data, &out, &[]);
     let log = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{log}");
     for e in 0..2 {
@@ -935,6 +926,21 @@ fn unreadable_training_images_are_counted_per_epoch() {
         .map(|r| r["bad_images"].as_u64().unwrap())
         .collect();
     assert_eq!(bad, [2, 2]);
+}
+
+/// `rn50 train DATA --out OUT` of two epochs of a narrow ResNet-18 at 32 px on the CPU, batches of 2, then `extra`.
+fn two_small_epochs(data: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    let flags = "-a resnet18 --width 8 -b 2 -j 2 --image-size 32 --val-resize 32 --val-crop 32 \
+                 --epochs 2 --device cpu --precision fp32";
+    let mut a = vec![
+        "train",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    a.extend(flags.split_whitespace());
+    a.extend(extra);
+    rn50(&a)
 }
 
 /// Issue 34: a run in which every training image is unreadable (or, with `--augment cifar`, smaller than the crop
@@ -954,18 +960,7 @@ fn a_run_that_trains_on_nothing_fails_and_says_so() {
         }
     }
     let (out, log) = (dir.path().join("run"), dir.path().join("result_0.txt"));
-    let flags = "-a resnet18 --width 8 -b 2 -j 2 --image-size 32 --val-resize 32 --val-crop 32 \
-                 --epochs 2 --device cpu --precision fp32";
-    let mut a = vec![
-        "train",
-        data.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--mllog",
-        log.to_str().unwrap(),
-    ];
-    a.extend(flags.split_whitespace());
-    let r = rn50(&a);
+    let r = two_small_epochs(&data, &out, &["--mllog", log.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&r.stderr);
     assert_eq!(r.status.code(), Some(1), "{err}");
     assert!(
