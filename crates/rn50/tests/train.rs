@@ -983,7 +983,9 @@ fn a_run_that_trains_on_nothing_fails_and_says_so() {
 /// Issue 34: a run resumed after its class folders changed (the second of three renamed so that it sorts first)
 /// resumed with exit 0 and no warning, each label now meaning another class, and final.safetensors recorded the
 /// new names: checkpoints carried no class names. Every checkpoint records them; a resume onto other classes is
-/// refused naming both lists, before anything is written, and goes on once the folders are as they were.
+/// refused naming both lists, before anything is written, and goes on once the folders are as they were. Weights
+/// given to --init-weights that record other class names than the data's get a new classifier, as for another
+/// class count: they loaded whole.
 #[test]
 fn resuming_onto_other_class_folders_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -1041,8 +1043,32 @@ fn resuming_onto_other_class_folders_is_refused() {
     rename("aaa", &classes[1]);
     let r = run("2", true);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    let w = rn50::model::weights::WeightsFile::read(&out.join("final.safetensors")).unwrap();
+    let weights = out.join("final.safetensors");
+    let w = rn50::model::weights::WeightsFile::read(&weights).unwrap();
     assert_eq!(w.classes(), Some(&classes[..]));
+
+    // --init-weights of those weights onto the renamed folders: the classifier starts afresh (it loaded whole).
+    rename(&classes[1], "aaa");
+    let eval_out = dir.path().join("eval");
+    let mut a: Vec<&str> = vec!["train", data.to_str().unwrap(), "-e", "--init-weights"];
+    a.extend([
+        weights.to_str().unwrap(),
+        "--out",
+        eval_out.to_str().unwrap(),
+    ]);
+    a.extend(
+        "-a resnet18 --width 8 -b 2 -j 2 --val-resize 32 --val-crop 32 --device cpu --precision fp32"
+            .split_whitespace(),
+    );
+    let r = rn50(&a);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{err}");
+    assert!(
+        err.contains(
+            "with a new classifier (3 → 3 classes, the file's class names differ from the data's)"
+        ),
+        "{err}"
+    );
 }
 
 /// Whether every tensor of the weights file `path` is finite.

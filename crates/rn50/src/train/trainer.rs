@@ -214,7 +214,13 @@ impl<'a> Setup<'a> {
         // so that a --dummy batch is the same with and without --ema.
         let mut step = TrainStep::new(Model::new(model_cfg.clone(), device), step_cfg);
         if let Some(w) = &args.init_weights {
-            init_weights(&step.model, w, args.reset_head, rank0)?;
+            init_weights(
+                &step.model,
+                w,
+                args.reset_head,
+                class_names(data.as_ref()),
+                rank0,
+            )?;
         }
         // Without a dataset there are 1000 classes, as the dummy batch's labels.
         let dummy = data
@@ -514,18 +520,30 @@ fn class_names(data: Option<&RealData>) -> Option<&[String]> {
 }
 
 /// `--init-weights`: the weights of `path` in `model`; the classifier keeps its initialisation when the file's
-/// class count differs from the model's, or with `reset_head`.
-fn init_weights(model: &Model, path: &Path, reset_head: bool, rank0: bool) -> Result<()> {
+/// class count differs from the model's, when the file records other class names than `names` (the data's: its
+/// labels would mean other classes), or with `reset_head`.
+fn init_weights(
+    model: &Model,
+    path: &Path,
+    reset_head: bool,
+    names: Option<&[String]>,
+    rank0: bool,
+) -> Result<()> {
     let file = WeightsFile::read(path)?;
     let file_classes = file.shape()?.num_classes;
     let classes = model.net.config.num_classes;
-    if reset_head || file_classes != classes {
+    let renamed = matches!((file.classes(), names), (Some(a), Some(b)) if a != b);
+    if reset_head || file_classes != classes || renamed {
         file.load_backbone(model)?;
         if rank0 {
             tracing::info!(
                 "initialised from {} with a new classifier ({file_classes} → {classes} classes{})",
                 path.display(),
-                if reset_head { ", --reset-head" } else { "" }
+                match (reset_head, renamed) {
+                    (true, _) => ", --reset-head",
+                    (false, true) => ", the file's class names differ from the data's",
+                    _ => "",
+                }
             );
         }
     } else {
