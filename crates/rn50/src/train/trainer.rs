@@ -532,7 +532,8 @@ fn init_weights(
     let file = WeightsFile::read(path)?;
     let file_classes = file.shape()?.num_classes;
     let classes = model.net.config.num_classes;
-    let renamed = matches!((file.classes(), names), (Some(a), Some(b)) if a != b);
+    let renamed =
+        file_classes == classes && matches!((file.classes(), names), (Some(a), Some(b)) if a != b);
     if reset_head || file_classes != classes || renamed {
         file.load_backbone(model)?;
         if rank0 {
