@@ -67,6 +67,10 @@ pub fn pack(dataset: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<Pac
     }
     std::fs::create_dir_all(out_dir)
         .with_context(|| format!("cannot create {}", out_dir.display()))?;
+    // A pack killed mid-shard leaves its temporary shard (`.shard-00000.rn50shard.tmpPID`, as large as a shard).
+    rn50_util::atomic::remove_stale_temps_of(out_dir, |name| {
+        name.starts_with("shard-") && name.ends_with(EXTENSION)
+    });
     if let Some(existing) = crate::source::shards::shard_files(out_dir)? {
         bail!(
             "{} already holds {} .{EXTENSION} files; choose an empty directory",

@@ -699,3 +699,47 @@ fn a_shard_whose_index_checksum_was_removed_is_refused() {
     std::fs::write(path, &original).unwrap();
     ShardSet::open(path).unwrap();
 }
+
+/// The names in `dir` that start with a dot: temporary files.
+fn hidden_files(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect()
+}
+
+/// A pack onto a disk that fills up (a real 64 KiB tmpfs) fails naming the shard and the full disk, and leaves no
+/// temporary shard: it left `.shard-00000.rn50shard.tmpPID`, as large as a shard. One a killed pack left (its
+/// process gone) is removed by the next pack into the folder, which kept it before; a live writer's is kept.
+#[test]
+fn a_pack_onto_a_full_disk_leaves_no_temporary_shard() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    photo_folder(&src, 4, 4);
+    let ds = Dataset::open(&src).unwrap();
+    let disk = tmp.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let full = rn50_util::tmpfs::Tmpfs::mount(&disk, 64 << 10).unwrap();
+    let out = full.path().join("shards");
+    let err = format!("{:#}", pack(&ds, &out, &options(None)).unwrap_err());
+    assert!(
+        err.contains(".shard-00000.rn50shard.tmp") && err.contains("No space left on device"),
+        "{err}"
+    );
+    assert_eq!(hidden_files(&out), Vec::<String>::new());
+    drop(full);
+
+    let out = tmp.path().join("again");
+    std::fs::create_dir(&out).unwrap();
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    let stale = format!(".shard-00000.rn50shard.tmp{dead}");
+    let live = format!(".shard-00001.rn50shard.tmp{}", std::process::id());
+    for name in [&stale, &live] {
+        std::fs::write(out.join(name), b"half a shard").unwrap();
+    }
+    pack(&ds, &out, &options(None)).unwrap();
+    assert_eq!(hidden_files(&out), vec![live]);
+}

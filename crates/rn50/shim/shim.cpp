@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <c10/core/CachingDeviceAllocator.h>
@@ -245,7 +246,14 @@ int rn50_torch_unpickle(const char* path, const char* pickle, size_t len, void* 
       pos += n;
       return n;
     };
-    auto record = [&](const std::string& name) { return std::get<0>(reader.getRecord("data/" + name)); };
+    // Each record read, by the address of its bytes: its name and length. libtorch sizes a storage from the numel
+    // the pickle gives, not from the record, so a record shorter than that would be read past its end.
+    std::unordered_map<const void*, std::pair<std::string, size_t>> records;
+    auto record = [&](const std::string& name) {
+      auto [bytes, size] = reader.getRecord("data/" + name);
+      records[bytes.get()] = {"data/" + name, size};
+      return std::move(bytes);
+    };
     auto cu = std::make_shared<torch::jit::CompilationUnit>();
     torch::jit::TypeResolver any_class = [cu](const c10::QualifiedName& name) {
       auto cls = cu->get_class(name);
@@ -260,8 +268,22 @@ int rn50_torch_unpickle(const char* path, const char* pickle, size_t len, void* 
     };
     torch::jit::Unpickler unpickler(read, any_class, empty_object, record, at::Device(at::kCPU));
     unpickler.set_version(reader.version());
+    auto value = unpickler.parse_ivalue();
+    // Every tensor's storage must be exactly its record, checked before any tensor leaves: a damaged or crafted
+    // file's short record would otherwise be read past its end (heap bytes as weights).
+    auto check = [&](const std::string& name, const at::Tensor& t) {
+      if (!t.has_storage()) return;
+      const auto& storage = t.storage();
+      auto it = records.find(storage.data());
+      size_t have = it == records.end() ? 0 : it->second.second;
+      TORCH_CHECK(storage.nbytes() == have, name, ": its storage is ", storage.nbytes() / t.element_size(), " x ",
+                  t.element_size(), "-byte ", t.dtype().name(), " (", storage.nbytes(), " bytes) but its record",
+                  it == records.end() ? std::string() : " " + it->second.first, " holds ", have,
+                  " bytes: a damaged or crafted file");
+    };
+    each_tensor(value, "", 0, check);
     auto emit = [&](const std::string& name, const at::Tensor& t) { f(data, name.c_str(), new at::Tensor(t)); };
-    each_tensor(unpickler.parse_ivalue(), "", 0, emit);
+    each_tensor(value, "", 0, emit);
   });
 }
 

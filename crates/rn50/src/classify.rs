@@ -12,7 +12,7 @@ use rn50_pipeline::Transform;
 use tch::{Kind, Tensor};
 
 use crate::device::{Compute, ComputeArgs};
-use crate::model::weights::WeightsFile;
+use crate::model::weights::{printable, WeightsFile};
 use crate::model::Arch;
 use crate::step::Normalizer;
 use crate::train::eval::{check_crop, load_for_inference};
@@ -54,9 +54,11 @@ fn class_names(recorded: Option<&[String]>, classes: usize) -> Vec<String> {
         .collect();
     (0..classes)
         .map(|i| match recorded {
-            Some(names) => by_wnid
-                .get(names[i].as_str())
-                .map_or_else(|| names[i].clone(), |line| line.to_string()),
+            // Printed as they are but for control characters, escaped: the file is anyone's to write.
+            Some(names) => by_wnid.get(names[i].as_str()).map_or_else(
+                || printable(&names[i]).into_owned(),
+                |line| line.to_string(),
+            ),
             None if classes == imagenet.len() => imagenet[i].to_string(),
             None => format!("class {i}"),
         })

@@ -105,10 +105,8 @@ pub fn run(args: &ExportArgs) -> Result<()> {
     })
     .map_err(torch_error)
     .context("tracing the model")?;
-    rn50_util::atomic_write_with(&args.out, |tmp| -> Result<()> {
-        module.save(tmp).map_err(torch_error)
-    })
-    .with_context(|| format!("writing {}", args.out.display()))?;
+    rn50_util::atomic_write_with(&args.out, |tmp| save_module(&module, tmp))
+        .with_context(|| format!("writing {}", args.out.display()))?;
     let exported = Exported {
         out: args.out.clone(),
         arch: args.arch,
@@ -126,9 +124,37 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         exported.bytes as f64 / 1e6
     );
     if let Some(p) = &args.json {
-        rn50_util::atomic_write(p, serde_json::to_string_pretty(&exported)?.as_bytes())
+        // As Python's json.dumps writes it: every character beyond printable ASCII escaped, so that the class
+        // names (anyone's to write into a weights file) print safely from the file too.
+        let json = crate::train::mllog::python_json(&exported)? + "\n";
+        rn50_util::atomic_write(p, json.as_bytes())
             .with_context(|| format!("writing {}", p.display()))?;
     }
+    Ok(())
+}
+
+/// Writes `module` to `path` as TorchScript. libtorch's own writer aborts the process when the disk fills up (its
+/// zip writer throws "unexpected pos" from a destructor: "terminate called", exit 134): it writes into memory
+/// instead (a memfd, by its /proc/self/fd path), and Rust's I/O copies that to `path`, where a full disk is an
+/// error like any other.
+fn save_module(module: &CModule, path: &Path) -> Result<()> {
+    use std::io::{Seek, Write};
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: a NUL-terminated name; the descriptor returned is new, and the File owns it from here on.
+    let mut memory = unsafe {
+        let fd = libc::memfd_create(c"rn50-export".as_ptr(), libc::MFD_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()).context("memfd_create");
+        }
+        std::fs::File::from_raw_fd(fd)
+    };
+    module
+        .save(format!("/proc/self/fd/{}", memory.as_raw_fd()))
+        .map_err(torch_error)?;
+    memory.rewind()?;
+    let mut file = std::fs::File::create(path)?;
+    std::io::copy(&mut memory, &mut file)?;
+    file.flush()?;
     Ok(())
 }
 
@@ -140,22 +166,8 @@ fn prepare_out(flag: &str, path: &Path) -> Result<()> {
     let tmp = rn50_util::atomic::temp_path(path)
         .map_err(|e| anyhow!("{flag} {}: {e}", path.display()))?;
     let dir = tmp.parent().unwrap_or(Path::new("."));
-    let ours = format!(
-        ".{}.tmp",
-        path.file_name().unwrap_or_default().to_string_lossy()
-    );
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            let name = e.file_name();
-            let of_path = name
-                .to_str()
-                .and_then(|n| n.strip_prefix(&ours))
-                .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()));
-            if of_path && rn50_util::atomic::is_stale_temp(&name) {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-    }
+    let name = path.file_name().unwrap_or_default();
+    rn50_util::atomic::remove_stale_temps_of(dir, |n| name == n);
     match std::fs::metadata(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(anyhow!(

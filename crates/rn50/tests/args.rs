@@ -101,6 +101,9 @@ const CASES: &[(&str, &[&str], &str)] = &[
     ("train", &["--random-erase", "nan"], "--random-erase"),
     ("train", &["--mixup-alpha", "-1"], "--mixup-alpha"),
     ("train", &["--cutmix-alpha", "inf"], "--cutmix-alpha"),
+    // Beta(α, α) gives NaN from about 9e307 (issue 34: the run stopped later, its files written).
+    ("train", &["--mixup-alpha", "1e308"], "--mixup-alpha"),
+    ("train", &["--cutmix-alpha", "1000001"], "--cutmix-alpha"),
     ("train", &["--ra-reps", "0"], "--ra-reps"),
     ("train", &["--ra-reps", "17"], "--ra-reps"),
     ("train", &["--ema", "0.9", "--ema-steps", "0"], "--ema-steps"),

@@ -177,10 +177,21 @@ fn classify_prints_the_class_folder_names_recorded_at_training() {
     }
 
     let cat = data.join("test/cat/0000.jpg");
+    let stdout = classify_32px(&run.join("final.safetensors"), 10, &cat);
+    let tops = parse(&stdout, &[cat]);
+    assert_eq!(tops[0].len(), 10, "{stdout}");
+    for (_, _, index, name) in &tops[0] {
+        assert_eq!(name, &classes[*index], "{stdout}");
+    }
+}
+
+/// What `rn50 classify` prints of `image` at 32 px with the ResNet-18 `weights`, its `top` classes; it must succeed.
+fn classify_32px(weights: &Path, top: usize, image: &Path) -> String {
+    let top = top.to_string();
     let out = common::rn50(&[
         "classify",
         "--weights",
-        run.join("final.safetensors").to_str().unwrap(),
+        weights.to_str().unwrap(),
         "-a",
         "resnet18",
         "--resize",
@@ -188,20 +199,106 @@ fn classify_prints_the_class_folder_names_recorded_at_training() {
         "--crop",
         "32",
         "--top",
-        "10",
+        &top,
         "--device",
         "cpu",
-        cat.to_str().unwrap(),
+        image.to_str().unwrap(),
     ]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let tops = parse(&stdout, &[cat]);
-    assert_eq!(tops[0].len(), 10, "{stdout}");
-    for (_, _, index, name) in &tops[0] {
-        assert_eq!(name, &classes[*index], "{stdout}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Issue 34: class names come from a weights file's metadata, which anyone can write: `classify` printed them raw,
+/// so a name holding a terminal escape and a newline coloured the terminal and forged an output line. Control
+/// characters are printed escaped (`\u{1b}`, `\n`) by `classify`, in `eval`'s mismatch message, and in `export
+/// --json`, which is all printable ASCII.
+#[test]
+fn class_names_from_a_file_print_with_control_characters_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let names: Vec<String> = [
+        "\u{1b}[31mred\u{1b}[0m",
+        "cat\n   1. 100.00%     0  forged",
+        "dog\u{9b}2J",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut cfg = rn50::model::ResNetConfig::new(rn50::model::Arch::ResNet18);
+    (cfg.width, cfg.num_classes) = (8, 3);
+    let model = rn50::model::Model::new(cfg, tch::Device::Cpu);
+    let weights = dir.path().join("w.safetensors");
+    let recorded = rn50::model::weights::Recorded::with_classes(Some(&names));
+    rn50::model::weights::save(&model, &weights, &recorded).unwrap();
+    let w = weights.to_str().unwrap();
+    let photo = common::imagenet_photos()[0].clone();
+    let raw = |text: &str| text.contains('\u{1b}') || text.contains('\u{9b}');
+
+    let stdout = classify_32px(&weights, 3, &photo);
+    assert_eq!(
+        stdout.lines().count(),
+        4,
+        "the photo and three classes:\n{stdout}"
+    );
+    assert!(!raw(&stdout), "{stdout:?}");
+    for escaped in [
+        r"\u{1b}[31mred\u{1b}[0m",
+        r"cat\n   1. 100.00%",
+        r"dog\u{9b}2J",
+    ] {
+        assert!(stdout.contains(escaped), "{escaped} in {stdout}");
     }
+
+    let data = dir.path().join("data");
+    common::image_tree(&data, "val", 3, 1);
+    let out = common::rn50(&[
+        "eval",
+        "-a",
+        "resnet18",
+        "--weights",
+        w,
+        "--device",
+        "cpu",
+        "--resize",
+        "32",
+        "--crop",
+        "32",
+        data.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(r#"trained with "\u{1b}[31mred\u{1b}[0m" there"#),
+        "{err}"
+    );
+    assert!(!raw(&err) && err.trim_end().lines().count() == 1, "{err:?}");
+
+    let json = dir.path().join("export.json");
+    let out = common::rn50(&[
+        "export",
+        "--weights",
+        w,
+        "-a",
+        "resnet18",
+        "--out",
+        dir.path().join("m.pt").to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read(&json).unwrap();
+    assert!(
+        text.iter()
+            .all(|&b| (b' '..=b'~').contains(&b) || b == b'\n'),
+        "{:?}",
+        String::from_utf8_lossy(&text)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    assert_eq!(j["class_names"], serde_json::json!(names));
 }

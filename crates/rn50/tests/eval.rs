@@ -30,7 +30,7 @@ fn named_constant_weights(path: &Path, classes: i64, winner: i64, names: Option<
             }
         }
     });
-    weights::save(&model, path, names).unwrap();
+    weights::save(&model, path, &weights::Recorded::with_classes(names)).unwrap();
 }
 
 #[test]

@@ -31,7 +31,7 @@ fn export(weights: &Path, arch: &str, model: &Path, extra: &[&str]) -> std::proc
 /// file but no torchvision.
 fn rn50_weights(arch: rn50::model::Arch, path: &Path) {
     let model = rn50::model::Model::new(rn50::model::ResNetConfig::new(arch), tch::Device::Cpu);
-    rn50::model::weights::save(&model, path, None).unwrap();
+    rn50::model::weights::save(&model, path, &Default::default()).unwrap();
 }
 
 /// Exports torchvision-made `arch` weights and compares the module with torchvision on `images` and random
@@ -108,7 +108,8 @@ fn existing_out_is_refused_without_overwrite() {
         rn50::model::ResNetConfig::new(rn50::model::Arch::ResNet18),
         tch::Device::Cpu,
     );
-    rn50::model::weights::save(&m, &weights, Some(&classes)).unwrap();
+    let recorded = rn50::model::weights::Recorded::with_classes(Some(&classes));
+    rn50::model::weights::save(&m, &weights, &recorded).unwrap();
     let model = dir.path().join("model.pt");
     std::fs::write(&model, b"keep me").unwrap();
     let export = |extra: &[&str]| export(&weights, "resnet18", &model, extra);
@@ -214,6 +215,30 @@ fn an_out_that_cannot_be_written_is_a_one_line_error() {
         "nothing written"
     );
     assert!(!Path::new("/sys/rn50-export-test.pt").exists());
+}
+
+/// Issue 34: an export onto a disk that fills up (a real 1 MiB tmpfs; ResNet-18's module is 45 MB) is a one-line
+/// error naming --out and the full disk, exit 1, with no temporary file left: libtorch's writer aborted the
+/// process ("terminate called after throwing an instance of 'c10::Error' ... unexpected pos", exit 134) and left
+/// `.model.pt.tmpPID`.
+#[test]
+fn an_export_onto_a_full_disk_is_a_one_line_error_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = dir.path().join("w.safetensors");
+    rn50_weights(rn50::model::Arch::ResNet18, &weights);
+    let disk = dir.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let full = rn50_util::tmpfs::Tmpfs::mount(&disk, 1 << 20).unwrap();
+    let model = full.path().join("model.pt");
+    let out = export(&weights, "resnet18", &model, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains(model.to_str().unwrap()) && err.contains("No space left on device"),
+        "{err}"
+    );
+    assert_eq!(names(full.path()), Vec::<String>::new());
 }
 
 /// Issue 25: an export killed mid-write (kill -9) leaves its temporary `.model.pt.tmpPID`: the next export to

@@ -587,3 +587,103 @@ fn drop_caches_drops_the_page_cache_and_needs_root() {
     assert_eq!(lines[1]["key"], "init_start");
     assert!(lines[0]["time_ms"].as_u64() <= lines[1]["time_ms"].as_u64());
 }
+
+/// Waits for `child` (its stdout and stderr read by other threads), killing it and failing the test if it has not
+/// ended after `secs`: a deadline only to end a hang, far beyond what the run takes.
+fn wait_or_kill(
+    child: &mut std::process::Child,
+    secs: u64,
+    what: &str,
+) -> std::process::ExitStatus {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if start.elapsed().as_secs() > secs {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("{what}: rn50 hung ({secs} s)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// `--mllog` to a pipe is written to as it is (issue 34): rn50's own stdout when it is a pipe (`--mllog /dev/stdout
+/// | cat`), and a FIFO another process reads. Both hung before training: rn50 read the whole target first,
+/// looking for an earlier run, from a pipe whose write end it held.
+#[test]
+fn a_log_to_a_pipe_is_written_as_it_is() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let run = |out: &str, log: &Path| -> (Command, Vec<String>) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rn50"));
+        cmd.arg("train").stderr(Stdio::piped());
+        let a = dummy_run(&dir.path().join(out), log, "--epochs 1 --steps-per-epoch 2");
+        (cmd, a)
+    };
+    // The log's lines among what `reader` got, the keys of those in order.
+    let keys = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(":::MLLOG "))
+            .map(|j| {
+                serde_json::from_str::<Value>(j).unwrap()["key"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+    let read_all = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            r.read_to_string(&mut text).unwrap();
+            text
+        })
+    };
+
+    let (mut cmd, a) = run("stdout", Path::new("/dev/stdout"));
+    let mut child = cmd.args(&a).stdout(Stdio::piped()).spawn().unwrap();
+    let stdout = read_all(Box::new(child.stdout.take().unwrap()));
+    let stderr = read_all(Box::new(child.stderr.take().unwrap()));
+    let status = wait_or_kill(&mut child, 300, "--mllog /dev/stdout | cat");
+    let err = stderr.join().unwrap();
+    assert!(status.success(), "{err}");
+    let got = keys(&stdout.join().unwrap());
+    assert_eq!(
+        (
+            got.first().map(String::as_str),
+            got.last().map(String::as_str)
+        ),
+        (Some("cache_clear"), Some("run_stop")),
+        "{got:?}"
+    );
+
+    let fifo = dir.path().join("log.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let (mut cmd, a) = run("fifo", &fifo);
+    let mut child = cmd.args(&a).stdout(Stdio::null()).spawn().unwrap();
+    let stderr = read_all(Box::new(child.stderr.take().unwrap()));
+    // Opening the FIFO to read waits for rn50 to open it to write.
+    let path = fifo.clone();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        text
+    });
+    let status = wait_or_kill(&mut child, 300, "--mllog FIFO");
+    let err = stderr.join().unwrap();
+    if !reader.is_finished() {
+        // rn50 ended without opening the FIFO: let the reader's open return.
+        drop(std::fs::OpenOptions::new().write(true).open(&fifo));
+    }
+    assert!(status.success(), "{err}");
+    let got = keys(&reader.join().unwrap());
+    assert!(got.contains(&"init_start".to_string()), "{got:?}");
+    assert_eq!(got.last().map(String::as_str), Some("run_stop"), "{got:?}");
+}

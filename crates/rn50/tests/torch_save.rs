@@ -270,3 +270,32 @@ fn torchscript_and_damaged_files_are_one_line_errors() {
     assert!(err.contains("not a weights file"), "{err}");
     refused(&write("empty.pth", b""));
 }
+
+/// Issue 34: a storage record shorter than the tensor its pickle describes (4 bytes where `fc.weight` claims 192
+/// floats; one float short) loaded with exit 0 in `classify`, `eval`, `export` and `--init-weights`, the missing
+/// bytes read from the heap past the record's end. Refused, naming the tensor and both sizes.
+#[test]
+fn a_record_shorter_than_its_tensor_is_refused() {
+    for (name, have) in [("short-record.pth", 4), ("one-float-short.pth", 764)] {
+        let path = reference().join(name);
+        let err = refused(&path);
+        assert!(
+            err.contains("fc.weight: its storage is 192 x 4-byte float (768 bytes)")
+                && err.contains(&format!("holds {have} bytes")),
+            "{err}"
+        );
+        let err = WeightsFile::read(&path).err().unwrap();
+        assert!(format!("{err:#}").contains("fc.weight"), "{err:#}");
+    }
+    WeightsFile::read(&reference().join("one-tensor.pth")).unwrap();
+}
+
+/// Issue 34: a torch.save file whose pickle nests a million lists, or a million dicts, aborted `classify` ("fatal
+/// runtime error: stack overflow", exit 134). Refused before libtorch unpickles it: one line, exit 1.
+#[test]
+fn a_pickle_nested_too_deep_is_refused() {
+    for name in ["deep-lists.pth", "deep-dicts.pth"] {
+        let err = refused(&reference().join(name));
+        assert!(err.contains("nests values more than 1000 deep"), "{err}");
+    }
+}

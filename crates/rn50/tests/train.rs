@@ -579,9 +579,9 @@ fn kill_9_during_checkpoint_writes_leaves_a_loadable_checkpoint() {
             sgd: SgdConfig::default(),
         };
         let mut step = TrainStep::new(Model::new(cfg, tch::Device::Cpu), step_cfg);
-        let (pos, _) = rn50::train::checkpoint::load(&latest, &mut step, None)
+        let header = rn50::train::checkpoint::load(&latest, &mut step, None, None)
             .unwrap_or_else(|e| panic!("round {round}: latest checkpoint unloadable: {e:#}"));
-        assert!(pos.global_step >= 1);
+        assert!(header.position.global_step >= 1);
     }
     // The kills did land inside writes (their temporary files are left behind), so the test tested that.
     assert!(torn_seen > 0, "no kill interrupted a checkpoint write");
@@ -911,16 +911,7 @@ fn unreadable_training_images_are_counted_per_epoch() {
     .unwrap();
     std::fs::write(class.join("bad_2.JPEG"), b"").unwrap();
     let out = dir.path().join("run");
-    let flags = "-a resnet18 --width 8 -b 2 -j 2 --image-size 32 --val-resize 32 --val-crop 32 \
-                 --epochs 2 --device cpu --precision fp32";
-    let mut a = vec![
-        "train",
-        data.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    a.extend(flags.split_whitespace());
-    let r = rn50(&a);
+    let r = two_small_epochs(&data, &out, &[]);
     let log = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{log}");
     for e in 0..2 {
@@ -935,6 +926,149 @@ fn unreadable_training_images_are_counted_per_epoch() {
         .map(|r| r["bad_images"].as_u64().unwrap())
         .collect();
     assert_eq!(bad, [2, 2]);
+}
+
+/// `rn50 train DATA --out OUT` of two epochs of a narrow ResNet-18 at 32 px on the CPU, batches of 2, then `extra`.
+fn two_small_epochs(data: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    let flags = "-a resnet18 --width 8 -b 2 -j 2 --image-size 32 --val-resize 32 --val-crop 32 \
+                 --epochs 2 --device cpu --precision fp32";
+    let mut a = vec![
+        "train",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    a.extend(flags.split_whitespace());
+    a.extend(extra);
+    rn50(&a)
+}
+
+/// Issue 34: a run in which every training image is unreadable (or, with `--augment cifar`, smaller than the crop
+/// less its padding) printed `loss 0.0000  train Acc@1 NaN` each epoch, ended "done" with exit 0, and at exit
+/// deleted its metrics.jsonl, steps.jsonl, config.toml, tensorboard/ and the whole --mllog (its start's undo list
+/// took a run whose only checkpoints were end-of-epoch ones for a failed start). It fails at its first epoch's
+/// end, exit 1, saying that no batch could be trained on; as a start that fails, it leaves no checkpoint, no
+/// weights and no log of a run that did not happen.
+#[test]
+fn a_run_that_trains_on_nothing_fails_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    tree(&data, 2, 2);
+    for class in std::fs::read_dir(data.join("train")).unwrap() {
+        for image in std::fs::read_dir(class.unwrap().path()).unwrap() {
+            std::fs::write(image.unwrap().path(), b"\xff\xd8 not a JPEG").unwrap();
+        }
+    }
+    let (out, log) = (dir.path().join("run"), dir.path().join("result_0.txt"));
+    let r = two_small_epochs(&data, &out, &["--mllog", log.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "epoch 0: no batch could be trained on (all 2 skipped: 4 images could not be read"
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("done in"), "{err}");
+    for left in [
+        "checkpoint.safetensors",
+        "final.safetensors",
+        "metrics.jsonl",
+    ] {
+        assert!(!out.join(left).exists(), "{left}: {err}");
+    }
+    assert!(!log.exists(), "the --mllog of a run that did not happen");
+}
+
+/// Issue 34: a run resumed after its class folders changed (the second of three renamed so that it sorts first)
+/// resumed with exit 0 and no warning, each label now meaning another class, and final.safetensors recorded the
+/// new names: checkpoints carried no class names. Every checkpoint records them; a resume onto other classes is
+/// refused naming both lists, before anything is written, and goes on once the folders are as they were. Weights
+/// given to --init-weights that record other class names than the data's get a new classifier, as for another
+/// class count: they loaded whole.
+#[test]
+fn resuming_onto_other_class_folders_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    tree(&data, 3, 3);
+    let out = dir.path().join("run");
+    let run = |epochs: &str, resume: bool| {
+        let mut a = vec![
+            "train".to_string(),
+            data.to_str().unwrap().into(),
+            "--out".into(),
+            out.to_str().unwrap().into(),
+        ];
+        a.extend(
+            "-a resnet18 --width 8 -b 2 -j 2 --image-size 32 --val-resize 32 --val-crop 32 --device cpu \
+             --precision fp32 --epochs"
+                .split_whitespace()
+                .map(String::from),
+        );
+        a.push(epochs.into());
+        if resume {
+            a.extend(["--resume".into(), "auto".into()]);
+        }
+        run_strs(&a)
+    };
+    let r = run("1", false);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let mut classes: Vec<String> = std::fs::read_dir(data.join("train"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    classes.sort();
+    let rename = |from: &str, to: &str| {
+        for split in ["train", "val"] {
+            std::fs::rename(data.join(split).join(from), data.join(split).join(to)).unwrap();
+        }
+    };
+    rename(&classes[1], "aaa");
+    let before = snapshot(&out);
+    let r = run("2", true);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{err}");
+    let (was, now) = (
+        format!("{:?}", classes),
+        format!("{:?}", ["aaa", &classes[0], &classes[2]]),
+    );
+    assert!(
+        err.contains(&format!(
+            "was trained on the classes {was} but the data now has {now}"
+        )),
+        "{err}"
+    );
+    assert_eq!(snapshot(&out), before, "nothing written");
+
+    rename("aaa", &classes[1]);
+    let r = run("2", true);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let weights = out.join("final.safetensors");
+    let w = rn50::model::weights::WeightsFile::read(&weights).unwrap();
+    assert_eq!(w.classes(), Some(&classes[..]));
+
+    // --init-weights of those weights onto the renamed folders: the classifier starts afresh (it loaded whole).
+    rename(&classes[1], "aaa");
+    let eval_out = dir.path().join("eval");
+    let mut a: Vec<&str> = vec!["train", data.to_str().unwrap(), "-e", "--init-weights"];
+    a.extend([
+        weights.to_str().unwrap(),
+        "--out",
+        eval_out.to_str().unwrap(),
+    ]);
+    a.extend(
+        "-a resnet18 --width 8 -b 2 -j 2 --val-resize 32 --val-crop 32 --device cpu --precision fp32"
+            .split_whitespace(),
+    );
+    let r = rn50(&a);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{err}");
+    assert!(
+        err.contains(
+            "with a new classifier (3 → 3 classes, the file's class names differ from the data's)"
+        ),
+        "{err}"
+    );
 }
 
 /// Whether every tensor of the weights file `path` is finite.

@@ -25,12 +25,46 @@ pub fn atomic_write_with<E: From<io::Error>>(
     path: &Path,
     write: impl FnOnce(&Path) -> Result<(), E>,
 ) -> Result<(), E> {
-    let tmp = temp_path(path)?;
-    let result = write(&tmp).and_then(|()| persist(&tmp, path).map_err(E::from));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    let tmp = Partial::new(path)?;
+    write(tmp.path())?;
+    Ok(tmp.persist(path)?)
+}
+
+/// A writer's temporary file ([`temp_path`]), removed when dropped unless [`Partial::persist`] put it in place:
+/// a writer that stops half way (a full disk, an error of its own, a panic) leaves nothing behind.
+pub struct Partial {
+    tmp: PathBuf,
+    persisted: bool,
+}
+
+impl Partial {
+    /// The temporary file of this process's write of `path` (not created here).
+    pub fn new(path: &Path) -> io::Result<Self> {
+        Ok(Self {
+            tmp: temp_path(path)?,
+            persisted: false,
+        })
     }
-    result
+
+    /// Where to write.
+    pub fn path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// [`persist`]s the file written as `path`.
+    pub fn persist(mut self, path: &Path) -> io::Result<()> {
+        persist(&self.tmp, path)?;
+        self.persisted = true;
+        Ok(())
+    }
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if !self.persisted {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
 }
 
 /// Points the symbolic link `link` at `target`, replacing an existing link atomically: readers see the old
@@ -72,33 +106,45 @@ pub fn temp_path(path: &Path) -> io::Result<PathBuf> {
 /// Removes the temporary files in `dir` of writers that are no longer running (see [`is_stale_temp`]), so that
 /// one writing there right now keeps its own. Best effort: what cannot be listed or removed is left.
 pub fn remove_stale_temps(dir: &Path) {
+    remove_stale_temps_of(dir, |_| true);
+}
+
+/// [`remove_stale_temps`] of the files whose final name `of` accepts (NAME of `.NAME.tmpPID`): in a folder that
+/// is the user's, only those of the files being written there.
+pub fn remove_stale_temps_of(dir: &Path, of: impl Fn(&str) -> bool) {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
-            if is_stale_temp(&e.file_name()) {
+            let name = e.file_name();
+            let target = name.to_str().and_then(temp_target).map(|(t, _)| t);
+            if target.is_some_and(&of) && is_stale_temp(&name) {
                 let _ = std::fs::remove_file(e.path());
             }
         }
     }
 }
 
+/// The NAME and PID of a temporary file's name, `.NAME.tmpPID` (or `.NAME.linkPID`, as rn50 before this crate
+/// named the latest-checkpoint link's); None for other names.
+fn temp_target(name: &str) -> Option<(&str, i32)> {
+    let rest = name.strip_prefix('.')?;
+    let (target, pid) = rest
+        .rsplit_once(".tmp")
+        .or_else(|| rest.rsplit_once(".link"))?;
+    let digits = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+    let pid = pid.parse::<i32>().ok().filter(|&p| digits && p > 0)?;
+    Some((target, pid))
+}
+
 /// Whether `name` is a temporary file of an rn50 process that is gone: `.NAME.tmpPID`, or `.NAME.linkPID` as
 /// rn50 before this crate named the latest-checkpoint link's.
 pub fn is_stale_temp(name: &OsStr) -> bool {
-    let name = name.to_string_lossy();
-    let Some(rest) = name.strip_prefix('.') else {
-        return false;
-    };
-    let pid = rest
-        .rsplit_once(".tmp")
-        .or_else(|| rest.rsplit_once(".link"))
-        .and_then(|(_, pid)| pid.parse::<i32>().ok());
-    match pid {
-        Some(pid) if pid > 0 => {
+    match name.to_str().and_then(temp_target) {
+        Some((_, pid)) => {
             // SAFETY: signal 0 only asks whether the process exists (EPERM: it does, as another user's).
             let rc = unsafe { libc::kill(pid, 0) };
             rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
         }
-        _ => false,
+        None => false,
     }
 }
 

@@ -35,6 +35,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
+use rn50_util::atomic::Partial;
 use serde::{Deserialize, Serialize};
 
 use super::{refuse_empty_classes, Source};
@@ -501,10 +502,11 @@ pub fn write_manifest(dir: &Path, files: &[PathBuf]) -> Result<Manifest> {
 
 /// Streams records into one shard file; [`ShardWriter::finish`] writes index, metadata and
 /// footer, then puts the temporary file in place ([`rn50_util::atomic::persist`]: fsync, rename,
-/// fsync of the folder).
+/// fsync of the folder). A writer dropped unfinished (a full disk, a bad image with
+/// `--on-bad-image fail`) removes its temporary file.
 pub struct ShardWriter {
     path: PathBuf,
-    partial: PathBuf,
+    partial: Partial,
     out: BufWriter<File>,
     offset: u64,
     index: Vec<u8>,
@@ -513,9 +515,9 @@ pub struct ShardWriter {
 
 impl ShardWriter {
     pub fn create(path: &Path, meta: ShardMeta) -> Result<ShardWriter> {
-        let partial = rn50_util::atomic::temp_path(path)?;
-        let file = File::create(&partial)
-            .with_context(|| format!("cannot create {}", partial.display()))?;
+        let partial = Partial::new(path)?;
+        let file = File::create(partial.path())
+            .with_context(|| format!("cannot create {}", partial.path().display()))?;
         let mut out = BufWriter::with_capacity(4 << 20, file);
         out.write_all(MAGIC)?;
         Ok(ShardWriter {
@@ -536,7 +538,7 @@ impl ShardWriter {
         let len = u32::try_from(bytes.len()).context("record larger than 4 GiB")?;
         self.out
             .write_all(bytes)
-            .with_context(|| format!("cannot write {}", self.partial.display()))?;
+            .with_context(|| format!("cannot write {}", self.partial.path().display()))?;
         self.index.extend_from_slice(&self.offset.to_le_bytes());
         self.index.extend_from_slice(&len.to_le_bytes());
         self.index.extend_from_slice(&label.to_le_bytes());
@@ -561,19 +563,19 @@ impl ShardWriter {
         let meta = serde_json::to_vec(&self.meta)?;
         let index_off = self.offset;
         let meta_off = index_off + self.index.len() as u64;
-        self.out.write_all(&self.index)?;
-        self.out.write_all(&meta)?;
-        for v in [index_off, self.meta.records, meta_off, meta.len() as u64] {
-            self.out.write_all(&v.to_le_bytes())?;
-        }
-        self.out.write_all(END_MAGIC)?;
-        let file = self
-            .out
-            .into_inner()
-            .map_err(|e| e.into_error())
-            .with_context(|| format!("cannot write {}", self.partial.display()))?;
-        drop(file);
-        rn50_util::atomic::persist(&self.partial, &self.path)
+        let mut tail = || -> std::io::Result<()> {
+            self.out.write_all(&self.index)?;
+            self.out.write_all(&meta)?;
+            for v in [index_off, self.meta.records, meta_off, meta.len() as u64] {
+                self.out.write_all(&v.to_le_bytes())?;
+            }
+            self.out.write_all(END_MAGIC)?;
+            self.out.flush()
+        };
+        tail().with_context(|| format!("cannot write {}", self.partial.path().display()))?;
+        drop(self.out);
+        self.partial
+            .persist(&self.path)
             .with_context(|| format!("cannot write {}", self.path.display()))?;
         Ok(self.path)
     }

@@ -10,10 +10,12 @@
 //! Before that, every record of the zip archive is checked against the CRC-32 the archive records for it
 //! ([`check_crcs`]): neither libtorch nor torch.load does, so a file damaged inside a tensor's bytes loads, as other
 //! numbers.
+//! The pickle's nesting is bounded before libtorch sees it ([`check_nesting`]): libtorch builds and destroys
+//! nested values recursively, and a crafted pickle a million lists deep overflowed the stack (an abort).
 //! The central directory is read here ([`records`]) rather than with the `zip` crate: zip 9.8 refused a
 //! torch.save archive that torch.load reads ("Invalid Central Directory header", tests/torch_save.rs's legacy
 //! conversion), and a check that refuses good files is worse than none.
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
@@ -28,6 +30,7 @@ use crate::shim;
 pub fn tensors(path: &Path) -> Result<Vec<(String, Tensor)>> {
     check_crcs(path)?;
     let pickle = shim::torch_pickle(path)?;
+    check_nesting(&pickle)?;
     shim::torch_unpickle(path, &plain_dicts(&pickle)?)
 }
 
@@ -213,6 +216,158 @@ fn arg_len(op: u8, rest: &[u8]) -> Option<usize> {
     }
 }
 
+/// How deep values may nest in a torch.save pickle. Python's pickler recurses once per level and stops at its
+/// recursion limit (1,000 by default), so torch.save writes nothing deeper; libtorch's unpickler builds deeper
+/// values but destroys them recursively, and a million levels overflowed the stack.
+pub const MAX_NESTING: u32 = 1000;
+
+/// Refuses a pickle whose values nest deeper than [`MAX_NESTING`], followed opcode by opcode as Python's
+/// unpickler would build them (each value's depth: 0 for a number, string or class, 1 + its deepest part for a
+/// container, object or storage). A value may not change once it is inside another: a pickle of data (what
+/// torch.save writes) completes each value before placing it, and only a recursive structure changes one after,
+/// which this check could not follow (and which is no weights file).
+fn check_nesting(pickle: &[u8]) -> Result<()> {
+    /// A value on the stack or in the memo: its depth, and whether it was placed inside another.
+    #[derive(Clone, Copy)]
+    struct Node {
+        depth: u32,
+        placed: bool,
+    }
+    let mut nodes: Vec<Node> = Vec::new();
+    // The stack of value indices into `nodes`; None is a MARK.
+    let mut stack: Vec<Option<usize>> = Vec::new();
+    let mut memo: HashMap<u64, usize> = HashMap::new();
+    let damaged =
+        |i: usize, code: u8| anyhow::anyhow!("damaged pickle: opcode {code:#04x} at byte {i}");
+    let mut i = 0;
+    while i < pickle.len() {
+        let (at, code) = (i, pickle[i]);
+        let n = arg_len(code, &pickle[i + 1..]).ok_or_else(|| damaged(at, code))?;
+        let arg = &pickle[i + 1..i + 1 + n];
+        i += 1 + n;
+        let pop =
+            |stack: &mut Vec<Option<usize>>| stack.pop().flatten().ok_or_else(|| damaged(at, code));
+        let to_mark = |stack: &mut Vec<Option<usize>>| -> Result<Vec<usize>> {
+            let mark = stack
+                .iter()
+                .rposition(Option::is_none)
+                .ok_or_else(|| damaged(at, code))?;
+            Ok(stack.drain(mark..).flatten().collect())
+        };
+        // `parts` placed inside the value `into` (a new one when None, pushed): its depth grows past theirs.
+        let place = |nodes: &mut Vec<Node>,
+                     stack: &mut Vec<Option<usize>>,
+                     into: Option<usize>,
+                     parts: &[usize]|
+         -> Result<()> {
+            let depth = parts.iter().map(|&p| nodes[p].depth + 1).max().unwrap_or(1);
+            for &p in parts {
+                nodes[p].placed = true;
+            }
+            let target = match into {
+                Some(t) => {
+                    if nodes[t].placed {
+                        bail!(
+                            "damaged pickle: a value changes after it was placed in another (a recursive \
+                             structure, at byte {at}), which no weights file holds"
+                        );
+                    }
+                    nodes[t].depth = nodes[t].depth.max(depth);
+                    t
+                }
+                None => {
+                    nodes.push(Node {
+                        depth,
+                        placed: false,
+                    });
+                    stack.push(Some(nodes.len() - 1));
+                    nodes.len() - 1
+                }
+            };
+            if nodes[target].depth > MAX_NESTING {
+                bail!(
+                    "its pickle nests values more than {MAX_NESTING} deep (at byte {at}), deeper than \
+                     torch.save writes: a crafted file?"
+                );
+            }
+            Ok(())
+        };
+        let top = |stack: &Vec<Option<usize>>| {
+            stack
+                .last()
+                .copied()
+                .flatten()
+                .ok_or_else(|| damaged(at, code))
+        };
+        match code {
+            op::STOP => return Ok(()),
+            op::PROTO | 0x95 | 0x98 => {}
+            b'(' => stack.push(None),
+            b'0' => {
+                stack.pop().ok_or_else(|| damaged(at, code))?;
+            }
+            b'1' => {
+                to_mark(&mut stack)?;
+            }
+            b'2' => stack.push(Some(top(&stack)?)),
+            op::PUT | op::BINPUT | op::LONG_BINPUT | 0x94 => {
+                let slot = match code {
+                    0x94 => memo.len() as u64,
+                    _ => memo_slot(code, arg).ok_or_else(|| damaged(at, code))?,
+                };
+                memo.insert(slot, top(&stack)?);
+            }
+            op::GET | op::BINGET | op::LONG_BINGET => {
+                let slot = memo_slot(code, arg).ok_or_else(|| damaged(at, code))?;
+                stack.push(Some(*memo.get(&slot).ok_or_else(|| damaged(at, code))?));
+            }
+            // Empty containers.
+            b']' | b'}' | b')' | 0x8f => place(&mut nodes, &mut stack, None, &[])?,
+            // A new value of the values above the mark: LIST, TUPLE, DICT, FROZENSET, OBJ, INST.
+            b'l' | b't' | b'd' | 0x91 | b'o' | b'i' => {
+                let parts = to_mark(&mut stack)?;
+                place(&mut nodes, &mut stack, None, &parts)?;
+            }
+            // A new value of the top 1, 2 or 3: TUPLE1-3, BINPERSID, REDUCE, NEWOBJ, NEWOBJ_EX, STACK_GLOBAL.
+            0x85 | b'Q' | 0x86 | b'R' | op::NEWOBJ | 0x93 | 0x87 | 0x92 => {
+                let k = match code {
+                    0x85 | b'Q' => 1,
+                    0x86 | b'R' | op::NEWOBJ | 0x93 => 2,
+                    _ => 3,
+                };
+                let parts = (0..k)
+                    .map(|_| pop(&mut stack))
+                    .collect::<Result<Vec<_>>>()?;
+                place(&mut nodes, &mut stack, None, &parts)?;
+            }
+            // The top 1 or 2 placed in the value below them: APPEND, BUILD; SETITEM.
+            b'a' | op::BUILD | b's' => {
+                let k = if code == b's' { 2 } else { 1 };
+                let parts = (0..k)
+                    .map(|_| pop(&mut stack))
+                    .collect::<Result<Vec<_>>>()?;
+                let into = top(&stack)?;
+                place(&mut nodes, &mut stack, Some(into), &parts)?;
+            }
+            // The values above the mark placed in the value below it: APPENDS, SETITEMS, ADDITEMS.
+            b'e' | b'u' | 0x90 => {
+                let parts = to_mark(&mut stack)?;
+                let into = top(&stack)?;
+                place(&mut nodes, &mut stack, Some(into), &parts)?;
+            }
+            // Every other opcode pushes one number, string, class or buffer.
+            _ => {
+                nodes.push(Node {
+                    depth: 0,
+                    placed: false,
+                });
+                stack.push(Some(nodes.len() - 1));
+            }
+        }
+    }
+    bail!("damaged pickle: it ends before its STOP opcode")
+}
+
 /// The memo slot a PUT or GET opcode names.
 fn memo_slot(op: u8, arg: &[u8]) -> Option<u64> {
     match op {
@@ -321,6 +476,25 @@ mod tests {
             let err = plain_dicts(bytes).unwrap_err();
             assert!(format!("{err:#}").contains(want), "{err:#}");
         }
+    }
+
+    /// Nesting is bounded however a pickle builds it: directly (lists in lists), through the memo (each new list
+    /// holding the one memoized before it), and a value that changes once placed (a list appended to itself) is
+    /// refused; a state_dict's pickle passes.
+    #[test]
+    fn nesting_is_bounded_however_it_is_built() {
+        let err = |r: Result<()>| format!("{:#}", r.unwrap_err());
+        check_nesting(STATE_DICT).unwrap();
+        let lists =
+            |n: usize| [&b"\x80\x02"[..], &vec![b']'; n], &vec![b'a'; n - 1], b"."].concat();
+        check_nesting(&lists(MAX_NESTING as usize)).unwrap();
+        assert!(err(check_nesting(&lists(1001))).contains("nests values more than 1000 deep"));
+        let memo = |n: usize| [&b"\x80\x02]q\x00"[..], &b"]h\x00aq\x000".repeat(n), b"."].concat();
+        check_nesting(&memo(MAX_NESTING as usize - 1)).unwrap();
+        assert!(err(check_nesting(&memo(1000))).contains("more than 1000 deep"));
+        let cycle = b"\x80\x02]q\x00h\x00a.";
+        assert!(err(check_nesting(cycle)).contains("changes after it was placed"));
+        assert!(err(check_nesting(b"\x80\x02a.")).contains("damaged pickle: opcode 0x61 at byte 2"));
     }
 
     /// A ZIP64 archive (what PyTorch writes past 4 GiB) of one stored record, made by hand: every size and offset

@@ -19,20 +19,85 @@ use super::{Model, ResNetConfig, Stem};
 /// (WordNet ids for ImageNet), which `rn50 classify` prints. Safetensors metadata maps strings to strings.
 pub const CLASSES_KEY: &str = "classes";
 
+/// What rn50 records beside the tensors, in the safetensors header's metadata, of weights files
+/// (best/final.safetensors) and training checkpoints alike: one schema, written ([`Recorded::metadata`]) and read
+/// ([`Recorded::from_metadata`]) here only, one metadata key per field.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recorded {
+    /// The training set's class folder names in label order ([`CLASSES_KEY`]); None for weights made elsewhere
+    /// (torchvision's) or trained without a dataset (--dummy).
+    pub classes: Option<Vec<String>>,
+}
+
+impl Recorded {
+    /// What a run on a dataset with these class names records.
+    pub fn with_classes(classes: Option<&[String]>) -> Self {
+        Self {
+            classes: classes.map(<[String]>::to_vec),
+        }
+    }
+
+    /// The metadata entries (none for fields that are None).
+    pub fn metadata(&self) -> Result<HashMap<String, String>> {
+        let mut metadata = HashMap::new();
+        if let Some(names) = &self.classes {
+            metadata.insert(CLASSES_KEY.to_string(), serde_json::to_string(names)?);
+        }
+        Ok(metadata)
+    }
+
+    /// Read back from the metadata of the file `path` (named in errors).
+    pub fn from_metadata(metadata: &HashMap<String, String>, path: &Path) -> Result<Self> {
+        let classes = match metadata.get(CLASSES_KEY) {
+            None => None,
+            Some(json) => Some(serde_json::from_str(json).with_context(|| {
+                format!(
+                    "{}: the metadata's {CLASSES_KEY:?} is not a JSON list of strings",
+                    path.display()
+                )
+            })?),
+        };
+        Ok(Self { classes })
+    }
+}
+
+/// `names` to print in a message, as a list (`["cat", "dog"]`): each quoted with its control characters escaped
+/// (Rust's `{:?}`), so that a name read from a file cannot colour the terminal or forge a line; the first ten and
+/// the count of the rest when there are more.
+pub fn names_list(names: &[String]) -> String {
+    let shown: Vec<String> = names.iter().take(10).map(|n| format!("{n:?}")).collect();
+    match names.len() {
+        n if n > 10 => format!("[{}, ... {} more]", shown.join(", "), n - 10),
+        _ => format!("[{}]", shown.join(", ")),
+    }
+}
+
+/// `name` as printed on its own (`rn50 classify`'s lines): its control characters escaped as `{:?}` escapes them
+/// (`\u{1b}`, `\n`), the rest as it is.
+pub fn printable(name: &str) -> Cow<'_, str> {
+    if !name.chars().any(char::is_control) {
+        return Cow::Borrowed(name);
+    }
+    Cow::Owned(
+        name.chars()
+            .map(|c| match c.is_control() {
+                true => c.escape_debug().to_string(),
+                false => c.to_string(),
+            })
+            .collect(),
+    )
+}
+
 /// Keys a torchvision state_dict has that rn50 does not track (BN's step counter, unused with momentum 0.1).
 fn ignorable(key: &str) -> bool {
     key.ends_with(".num_batches_tracked")
 }
 
 /// Writes the model's state (NCHW-contiguous, fp32 as trained) to `path` atomically ([`rn50_util::atomic`]): a
-/// crash leaves either the old file or the new one. `classes`, the training set's class names in label order, go
-/// into the metadata under [`CLASSES_KEY`].
-pub fn save(model: &Model, path: &Path, classes: Option<&[String]>) -> Result<()> {
-    let mut metadata = HashMap::new();
-    if let Some(names) = classes {
-        metadata.insert(CLASSES_KEY.to_string(), serde_json::to_string(names)?);
-    }
-    write_safetensors(path, &model.state(), metadata)
+/// crash leaves either the old file or the new one. What is `recorded` (the training set's class names) goes into
+/// the metadata.
+pub fn save(model: &Model, path: &Path, recorded: &Recorded) -> Result<()> {
+    write_safetensors(path, &model.state(), recorded.metadata()?)
 }
 
 /// A CPU copy of a tensor in the form safetensors serialises.
@@ -171,22 +236,22 @@ fn format_of(path: &Path) -> Result<Format> {
 pub struct WeightsFile {
     path: PathBuf,
     tensors: HashMap<String, Tensor>,
-    classes: Option<Vec<String>>,
+    recorded: Recorded,
 }
 
 impl WeightsFile {
     /// Reads safetensors or a torch.save file (see the module's doc); the legacy torch.save format is an error
     /// with the one-line conversion.
     pub fn read(path: &Path) -> Result<Self> {
-        let (tensors, classes) = match format_of(path)? {
+        let (tensors, recorded) = match format_of(path)? {
             Format::Safetensors => {
                 // The header first: its checks say what is wrong with a file that is no safetensors.
-                let classes = recorded_classes(path)?;
+                let recorded = recorded(path)?;
                 let tensors = Tensor::read_safetensors(path)
                     .with_context(|| format!("reading weights {}", path.display()))?;
-                (tensors.into_iter().collect(), classes)
+                (tensors.into_iter().collect(), recorded)
             }
-            Format::TorchZip => (read_torch(path)?, None),
+            Format::TorchZip => (read_torch(path)?, Recorded::default()),
             Format::TorchLegacy => bail!(
                 "{} was saved in torch.save's legacy format (PyTorch before 1.6), which rn50 does not read; \
                  convert it once: python -c \"import torch; torch.save(torch.load('{}', map_location='cpu'), \
@@ -196,7 +261,10 @@ impl WeightsFile {
                 converted_name(path).display()
             ),
         };
-        let (n, fc) = (classes.as_ref().map(Vec::len), tensors.get("fc.bias"));
+        let (n, fc) = (
+            recorded.classes.as_ref().map(Vec::len),
+            tensors.get("fc.bias"),
+        );
         if let (Some(n), Some(fc)) = (n, fc) {
             if fc.size() != [n as i64] {
                 bail!(
@@ -209,7 +277,7 @@ impl WeightsFile {
         Ok(Self {
             path: path.to_path_buf(),
             tensors,
-            classes,
+            recorded,
         })
     }
 
@@ -241,7 +309,7 @@ impl WeightsFile {
     /// The class names recorded with the weights ([`CLASSES_KEY`]), in label order; None for files without them
     /// (torchvision's, PyTorch's).
     pub fn classes(&self) -> Option<&[String]> {
-        self.classes.as_deref()
+        self.recorded.classes.as_deref()
     }
 
     /// Copies the weights into the model. Every model tensor must be present with the same shape; extra keys
@@ -298,18 +366,18 @@ fn converted_name(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// The class names in the metadata of the safetensors file `path` ([`CLASSES_KEY`]), None without.
-fn recorded_classes(path: &Path) -> Result<Option<Vec<String>>> {
-    let header = safetensors_header(path)?;
-    let Some(json) = header["__metadata__"][CLASSES_KEY].as_str() else {
-        return Ok(None);
+/// What the metadata of the safetensors file `path` records ([`Recorded`]).
+fn recorded(path: &Path) -> Result<Recorded> {
+    let metadata = match safetensors_header(path)?.get("__metadata__") {
+        None | Some(serde_json::Value::Null) => HashMap::new(),
+        Some(m) => serde_json::from_value(m.clone()).with_context(|| {
+            format!(
+                "{}: its metadata does not map strings to strings",
+                path.display()
+            )
+        })?,
     };
-    serde_json::from_str(json).with_context(|| {
-        format!(
-            "{}: the metadata's {CLASSES_KEY:?} is not a JSON list of strings",
-            path.display()
-        )
-    })
+    Recorded::from_metadata(&metadata, path)
 }
 
 /// The JSON header of a safetensors file: `{"fc.bias": {"dtype": "F32", "shape": [1000], ...}, ...,
@@ -441,7 +509,7 @@ mod tests {
         tch::manual_seed(1);
         let a = Model::new(ResNetConfig::new(Arch::ResNet18), Device::Cpu);
         a.to_channels_last();
-        save(&a, &path, None).unwrap();
+        save(&a, &path, &Recorded::default()).unwrap();
         tch::manual_seed(2);
         let b = Model::new(ResNetConfig::new(Arch::ResNet18), Device::Cpu);
         load(&b, &path).unwrap();
@@ -466,7 +534,7 @@ mod tests {
         save(
             &Model::new(ResNetConfig::new(Arch::ResNet18), Device::Cpu),
             &path,
-            None,
+            &Recorded::default(),
         )
         .unwrap();
         let err = load(
@@ -490,7 +558,7 @@ mod tests {
         cfg.width = 8;
         let model = Model::new(cfg.clone(), Device::Cpu);
         let good = dir.path().join("good.safetensors");
-        save(&model, &good, None).unwrap();
+        save(&model, &good, &Recorded::default()).unwrap();
         let state: Vec<(String, Tensor)> = Tensor::read_safetensors(&good).unwrap();
         let with = |name: &str, key: &str, f: &dyn Fn(&Tensor) -> Tensor| {
             let path = dir.path().join(name);
@@ -547,9 +615,9 @@ mod tests {
             dir.path().join("plain.safetensors"),
             dir.path().join("wrong.safetensors"),
         );
-        save(&model, &named, Some(&names)).unwrap();
-        save(&model, &plain, None).unwrap();
-        save(&model, &wrong, Some(&names[..2])).unwrap();
+        save(&model, &named, &Recorded::with_classes(Some(&names))).unwrap();
+        save(&model, &plain, &Recorded::default()).unwrap();
+        save(&model, &wrong, &Recorded::with_classes(Some(&names[..2]))).unwrap();
         assert_eq!(
             WeightsFile::read(&named).unwrap().classes(),
             Some(&names[..])
@@ -570,7 +638,12 @@ mod tests {
         let mut cfg = ResNetConfig::new(Arch::ResNet18);
         cfg.width = 8;
         let st = dir.path().join("looks-like.pth");
-        save(&Model::new(cfg.clone(), Device::Cpu), &st, None).unwrap();
+        save(
+            &Model::new(cfg.clone(), Device::Cpu),
+            &st,
+            &Recorded::default(),
+        )
+        .unwrap();
         WeightsFile::read(&st)
             .unwrap()
             .load(&Model::new(cfg, Device::Cpu))

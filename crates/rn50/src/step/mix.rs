@@ -28,6 +28,11 @@ pub fn erase(x: &mut Tensor, boxes: &[(usize, Erase)]) {
     });
 }
 
+/// The largest `--mixup-alpha` and `--cutmix-alpha`. rand_distr's Beta(α, α) draws within [0, 1] for every α from
+/// the smallest positive f64 up to where α + α overflows (about 9e307), where every draw is NaN (the run stopped
+/// with "the loss became NaN" after its files were written); from 1e6 on, λ is ½ within 0.2%: more says nothing.
+pub const MAX_MIX_ALPHA: f64 = 1e6;
+
 /// `--mixup-alpha` and `--cutmix-alpha`: which of the two a batch may get, and their Beta parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BatchMix {
@@ -136,6 +141,27 @@ mod tests {
     use super::*;
     use rand::SeedableRng;
     use tch::Device;
+
+    /// Every α the flags take gives λ and CutMix boxes within range: the smallest positive, 1, and the largest
+    /// ([`MAX_MIX_ALPHA`]); 1e308, which the flags took before, gave NaN.
+    #[test]
+    fn every_alpha_in_range_draws_within_0_and_1() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(0);
+        for alpha in [f64::from_bits(1), 1e-300, 1.0, MAX_MIX_ALPHA] {
+            let mix = BatchMix::new(alpha, alpha).unwrap();
+            for _ in 0..10_000 {
+                let lam = match mix.draw(&mut rng, 32, 32) {
+                    Mix::Mixup { lam } | Mix::Cutmix { lam, .. } => lam,
+                };
+                assert!((0.0..=1.0).contains(&lam), "α {alpha:e}: λ {lam}");
+            }
+        }
+        let lam: f64 = Beta::new(1e308, 1e308).unwrap().sample(&mut rng);
+        assert!(
+            lam.is_nan(),
+            "1e308 is out of the flags' range because it gives {lam}"
+        );
+    }
 
     #[test]
     fn no_alpha_no_mix_and_one_alpha_always_that_one() {

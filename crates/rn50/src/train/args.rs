@@ -12,6 +12,7 @@ use rn50_report::table::{fmt_decimals, fmt_lr};
 
 use crate::device::ComputeArgs;
 use crate::model::{Arch, ResNetConfig, Stem};
+use crate::step::mix::MAX_MIX_ALPHA;
 use crate::train::foreign::ForeignFlags;
 use crate::train::schedule::scaled_lr;
 
@@ -153,14 +154,14 @@ pub struct TrainArgs {
     pub pad: usize,
     #[command(flatten)]
     pub augmentation: AugmentArgs,
-    /// Mixup's α, 0 (off) or more: images and one-hot targets of a batch blended with the previous image's, weight
-    /// λ ~ Beta(α, α) (torchvision's reference: 0.2). With --cutmix-alpha too, each batch gets one of the two,
-    /// either with probability ½.
-    #[arg(long, alias = "mixup", value_name = "ALPHA", default_value_t = 0.0, value_parser = finite_in(0.0..))]
+    /// Mixup's α, 0 (off) to 1e6: images and one-hot targets of a batch blended with the previous image's, weight
+    /// λ ~ Beta(α, α) (torchvision's reference: 0.2; from 1e6 on λ is ½ within 0.2%). With --cutmix-alpha too,
+    /// each batch gets one of the two, either with probability ½.
+    #[arg(long, alias = "mixup", value_name = "ALPHA", default_value_t = 0.0, value_parser = finite_in(0.0..=MAX_MIX_ALPHA))]
     pub mixup_alpha: f64,
-    /// CutMix's α, 0 (off) or more: a box of each image replaced by the previous image's, the targets weighted by
+    /// CutMix's α, 0 (off) to 1e6: a box of each image replaced by the previous image's, the targets weighted by
     /// area (torchvision's reference: 1.0).
-    #[arg(long, alias = "cutmix", value_name = "ALPHA", default_value_t = 0.0, value_parser = finite_in(0.0..))]
+    #[arg(long, alias = "cutmix", value_name = "ALPHA", default_value_t = 0.0, value_parser = finite_in(0.0..=MAX_MIX_ALPHA))]
     pub cutmix_alpha: f64,
     /// Repeated augmentation, 1 (off) to 16: each image shown N times in a row, differently augmented, the copies
     /// spread over the processes (torchvision's RASampler; its recipe: 4). As RASampler, an epoch keeps its length,

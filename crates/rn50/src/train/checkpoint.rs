@@ -1,16 +1,17 @@
 //! Training checkpoints: one safetensors file holding the model state (torchvision keys under `model.`),
 //! the SGD momentum buffers (`optim.<param>`), the loss scaler (`scaler.*`), the weight EMA (`ema.*`,
 //! when kept), and in the header's metadata the
-//! position (epoch, batch within epoch) and the run's configuration as JSON. Written atomically (temporary
+//! position (epoch, batch within epoch) and the run's configuration as JSON, beside what weights files record
+//! ([`Recorded`]: the class names, which a resume must train on again). Written atomically (temporary
 //! file, fsync, rename): a crash mid-write leaves the previous checkpoint as it was.
 use std::collections::HashMap;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
-use crate::model::weights::{copy_into, write_safetensors};
+use crate::model::weights::{copy_into, names_list, write_safetensors, Recorded};
 use crate::step::TrainStep;
 use crate::train::ema::Ema;
 
@@ -57,6 +58,16 @@ struct Meta {
     config: serde_json::Value,
 }
 
+/// What a checkpoint's header holds besides its tensors.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Header {
+    pub position: Position,
+    /// The run's flags.
+    pub config: serde_json::Value,
+    /// What weights files record too (none in checkpoints of rn50 before it recorded them).
+    pub recorded: Recorded,
+}
+
 /// Everything of `step` that changes while training, by checkpoint key.
 fn state_tensors(step: &TrainStep) -> Vec<(String, Tensor)> {
     let mut out: Vec<(String, Tensor)> = step
@@ -86,13 +97,15 @@ fn ema_tensors(ema: &Ema) -> Vec<(String, Tensor)> {
         .collect()
 }
 
-/// Writes a checkpoint of `step` at `position`, with `config` (the run's full configuration) in the header.
+/// Writes a checkpoint of `step` at `position`, with `config` (the run's full configuration) and what weights
+/// record (`recorded`) in the header.
 pub fn save(
     path: &Path,
     step: &TrainStep,
     ema: Option<&Ema>,
     position: &Position,
     config: &serde_json::Value,
+    recorded: &Recorded,
 ) -> Result<()> {
     let mut all = state_tensors(step);
     all.extend(ema.map(ema_tensors).unwrap_or_default());
@@ -101,39 +114,61 @@ pub fn save(
         position: position.clone(),
         config: config.clone(),
     };
-    let info = HashMap::from([(META_KEY.to_string(), serde_json::to_string(&meta)?)]);
+    let mut info = recorded.metadata()?;
+    info.insert(META_KEY.to_string(), serde_json::to_string(&meta)?);
     write_safetensors(path, &all, info)
 }
 
-/// Reads only the header: position and configuration (to rebuild the run before loading its tensors).
+/// The position and configuration of the checkpoint `path` ([`read_header`]).
 pub fn read_meta(path: &Path) -> Result<(Position, serde_json::Value)> {
+    read_header(path).map(|h| (h.position, h.config))
+}
+
+/// Reads only the header (to rebuild the run before loading its tensors); the whole file is checked to be
+/// safetensors.
+pub fn read_header(path: &Path) -> Result<Header> {
     let bytes =
         std::fs::read(path).with_context(|| format!("reading checkpoint {}", path.display()))?;
     let (_, header) = safetensors::SafeTensors::read_metadata(&bytes)
         .map_err(|e| anyhow::anyhow!("{} is not a safetensors file: {e:?}", path.display()))?;
-    let json = header
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get(META_KEY))
-        .with_context(|| {
-            format!(
-                "{} is not an rn50 checkpoint (no '{META_KEY}' metadata)",
-                path.display()
-            )
-        })?;
+    let metadata = header.metadata().clone().unwrap_or_default();
+    let json = metadata.get(META_KEY).with_context(|| {
+        format!(
+            "{} is not an rn50 checkpoint (no '{META_KEY}' metadata)",
+            path.display()
+        )
+    })?;
     let meta: Meta =
         serde_json::from_str(json).with_context(|| format!("{}: bad metadata", path.display()))?;
-    Ok((meta.position, meta.config))
+    Ok(Header {
+        position: meta.position,
+        config: meta.config,
+        recorded: Recorded::from_metadata(&metadata, path)?,
+    })
 }
 
 /// Restores `step` (built with the same architecture and options) and the EMA, if one is kept, from `path`
-/// and returns the position. A checkpoint written without an EMA starts the EMA from the restored weights.
+/// and returns its header. A checkpoint written without an EMA starts the EMA from the restored weights. One
+/// trained on other classes than `classes` (the data's, in label order) is refused before anything is loaded,
+/// naming both lists: each label would mean another class (a class folder renamed, added or removed since).
 pub fn load(
     path: &Path,
     step: &mut TrainStep,
     ema: Option<&mut Ema>,
-) -> Result<(Position, serde_json::Value)> {
-    let (position, config) = read_meta(path)?;
+    classes: Option<&[String]>,
+) -> Result<Header> {
+    let header = read_header(path)?;
+    if let (Some(before), Some(now)) = (header.recorded.classes.as_deref(), classes) {
+        if before != now {
+            bail!(
+                "{} was trained on the classes {} but the data now has {}: each label would mean another \
+                 class; resume with the class folders as they were, or start a new run",
+                path.display(),
+                names_list(before),
+                names_list(now)
+            );
+        }
+    }
     let file: HashMap<String, Tensor> = Tensor::read_safetensors(path)
         .with_context(|| format!("reading checkpoint {}", path.display()))?
         .into_iter()
@@ -152,7 +187,7 @@ pub fn load(
             *ema = Ema::new(&step.model, ema.decay);
         }
     }
-    Ok((position, config))
+    Ok(header)
 }
 
 #[cfg(test)]
@@ -238,13 +273,16 @@ mod tests {
             skipped_batches: 1,
         };
         let config = serde_json::json!({"arch": "resnet18", "lr": 0.05});
-        save(&path, &a, Some(&ema_a), &pos, &config).unwrap();
+        let recorded = Recorded::with_classes(Some(&["cat".to_string(), "dog".to_string()]));
+        save(&path, &a, Some(&ema_a), &pos, &config, &recorded).unwrap();
 
         // A differently initialised run restored from the file continues exactly like the original.
         let mut b = step(7);
         let mut ema_b = Ema::new(&b.model, 0.9);
-        let (p, c) = load(&path, &mut b, Some(&mut ema_b)).unwrap();
-        assert_eq!((p, c), (pos, config));
+        let classes = recorded.classes.as_deref();
+        let header = load(&path, &mut b, Some(&mut ema_b), classes).unwrap();
+        assert_eq!((header.position, header.config), (pos, config));
+        assert_eq!(header.recorded, recorded);
         for ((k, ta), (_, tb)) in ema_a.tensors().zip(ema_b.tensors()) {
             assert!(ta.equal(tb), "EMA {k} differs after loading");
         }
@@ -268,7 +306,15 @@ mod tests {
             epoch: 1,
             ..Position::default()
         };
-        save(&path, &a, None, &pos, &serde_json::json!({})).unwrap();
+        save(
+            &path,
+            &a,
+            None,
+            &pos,
+            &serde_json::json!({}),
+            &Recorded::default(),
+        )
+        .unwrap();
         // A writer killed half way: its temporary file is left behind, torn, and never renamed.
         let err = rn50_util::atomic_write_with(&path, |tmp| -> Result<()> {
             std::fs::write(tmp, b"partial")?;
@@ -276,11 +322,11 @@ mod tests {
         });
         assert!(err.is_err());
         let mut b = step(1);
-        assert_eq!(load(&path, &mut b, None).unwrap().0, pos);
+        assert_eq!(load(&path, &mut b, None, None).unwrap().position, pos);
         // A torn file given directly is a clear error, not a panic.
         let torn = dir.path().join("torn.safetensors");
         let full = std::fs::read(&path).unwrap();
         std::fs::write(&torn, &full[..full.len() / 2]).unwrap();
-        assert!(load(&torn, &mut b, None).is_err());
+        assert!(load(&torn, &mut b, None, None).is_err());
     }
 }

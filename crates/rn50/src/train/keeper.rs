@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use crate::model::weights::Recorded;
 use crate::step::TrainStep;
 use crate::train::checkpoint::{self, Position};
 use crate::train::ema::Ema;
@@ -60,10 +61,11 @@ impl Keeper {
         ema: Option<&Ema>,
         position: &Position,
         config: &serde_json::Value,
+        recorded: &Recorded,
     ) -> Result<PathBuf> {
         let name = format!("checkpoint-{:09}.safetensors", position.global_step);
         let path = self.dir.join(&name);
-        checkpoint::save(&path, step, ema, position, config)?;
+        checkpoint::save(&path, step, ema, position, config, recorded)?;
         // Readers see the old link or the new one, never none.
         rn50_util::atomic_symlink(Path::new(&name), &self.dir.join(LATEST))
             .with_context(|| format!("linking {LATEST} to {}", path.display()))?;
@@ -205,7 +207,14 @@ mod tests {
             global_step,
             ..Position::default()
         };
-        k.save(step, None, &pos, &serde_json::json!({})).unwrap();
+        k.save(
+            step,
+            None,
+            &pos,
+            &serde_json::json!({}),
+            &Recorded::default(),
+        )
+        .unwrap();
     }
 
     fn names(dir: &Path) -> Vec<String> {

@@ -8,7 +8,7 @@
 //! [`MlperfArgs`]: the submission's fields of the log and `--drop-caches`; [`TARGET_ACCURACY`]: MLPerf's quality
 //! target, which decides `run_stop`'s status whenever `--mllog` is given.
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, BufRead, Write};
 use std::panic::Location;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -201,25 +201,38 @@ pub struct MlLog {
 impl MlLog {
     /// The keys `path` logged so far, in order (none for a missing file). A file that is not an MLPerf log (a
     /// checkpoint, a config, another program's log) is an error: the log is appended to, and appending to such a
-    /// file would damage it. Writes nothing.
+    /// file would damage it. Only a regular file is read, line by line: a pipe (`/dev/stdout | cat`, `>(tee
+    /// log)`, a FIFO) or a device is written to as it is, and holds no earlier run; reading one waited for ever
+    /// (a pipe whose write end this process holds) or without end (`/dev/zero`). Writes nothing.
     pub fn keys(path: &Path) -> Result<Vec<String>> {
-        let text = match std::fs::read(path) {
+        let reading = || format!("reading --mllog {}", path.display());
+        match std::fs::metadata(path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e).with_context(|| format!("reading --mllog {}", path.display())),
-            Ok(bytes) => bytes,
-        };
+            Err(e) => return Err(e).with_context(reading),
+            Ok(m) if !m.is_file() => return Ok(Vec::new()),
+            Ok(_) => {}
+        }
+        let mut lines = io::BufReader::new(File::open(path).with_context(reading)?);
+        let head = lines.fill_buf().with_context(reading)?;
         anyhow::ensure!(
-            text.is_empty() || text.starts_with(PREFIX.as_bytes()),
+            head.is_empty() || head.starts_with(PREFIX.as_bytes()),
             "--mllog {} exists and is not an MLPerf log (it does not start with \"{}\"): appending to it would \
              damage it; name a new file",
             path.display(),
             PREFIX.trim_end()
         );
-        Ok(String::from_utf8_lossy(&text)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l.strip_prefix(PREFIX)?).ok())
-            .filter_map(|v| Some(v["key"].as_str()?.to_string()))
-            .collect())
+        let mut keys = Vec::new();
+        for line in lines.split(b'\n') {
+            let line = line.with_context(reading)?;
+            let line = String::from_utf8_lossy(&line);
+            let key = line
+                .trim_end_matches('\r')
+                .strip_prefix(PREFIX)
+                .and_then(|l| serde_json::from_str::<Value>(l).ok())
+                .and_then(|v| Some(v["key"].as_str()?.to_string()));
+            keys.extend(key);
+        }
+        Ok(keys)
     }
 
     /// The keys of `path` ([`MlLog::keys`]), refusing one that already holds a run (an `init_start`): the

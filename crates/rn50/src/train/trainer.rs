@@ -22,7 +22,7 @@ use tch::{Kind, Tensor};
 
 use crate::device::{device_name, Compute};
 use crate::input::{DeviceBatch, Source, Staged};
-use crate::model::weights::{self, WeightsFile};
+use crate::model::weights::{self, Recorded, WeightsFile};
 use crate::model::{Model, ResNetConfig, Stem};
 use crate::step::mix::{self, BatchMix};
 use crate::step::{SgdConfig, Skipped, StepConfig, TrainStep};
@@ -108,6 +108,8 @@ struct Setup<'a> {
     ema: Option<EmaModel>,
     /// The flags, as checkpoints record them.
     config: serde_json::Value,
+    /// What checkpoints and weights record beside the tensors: the class names.
+    recorded: Recorded,
     /// Where training goes on (epoch 0 batch 0 for a fresh run), with the best top-1 so far.
     position: Position,
     global_batch: usize,
@@ -212,7 +214,13 @@ impl<'a> Setup<'a> {
         // so that a --dummy batch is the same with and without --ema.
         let mut step = TrainStep::new(Model::new(model_cfg.clone(), device), step_cfg);
         if let Some(w) = &args.init_weights {
-            init_weights(&step.model, w, args.reset_head, rank0)?;
+            init_weights(
+                &step.model,
+                w,
+                args.reset_head,
+                class_names(data.as_ref()),
+                rank0,
+            )?;
         }
         // Without a dataset there are 1000 classes, as the dummy batch's labels.
         let dummy = data
@@ -234,24 +242,26 @@ impl<'a> Setup<'a> {
                 tracing::warn!("{w}");
             }
             let ckpt = resume.path;
-            let (p, _) = checkpoint::load(&ckpt, &mut step, ema.as_mut().map(|e| &mut e.ema))
-                .with_context(|| match crate::train::keeper::other_kept(&ckpt) {
-                    Some(older) => format!(
-                        "resuming from {} (another checkpoint is kept: --resume {})",
-                        ckpt.display(),
-                        older.display()
-                    ),
-                    None => format!("resuming from {}", ckpt.display()),
-                })?;
+            let classes = class_names(data.as_ref());
+            let header =
+                checkpoint::load(&ckpt, &mut step, ema.as_mut().map(|e| &mut e.ema), classes)
+                    .with_context(|| match crate::train::keeper::other_kept(&ckpt) {
+                        Some(older) => format!(
+                            "resuming from {} (another checkpoint is kept: --resume {})",
+                            ckpt.display(),
+                            older.display()
+                        ),
+                        None => format!("resuming from {}", ckpt.display()),
+                    })?;
             if rank0 {
                 tracing::info!(
                     "resumed from {} at epoch {} batch {}",
                     ckpt.display(),
-                    p.epoch,
-                    p.batch_in_epoch
+                    header.position.epoch,
+                    header.position.batch_in_epoch
                 );
             }
-            position = p;
+            position = header.position;
         }
         if world > 1 {
             // DDP: rank 0's weights everywhere, then gradients averaged in buckets during backward. Built after
@@ -293,6 +303,7 @@ impl<'a> Setup<'a> {
                 args.accum_steps,
             );
         }
+        let recorded = Recorded::with_classes(class_names(data.as_ref()));
         Ok(Self {
             args,
             dist,
@@ -307,6 +318,7 @@ impl<'a> Setup<'a> {
             mix: BatchMix::new(args.mixup_alpha, args.cutmix_alpha),
             ema,
             config: serde_json::to_value(args)?,
+            recorded,
             position,
             global_batch,
             peak_lr,
@@ -508,18 +520,31 @@ fn class_names(data: Option<&RealData>) -> Option<&[String]> {
 }
 
 /// `--init-weights`: the weights of `path` in `model`; the classifier keeps its initialisation when the file's
-/// class count differs from the model's, or with `reset_head`.
-fn init_weights(model: &Model, path: &Path, reset_head: bool, rank0: bool) -> Result<()> {
+/// class count differs from the model's, when the file records other class names than `names` (the data's: its
+/// labels would mean other classes), or with `reset_head`.
+fn init_weights(
+    model: &Model,
+    path: &Path,
+    reset_head: bool,
+    names: Option<&[String]>,
+    rank0: bool,
+) -> Result<()> {
     let file = WeightsFile::read(path)?;
     let file_classes = file.shape()?.num_classes;
     let classes = model.net.config.num_classes;
-    if reset_head || file_classes != classes {
+    let renamed =
+        file_classes == classes && matches!((file.classes(), names), (Some(a), Some(b)) if a != b);
+    if reset_head || file_classes != classes || renamed {
         file.load_backbone(model)?;
         if rank0 {
             tracing::info!(
                 "initialised from {} with a new classifier ({file_classes} → {classes} classes{})",
                 path.display(),
-                if reset_head { ", --reset-head" } else { "" }
+                match (reset_head, renamed) {
+                    (true, _) => ", --reset-head",
+                    (false, true) => ", the file's class names differ from the data's",
+                    _ => "",
+                }
             );
         }
     } else {
@@ -734,7 +759,10 @@ impl RunLogs {
         undo.created.extend(created.into_iter().flatten());
         if let Some(path) = setup.mllog_path {
             match std::fs::metadata(path) {
-                Ok(m) => undo.appended.push((path.to_path_buf(), m.len())),
+                Ok(m) if m.is_file() => undo.appended.push((path.to_path_buf(), m.len())),
+                // A pipe or a device: what was written to it cannot be taken back (and opening a pipe to cut it
+                // would wait for a reader).
+                Ok(_) => {}
                 Err(_) => undo.created.push(path.to_path_buf()),
             }
         }
@@ -1128,12 +1156,24 @@ impl<'a> Trainer<'a> {
             prog.step(s, start, logged, lr);
             if self.setup.rank0 && self.keeper.due() && s + 1 < per_epoch {
                 let at = self.position_at(epoch, s + 1);
-                let ema = self.setup.ema.as_ref().map(|e| &e.ema);
-                self.keeper
-                    .save(&self.setup.step, ema, &at, &self.setup.config)?;
+                self.checkpoint(&at)?;
             }
         }
         prog.finish();
+        // Every rank agreed on each batch, so all stop here alike. An epoch with nothing trained would report an
+        // untrained network's accuracy as its result (and loss 0, train Acc@1 NaN).
+        let batches = (per_epoch * self.setup.args.accum_steps) as u64;
+        if self.so_far.skipped_batches >= batches {
+            bail!(
+                "epoch {epoch}: no batch could be trained on (all {batches} skipped: {} images could not be \
+                 read{}, and batch norm needs more than one value per channel): nothing was learnt; check the data",
+                self.so_far.bad_images,
+                match self.setup.args.augment {
+                    Augment::Cifar => " or were smaller than --augment cifar's crop less its padding",
+                    _ => "",
+                }
+            );
+        }
         let train_secs = prog.elapsed();
         // main.py's top1 meter at the epoch's end: the hits over the images trained, all ranks.
         let mut top1 = [i64::try_from(&correct1)? as f64, prog.images as f64];
@@ -1308,16 +1348,28 @@ impl<'a> Trainer<'a> {
         Ok(Logged { loss, acc1 })
     }
 
+    /// Rank 0 saves the checkpoint of `at`: from here on the run is one, whose files stay whatever happens next
+    /// (its start's undo list is dropped; it took a run whose only checkpoints were end-of-epoch ones for a failed
+    /// start, and removed its logs at exit).
+    fn checkpoint(&mut self, at: &Position) -> Result<PathBuf> {
+        let ema = self.setup.ema.as_ref().map(|e| &e.ema);
+        let path = self.keeper.save(
+            &self.setup.step,
+            ema,
+            at,
+            &self.setup.config,
+            &self.setup.recorded,
+        )?;
+        self.first_step.taken();
+        Ok(path)
+    }
+
     /// After a stop signal: rank 0 saves a checkpoint at `at` to resume from.
     fn save_on_signal(&mut self, at: &Position) -> Result<()> {
         if !self.setup.rank0 {
             return Ok(());
         }
-        let ema = self.setup.ema.as_ref().map(|e| &e.ema);
-        let path = self
-            .keeper
-            .save(&self.setup.step, ema, at, &self.setup.config)?;
-        self.first_step.taken();
+        let path = self.checkpoint(at)?;
         tracing::warn!(
             "signal received: checkpoint saved to {} (resume with --resume {})",
             path.display(),
@@ -1377,18 +1429,13 @@ impl<'a> Trainer<'a> {
         if !self.setup.rank0 {
             return Ok(());
         }
-        let ema = self.setup.ema.as_ref().map(|e| &e.ema);
-        self.keeper.save(
-            &self.setup.step,
-            ema,
-            &self.setup.position,
-            &self.setup.config,
-        )?;
+        let at = self.setup.position.clone();
+        self.checkpoint(&at)?;
         if is_best {
             weights::save(
                 self.setup.scored_model(),
                 &self.setup.args.out.join("best.safetensors"),
-                class_names(self.setup.data.as_ref()),
+                &self.setup.recorded,
             )?;
         }
         Ok(())
@@ -1494,7 +1541,7 @@ impl<'a> Trainer<'a> {
             weights::save(
                 &setup.step.model,
                 &out.join("final.safetensors"),
-                class_names(setup.data.as_ref()),
+                &setup.recorded,
             )?;
             if out.join("metrics.jsonl").exists() {
                 eprint!("{}", rn50_report::summary_text(out)?);

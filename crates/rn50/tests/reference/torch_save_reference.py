@@ -15,6 +15,10 @@ usage: torch_save_reference.py OUT_DIR   writes into OUT_DIR:
   legacy.pth                   resnet18's state_dict in torch.save's format before PyTorch 1.6
   scripted.pt                  resnet18 as TorchScript (torch.jit.save), not weights
   elsewhere.pth                tensors under a key no weights are looked for under: {"epoch", "net": {...}}
+  short-record.pth,            {"fc.weight": 4x48 floats} whose storage record holds 4 bytes, and one float (4
+  one-float-short.pth          bytes) less than the 768 its pickle claims; the zip's CRCs correct
+  deep-lists.pth,              a valid archive whose data.pkl nests a million lists ("]" x 1,000,000, "a" x 999,999)
+  deep-dicts.pth               or a million dicts ({"k": {"k": ...}}), 2 MB and 7 MB; CRCs correct
   resnet18.safetensors,        the weights of resnet18.pth and checkpoint.pth.tar as safetensors
   checkpoint.safetensors
   ref.safetensors              x (the input, NCHW) and the eval-mode logits_resnet18, logits_resnet50 and
@@ -123,3 +127,26 @@ torch.save(r18.state_dict(), out / "legacy.pth", _use_new_zipfile_serialization=
 torch.jit.save(torch.jit.trace(r18, x), out / "scripted.pt")
 torch.save({"epoch": 3, "net": {"fc.bias": torch.zeros(4)}}, out / "elsewhere.pth")
 save_file({k: v.contiguous() for k, v in ref.items()}, out / "ref.safetensors")
+
+
+def rewritten(src, dst, edit):
+    """`src` (a torch.save zip) written to `dst` with each record's bytes edit(name, bytes), CRCs recomputed."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(src) as z, zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as w:
+        for info in z.infolist():
+            w.writestr(info, edit(info.filename, z.read(info)))
+    dst.write_bytes(buf.getvalue())
+
+
+torch.save({"fc.weight": torch.randn(4, 48)}, out / "one-tensor.pth")
+for name, keep in [("short-record.pth", 4), ("one-float-short.pth", 764)]:
+    rewritten(out / "one-tensor.pth", out / name, lambda record, b: b[:keep] if record.endswith("/data/0") else b)
+    assert len(zipfile.ZipFile(out / name).read("one-tensor/data/0")) == keep
+    zipfile.ZipFile(out / name).testzip()
+n = 1_000_000
+deep = {
+    "deep-lists.pth": b"\x80\x02" + b"]" * n + b"a" * (n - 1) + b".",
+    "deep-dicts.pth": b"\x80\x02" + b"}X\x01\x00\x00\x00k" * n + b"}" + b"s" * n + b".",
+}
+for name, pickle in deep.items():
+    rewritten(out / "one-tensor.pth", out / name, lambda record, b: pickle if record.endswith("/data.pkl") else b)
