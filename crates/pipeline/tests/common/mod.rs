@@ -60,6 +60,26 @@ fn python() -> PathBuf {
         })
 }
 
+/// Runs `scripts/dataset_writers.py ARGS...`, which writes datasets with webdataset's and Hugging Face
+/// `datasets`' own writers. Fails (never skips) when Python or its packages are missing.
+pub fn dataset_writer(args: &[&str]) {
+    let py = python();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/dataset_writers.py"
+    );
+    let out = Command::new(&py)
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {} ({e}): set RN50_PYTHON", py.display()));
+    assert!(
+        out.status.success(),
+        "dataset_writers.py {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Run `scripts/pipeline_reference.py MODE OUT ARGS...` and return its manifest.
 /// Fails (never skips) when Python or its packages are missing.
 pub fn reference(mode: &str, out: &Path, args: &[String]) -> serde_json::Value {
