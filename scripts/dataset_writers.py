@@ -8,8 +8,12 @@ are stored as they are.
                                      ("cls" and "json" optional), as timm's imagenet-1k-wds was written
   parquet FILE ROWS SPEC.json        a datasets.Dataset of features {"image": Image(), "label":
                                      ClassLabel(names=SPEC["names"])} from SPEC["rows"] ([{"image": FILE,
-                                     "label": N}]), written with to_parquet(FILE, batch_size=ROWS), as the
-                                     Hub's ILSVRC/imagenet-1k files are
+                                     "label": N}]), written with to_parquet(FILE, batch_size=ROWS) (a row
+                                     group each ROWS rows), as the Hub's ILSVRC/imagenet-1k files are;
+                                     SPEC["image_column"] and SPEC["label_column"] rename the columns (null:
+                                     leave the label out); with SPEC["compression"] the file is then written
+                                     again by pyarrow.parquet.write_table with that codec (datasets stores
+                                     image bytes uncompressed, pyarrow compresses with snappy by default)
 """
 import json
 import os
@@ -37,13 +41,19 @@ def wds(pattern, maxcount, spec):
 def parquet(path, rows, spec):
     from datasets import ClassLabel, Dataset, Features, Image
 
-    features = Features({"image": Image(), "label": ClassLabel(names=spec["names"])})
-    data = {
-        "image": [{"bytes": read(r["image"]), "path": os.path.basename(r["image"])} for r in spec["rows"]],
-        "label": [r["label"] for r in spec["rows"]],
-    }
+    image, label = spec.get("image_column", "image"), spec.get("label_column", "label")
+    features = {image: Image()}
+    data = {image: [{"bytes": read(r["image"]), "path": os.path.basename(r["image"])} for r in spec["rows"]]}
+    if label is not None:
+        features[label] = ClassLabel(names=spec["names"])
+        data[label] = [r["label"] for r in spec["rows"]]
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    Dataset.from_dict(data, features=features).to_parquet(path, batch_size=int(rows))
+    Dataset.from_dict(data, features=Features(features)).to_parquet(path, batch_size=int(rows))
+    if "compression" in spec:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        pq.write_table(table, path, compression=spec["compression"], row_group_size=int(rows))
 
 
 def main():

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::*;
@@ -14,15 +13,6 @@ use rn50_pipeline::source::wds::{expand_braces, split_of, WebDataset};
 use rn50_pipeline::source::{Source, TRAIN_SPLIT, VAL_SPLIT};
 use rn50_pipeline::{Dataset, Loader, LoaderConfig, Transform};
 use serde_json::json;
-
-/// The ImageNet class index of each shared photo (named `<wnid>.JPEG`).
-fn imagenet_label(photo: &Path) -> usize {
-    let wnid = photo.file_stem().unwrap().to_str().unwrap();
-    rn50_pipeline::imagenet::wnids()
-        .iter()
-        .position(|w| *w == wnid)
-        .unwrap()
-}
 
 /// Runs `scripts/dataset_writers.py wds PATTERN MAXCOUNT SPEC`.
 fn shard_writer(pattern: &Path, maxcount: usize, spec: serde_json::Value) {
@@ -54,18 +44,6 @@ fn photo_samples(photos: &[PathBuf]) -> serde_json::Value {
             s
         })
         .collect()
-}
-
-/// The multiset of (image bytes, class name) of a dataset.
-fn samples(ds: &Dataset) -> BTreeMap<(Vec<u8>, String), usize> {
-    let mut out = BTreeMap::new();
-    let mut buf = Vec::new();
-    for i in 0..ds.len() {
-        let bytes = ds.read(i, &mut buf).unwrap().to_vec();
-        let class = ds.classes()[ds.label(i) as usize].clone();
-        *out.entry((bytes, class)).or_default() += 1;
-    }
-    out
 }
 
 #[test]
@@ -125,25 +103,7 @@ fn shards_written_by_webdataset_are_the_imagefolders_samples() {
     assert!(samples(&train) == expected);
 
     // The loader decodes the same pixels for each image, whatever the source.
-    let decoded = |ds: Dataset| {
-        let cfg = LoaderConfig {
-            transform: Transform::val(40, 32),
-            ..LoaderConfig::val(32, 2)
-        };
-        let classes = ds.classes().to_vec();
-        let loader = Loader::new(ds, cfg).unwrap();
-        let mut out = BTreeMap::new();
-        for b in loader.epoch(0, 0) {
-            let b = b.unwrap();
-            for (k, &label) in b.labels().iter().enumerate() {
-                let image = b[k * 32 * 32 * 3..(k + 1) * 32 * 32 * 3].to_vec();
-                *out.entry((image, classes[label as usize].clone()))
-                    .or_insert(0) += 1;
-            }
-        }
-        out
-    };
-    assert!(decoded(train) == decoded(folder));
+    assert!(decoded_samples(train) == decoded_samples(folder));
 }
 
 #[test]

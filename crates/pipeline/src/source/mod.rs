@@ -1,5 +1,5 @@
-//! Where samples come from: an ImageFolder tree, packed shard files, WebDataset tar shards, or in-memory
-//! synthetic JPEGs. All hand out encoded image bytes plus a label; decoding happens in the loader.
+//! Where samples come from: an ImageFolder tree, packed shard files, WebDataset tar shards, Hugging Face
+//! parquet files, or in-memory synthetic JPEGs. All hand out encoded image bytes plus a label; decoding happens in the loader.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 
 pub mod folder;
+pub mod parquet;
 pub mod shards;
 pub mod wds;
 
@@ -67,6 +68,7 @@ impl Dataset {
     /// Open `path`, detecting its kind: a shard file (`*.rn50shard`), a shard directory (shard
     /// files and the manifest `rn50 pack` writes last, see [`shards`]), WebDataset shards (a `.tar` file,
     /// a directory of them, or webdataset's brace pattern `train-{0000..0099}.tar`, see [`wds`]), or an
+    /// Hugging Face parquet files (a `.parquet` file or a directory of them, see [`parquet`]), or an
     /// ImageFolder directory (`class/…/image`).
     pub fn open(path: impl AsRef<Path>) -> Result<Dataset> {
         let path = path.as_ref();
@@ -85,6 +87,9 @@ impl Dataset {
                 vec![path.to_path_buf()],
                 format!("WebDataset shard {text}"),
             );
+        }
+        if meta.is_file() && path.extension().is_some_and(|e| e == parquet::EXTENSION) {
+            return Dataset::open_parquet(vec![path.to_path_buf()], format!("parquet file {text}"));
         }
         if meta.is_file() || shards::is_shard_dir(path)? {
             let s = shards::ShardSet::open(path)?;
@@ -105,6 +110,19 @@ impl Dataset {
                 );
             }
             Dataset::open_tars(tars, format!("WebDataset shards in {text}"))
+        } else if let Some(files) = parquet::parquet_files(path, "")? {
+            let mut splits: Vec<&str> = files.iter().filter_map(|f| parquet::split_of(f)).collect();
+            splits.sort();
+            splits.dedup();
+            if splits.len() > 1 {
+                anyhow::bail!(
+                    "{} holds the parquet files of several splits ({}): give the directory above it \
+                     to train or eval, which pick their split",
+                    path.display(),
+                    splits.join(", ")
+                );
+            }
+            Dataset::open_parquet(files, format!("parquet files in {text}"))
         } else {
             let f = folder::ImageFolder::open(path)?;
             let classes = f.classes().to_vec();
@@ -115,7 +133,8 @@ impl Dataset {
 
     /// The split that goes by one of `names` ([`TRAIN_SPLIT`], [`VAL_SPLIT`], or a user's) in the dataset
     /// repository `data`, if it has one: the subdirectory `data/<name>/` (an ImageFolder, shards, tars), or
-    /// the WebDataset shards in `data` named for it as timm's are (`imagenet1k-<name>-0000.tar`). The first
+    /// the WebDataset shards in `data` named for it as timm's are (`imagenet1k-<name>-0000.tar`), or the
+    /// Hub's parquet files (`data/<name>-00000-of-00014.parquet`, also directly in `data`). The first
     /// name found wins.
     pub fn open_split(data: &Path, names: &[&str]) -> Result<Option<Dataset>> {
         for name in names {
@@ -139,6 +158,14 @@ impl Dataset {
                 }
             }
         }
+        for dir in [data.join("data"), data.to_path_buf()] {
+            for name in names {
+                if let Some(files) = parquet::parquet_files(&dir, &format!("{name}-"))? {
+                    let what = format!("parquet files {name}-* in {}", dir.display());
+                    return Dataset::open_parquet(files, what).map(Some);
+                }
+            }
+        }
         Ok(None)
     }
 
@@ -149,6 +176,13 @@ impl Dataset {
             Some(d) => Ok(d),
             None => Dataset::open(data).with_context(|| format!("opening {}", data.display())),
         }
+    }
+
+    fn open_parquet(files: Vec<PathBuf>, description: String) -> Result<Dataset> {
+        let p = parquet::ParquetSet::open(&files)?;
+        let classes = p.classes().to_vec();
+        let description = format!("{description} ({} files)", p.num_files());
+        Ok(Dataset::from_source(Arc::new(p), classes, description))
     }
 
     fn open_tars(tars: Vec<PathBuf>, description: String) -> Result<Dataset> {

@@ -2,6 +2,7 @@
 //! implementation (Pillow / torchvision).
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -58,6 +59,48 @@ fn python() -> PathBuf {
                 "/../../.venv/bin/python"
             ))
         })
+}
+
+/// The ImageNet class index of each shared photo (named `<wnid>.JPEG`).
+pub fn imagenet_label(photo: &Path) -> usize {
+    let wnid = photo.file_stem().unwrap().to_str().unwrap();
+    rn50_pipeline::imagenet::wnids()
+        .iter()
+        .position(|w| *w == wnid)
+        .unwrap()
+}
+
+/// The multiset of (image bytes, class name) of a dataset.
+pub fn samples(ds: &rn50_pipeline::Dataset) -> BTreeMap<(Vec<u8>, String), usize> {
+    let mut out = BTreeMap::new();
+    let mut buf = Vec::new();
+    for i in 0..ds.len() {
+        let bytes = ds.read(i, &mut buf).unwrap().to_vec();
+        let class = ds.classes()[ds.label(i) as usize].clone();
+        *out.entry((bytes, class)).or_default() += 1;
+    }
+    out
+}
+
+/// The multiset of (pixels, class name) the loader makes of a dataset's images (Resize 40, CenterCrop 32).
+pub fn decoded_samples(ds: rn50_pipeline::Dataset) -> BTreeMap<(Vec<u8>, String), usize> {
+    use rn50_pipeline::{Loader, LoaderConfig, Transform};
+    let cfg = LoaderConfig {
+        transform: Transform::val(40, 32),
+        ..LoaderConfig::val(32, 2)
+    };
+    let classes = ds.classes().to_vec();
+    let loader = Loader::new(ds, cfg).unwrap();
+    let mut out = BTreeMap::new();
+    for b in loader.epoch(0, 0) {
+        let b = b.unwrap();
+        for (k, &label) in b.labels().iter().enumerate() {
+            let image = b[k * 32 * 32 * 3..(k + 1) * 32 * 32 * 3].to_vec();
+            *out.entry((image, classes[label as usize].clone()))
+                .or_insert(0) += 1;
+        }
+    }
+    out
 }
 
 /// Runs `scripts/dataset_writers.py ARGS...`, which writes datasets with webdataset's and Hugging Face
