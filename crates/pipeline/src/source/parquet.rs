@@ -9,8 +9,8 @@
 //! are kept as they are. A file without that metadata counts in the ImageNet order too.
 //!
 //! The labels are read at open. An image is read in the loader's thread: the page of the `image.bytes`
-//! column chunk that holds its row, found from the page headers (pages before it skipped unread), read
-//! and decompressed (snappy, as pyarrow writes by default, or none, as `datasets` writes image bytes).
+//! column chunk that holds its row, found from the page headers ([`SkipTo`]: the pages before it are
+//! not read), read and decompressed (snappy, as pyarrow writes by default, or none, as `datasets` writes image bytes).
 //! Positioned reads (`pread`), so the threads share each file without sharing an offset.
 //!
 //! Refused at open, naming the file: not a parquet file, no `image.bytes` or `label` column (another
@@ -25,7 +25,8 @@ use std::sync::Arc;
 
 use anyhow::{bail, ensure, Context, Result};
 use parquet::basic::{Compression, Type as PhysicalType};
-use parquet::column::reader::ColumnReader;
+use parquet::column::page::{Page, PageMetadata, PageReader};
+use parquet::column::reader::{get_column_reader, ColumnReader};
 use parquet::file::reader::{ChunkReader, FileReader, Length};
 use parquet::file::serialized_reader::SerializedFileReader;
 use rayon::prelude::*;
@@ -74,6 +75,71 @@ impl ChunkReader for Positioned {
         let mut buf = vec![0; length];
         self.file.read_exact_at(&mut buf, start)?;
         Ok(buf.into())
+    }
+}
+
+/// The page reader of a column chunk without repetition (a level is a row), started at the page holding
+/// row `row` by the page headers alone. The parquet crate skips unread pages only with a page index, which
+/// pyarrow and `datasets` do not write: without this, reading the last image of a row group would read and
+/// decompress every page before it.
+struct SkipTo {
+    inner: Box<dyn PageReader>,
+    /// The dictionary page, read before the pages were skipped, handed out first.
+    dictionary: Option<Page>,
+}
+
+impl SkipTo {
+    /// `inner` at the page holding row `row`, and that row's position in it.
+    fn new(mut inner: Box<dyn PageReader>, row: usize) -> parquet::errors::Result<(SkipTo, usize)> {
+        let mut dictionary = None;
+        let mut left = row;
+        while let Some(m) = inner.peek_next_page()? {
+            let rows = m.num_rows.or(m.num_levels);
+            if m.is_dict {
+                dictionary = inner.get_next_page()?;
+            } else if let Some(n) = rows.filter(|&n| n <= left) {
+                inner.skip_next_page()?;
+                left -= n;
+            } else {
+                break;
+            }
+        }
+        Ok((SkipTo { inner, dictionary }, left))
+    }
+}
+
+impl Iterator for SkipTo {
+    type Item = parquet::errors::Result<Page>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.get_next_page().transpose()
+    }
+}
+
+impl PageReader for SkipTo {
+    fn get_next_page(&mut self) -> parquet::errors::Result<Option<Page>> {
+        match self.dictionary.take() {
+            Some(page) => Ok(Some(page)),
+            None => self.inner.get_next_page(),
+        }
+    }
+
+    fn peek_next_page(&mut self) -> parquet::errors::Result<Option<PageMetadata>> {
+        match &self.dictionary {
+            Some(_) => Ok(Some(PageMetadata {
+                num_rows: None,
+                num_levels: None,
+                is_dict: true,
+            })),
+            None => self.inner.peek_next_page(),
+        }
+    }
+
+    fn skip_next_page(&mut self) -> parquet::errors::Result<()> {
+        match self.dictionary.take() {
+            Some(_) => Ok(()),
+            None => self.inner.skip_next_page(),
+        }
     }
 }
 
@@ -153,8 +219,9 @@ fn open_file(path: &Path) -> Result<(ParquetFile, Vec<Vec<i64>>, Vec<String>)> {
         );
     };
     ensure!(
-        schema.column(image).physical_type() == PhysicalType::BYTE_ARRAY,
-        "{}: its image.bytes column is not binary",
+        schema.column(image).physical_type() == PhysicalType::BYTE_ARRAY
+            && schema.column(image).max_rep_level() == 0,
+        "{}: its image.bytes column is not binary, one value a row",
         path.display()
     );
     let label_type = schema.column(label).physical_type();
@@ -291,12 +358,19 @@ impl Source for ParquetSet {
             .reader
             .get_row_group(e.group as usize)
             .with_context(what)?;
-        let ColumnReader::ByteArrayColumnReader(mut r) =
-            group.get_column_reader(f.image).with_context(what)?
+        let pages = group.get_column_page_reader(f.image).with_context(what)?;
+        let (pages, row) = SkipTo::new(pages, e.row as usize).with_context(what)?;
+        let descr = f
+            .reader
+            .metadata()
+            .file_metadata()
+            .schema_descr()
+            .column(f.image);
+        let ColumnReader::ByteArrayColumnReader(mut r) = get_column_reader(descr, Box::new(pages))
         else {
             unreachable!("image.bytes is checked to be binary at open");
         };
-        r.skip_records(e.row as usize).with_context(what)?;
+        r.skip_records(row).with_context(what)?;
         let (mut values, mut defs) = (Vec::with_capacity(1), Vec::with_capacity(1));
         r.read_records(1, Some(&mut defs), None, &mut values)
             .with_context(what)?;
