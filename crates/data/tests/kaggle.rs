@@ -7,24 +7,19 @@ mod common;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use clap::Parser;
 use common::*;
-use rn50_data::cli::{run, PrepareArgs};
 use rn50_data::prepare;
-
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    cmd: PrepareArgs,
-}
-
-fn cli(args: &[&str]) -> anyhow::Result<()> {
-    let c = Cli::try_parse_from(std::iter::once("prepare").chain(args.iter().copied())).unwrap();
-    run(&c.cmd)
-}
 
 fn p(path: &Path) -> String {
     path.to_str().unwrap().to_string()
+}
+
+/// The error of `prepare --kaggle KAGGLE --out OUT`, which must fail.
+fn kaggle_error(kaggle: &Path, out: &Path) -> String {
+    format!(
+        "{:#}",
+        cli(&["--kaggle", &p(kaggle), "--out", &p(out)]).unwrap_err()
+    )
 }
 
 /// Kaggle's layout of the fixture's photos in `dir`: `ILSVRC/Data/CLS-LOC/train/<wnid>/`, a flat
@@ -157,10 +152,7 @@ fn bad_kaggle_input_is_refused_naming_the_file_and_writes_nothing() {
         let kaggle = kaggle_download(&fx, &fx.dir.path().join(format!("kaggle{i}")));
         spoil(&kaggle);
         let out = fx.dir.path().join(format!("out{i}"));
-        let err = format!(
-            "{:#}",
-            cli(&["--kaggle", &p(&kaggle), "--out", &p(&out)]).unwrap_err()
-        );
+        let err = kaggle_error(&kaggle, &out);
         assert!(err.contains(message), "{what}: {err}");
         assert!(!err.contains('\n'), "{what}: {err}");
         assert!(!out.exists(), "{what}: wrote {}", out.display());
@@ -171,10 +163,7 @@ fn bad_kaggle_input_is_refused_naming_the_file_and_writes_nothing() {
     let (rel, _) = fx.expected.iter().next().unwrap();
     std::fs::create_dir_all(out.join(rel).parent().unwrap()).unwrap();
     std::fs::write(out.join(rel), b"mine").unwrap();
-    let err = format!(
-        "{:#}",
-        cli(&["--kaggle", &p(&kaggle), "--out", &p(&out)]).unwrap_err()
-    );
+    let err = kaggle_error(&kaggle, &out);
     assert!(err.contains("exists and is not"), "{err}");
     assert_eq!(std::fs::read(out.join(rel)).unwrap(), b"mine");
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use common::*;
 use rn50_pipeline::source::parquet::ParquetSet;
 use rn50_pipeline::source::{TRAIN_SPLIT, VAL_SPLIT};
-use rn50_pipeline::{Dataset, Loader, LoaderConfig, Transform};
+use rn50_pipeline::Dataset;
 use serde_json::json;
 
 /// Writes `rows` (image file, label) with `datasets` to `file`, a row group each `group` rows; `spec` adds
@@ -126,17 +126,9 @@ fn parquet_written_by_datasets_is_the_imagefolders_samples() {
     }
 }
 
-fn open_error(file: &Path) -> String {
-    let err = match ParquetSet::open(&[file.to_path_buf()]) {
-        Ok(_) => panic!("{} opened", file.display()),
-        Err(e) => format!("{e:#}"),
-    };
-    assert!(
-        err.contains(file.file_name().unwrap().to_str().unwrap()),
-        "{err}"
-    );
-    assert!(!err.contains('\n'), "{err}");
-    err
+/// The error of opening `file` alone (no cache), one line naming it.
+fn error_opening(file: &Path) -> String {
+    common::open_error(ParquetSet::open(&[file.to_path_buf()]), file)
 }
 
 #[test]
@@ -152,7 +144,7 @@ fn parquet_of_another_schema_or_without_labels_is_refused_naming_the_file() {
         &rows,
         json!({"names": names, "image_column": "img"}),
     );
-    let e = open_error(&file("img"));
+    let e = error_opening(&file("img"));
     assert!(
         e.contains("its columns are img.bytes, img.path, label"),
         "{e}"
@@ -163,7 +155,7 @@ fn parquet_of_another_schema_or_without_labels_is_refused_naming_the_file() {
         &rows,
         json!({"names": names, "label_column": null}),
     );
-    let e = open_error(&file("nolabel"));
+    let e = error_opening(&file("nolabel"));
     assert!(
         e.contains("its columns are image.bytes, image.path; rn50 reads"),
         "{e}"
@@ -172,7 +164,7 @@ fn parquet_of_another_schema_or_without_labels_is_refused_naming_the_file() {
     let mut unlabelled = rows.clone();
     unlabelled[2].1 = -1;
     to_parquet(&file("test"), 8, &unlabelled, json!({"names": names}));
-    let e = open_error(&file("test"));
+    let e = error_opening(&file("test"));
     assert!(
         e.contains("row 2 has label -1, outside its 1000 classes"),
         "{e}"
@@ -184,13 +176,13 @@ fn parquet_of_another_schema_or_without_labels_is_refused_naming_the_file() {
         &rows,
         json!({"names": names, "compression": "zstd"}),
     );
-    let e = open_error(&file("zstd"));
+    let e = error_opening(&file("zstd"));
     assert!(e.contains("its images are compressed with ZSTD"), "{e}");
     // Not parquet: a JPEG so named, an empty file.
     std::fs::copy(&photos[0], file("photo")).unwrap();
-    assert!(open_error(&file("photo")).contains("not a parquet file"));
+    assert!(error_opening(&file("photo")).contains("not a parquet file"));
     std::fs::write(file("empty"), b"").unwrap();
-    assert!(open_error(&file("empty")).contains("not a parquet file"));
+    assert!(error_opening(&file("empty")).contains("not a parquet file"));
     // Each file's verdict is its own: a good one opens, with a bad one beside it the set is refused.
     to_parquet(&file("good"), 8, &rows, json!({"names": names}));
     assert!(ParquetSet::open(&[file("good")]).is_ok());
@@ -207,17 +199,8 @@ fn a_damaged_image_in_a_row_is_a_bad_image_skipped_and_counted() {
     to_parquet(&file, 2, &rows, json!({"names": hub_names()}));
     let ds = Dataset::open(&file).unwrap();
     assert_eq!(ds.len(), 7);
-    let loader = Loader::new(
-        ds,
-        LoaderConfig {
-            transform: Transform::val(40, 32),
-            ..LoaderConfig::val(4, 2)
-        },
-    )
-    .unwrap();
-    let images: usize = loader.epoch(0, 0).map(|b| b.unwrap().labels().len()).sum();
+    let (images, stats) = load_epoch(ds);
     assert_eq!(images, 6);
-    let stats = loader.stats();
     assert_eq!(stats.bad_images, 1);
     assert!(
         stats.bad_examples[0].contains("d.parquet (row group 1, row 1)"),

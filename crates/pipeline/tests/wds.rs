@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use common::*;
 use rn50_pipeline::source::wds::{expand_braces, split_of, WebDataset};
 use rn50_pipeline::source::{Source, TRAIN_SPLIT, VAL_SPLIT};
-use rn50_pipeline::{Dataset, Loader, LoaderConfig, Transform};
+use rn50_pipeline::Dataset;
 use serde_json::json;
 
 /// Runs `scripts/dataset_writers.py wds PATTERN MAXCOUNT SPEC`.
@@ -161,18 +161,9 @@ fn the_index_is_cached_and_made_again_when_the_tar_changes() {
     assert_eq!(uncached.label(0), label0);
 }
 
-/// The error of opening `tar` (no cache), one line naming it.
-fn open_error(tar: &Path) -> String {
-    let err = match WebDataset::open(&[tar.to_path_buf()], None) {
-        Ok(_) => panic!("{} opened", tar.display()),
-        Err(e) => format!("{e:#}"),
-    };
-    assert!(
-        err.contains(tar.file_name().unwrap().to_str().unwrap()),
-        "{err}"
-    );
-    assert!(!err.contains('\n'), "{err}");
-    err
+/// The error of opening `tar` alone (no cache), one line naming it.
+fn error_opening(tar: &Path) -> String {
+    common::open_error(WebDataset::open(&[tar.to_path_buf()], None), tar)
 }
 
 #[test]
@@ -193,17 +184,17 @@ fn bad_shards_are_refused_naming_the_file() {
     };
     // Cut inside the second photo, and cut at a member's end (no end-of-archive blocks).
     let cut = write("cut.tar", &bytes[..bytes.len() / 2]);
-    assert!(open_error(&cut).contains("truncated"));
+    assert!(error_opening(&cut).contains("truncated"));
     // The tar without its end-of-archive blocks, ending where its last member's data ends.
     let mut one_member = bytes.clone();
     let zeros = one_member.len() - one_member.iter().rev().position(|&b| b != 0).unwrap();
     one_member.truncate(zeros.div_ceil(512) * 512);
     let boundary = write("boundary.tar", &one_member);
-    assert!(open_error(&boundary).contains("no end-of-archive"));
+    assert!(error_opening(&boundary).contains("no end-of-archive"));
     // Not a tar at all: a JPEG named .tar, and an empty file.
     let photo = std::fs::read(&photos[0]).unwrap();
-    assert!(open_error(&write("photo.tar", &photo)).contains("not a tar"));
-    assert!(!open_error(&write("empty.tar", b"")).is_empty());
+    assert!(error_opening(&write("photo.tar", &photo)).contains("not a tar"));
+    assert!(!error_opening(&write("empty.tar", b"")).is_empty());
 
     // Samples written by webdataset without a label, with a label past the 1000 classes, with a label
     // that is no number, without an image.
@@ -213,7 +204,7 @@ fn bad_shards_are_refused_naming_the_file() {
             1000,
             json!([{"key": "ok", "image": photos[1], "cls": 1}, sample]),
         );
-        open_error(&tmp.path().join(format!("{name}-000000.tar")))
+        error_opening(&tmp.path().join(format!("{name}-000000.tar")))
     };
     let e = bad("nolabel", json!({"key": "x", "image": photos[0]}));
     assert!(e.contains("sample \"x\" has no label"), "{e}");
@@ -254,17 +245,8 @@ fn a_damaged_image_in_a_shard_is_a_bad_image_skipped_and_counted() {
     shard_writer(&pattern, 1000, spec);
     let ds = Dataset::open(tmp.path().join("d-000000.tar")).unwrap();
     assert_eq!(ds.len(), 7);
-    let loader = Loader::new(
-        ds,
-        LoaderConfig {
-            transform: Transform::val(40, 32),
-            ..LoaderConfig::val(4, 2)
-        },
-    )
-    .unwrap();
-    let images: usize = loader.epoch(0, 0).map(|b| b.unwrap().labels().len()).sum();
+    let (images, stats) = load_epoch(ds);
     assert_eq!(images, 6);
-    let stats = loader.stats();
     assert_eq!(stats.bad_images, 1);
     assert!(
         stats.bad_examples[0].contains("d-000000.tar: damaged.jpg"),

@@ -31,6 +31,31 @@ pub trait Source: Send + Sync {
     fn name(&self, i: usize) -> String;
 }
 
+/// The files directly in `dir` whose names start with `prefix` and end in `.extension`, sorted by name;
+/// `None` if there are none (or `dir` is not a directory).
+pub fn files_with_extension(
+    dir: &Path,
+    prefix: &str,
+    extension: &str,
+) -> Result<Option<Vec<PathBuf>>> {
+    if !dir.is_dir() {
+        return Ok(None);
+    }
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with(prefix)
+            && path.extension().is_some_and(|e| e == extension)
+            && path.is_file()
+        {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok((!files.is_empty()).then_some(files))
+}
+
 /// Refuses a dataset in which a class has no images, as torchvision's ImageFolder does: it is the
 /// sign of an incomplete extraction, copy or pack, and a class never seen would still count in the
 /// accuracy. `counts` are the images of each of `classes`; `detail` ends the message.
@@ -96,7 +121,7 @@ impl Dataset {
             let classes = s.classes().to_vec();
             let description = format!("shards {} ({} files)", path.display(), s.num_files());
             Ok(Dataset::from_source(Arc::new(s), classes, description))
-        } else if let Some(tars) = wds::tar_files(path)? {
+        } else if let Some(tars) = files_with_extension(path, "", wds::EXTENSION)? {
             let mut splits: Vec<&str> = tars.iter().filter_map(|t| wds::split_of(t)).collect();
             splits.sort();
             splits.dedup();
@@ -110,7 +135,7 @@ impl Dataset {
                 );
             }
             Dataset::open_tars(tars, format!("WebDataset shards in {text}"))
-        } else if let Some(files) = parquet::parquet_files(path, "")? {
+        } else if let Some(files) = files_with_extension(path, "", parquet::EXTENSION)? {
             let mut splits: Vec<&str> = files.iter().filter_map(|f| parquet::split_of(f)).collect();
             splits.sort();
             splits.dedup();
@@ -145,7 +170,7 @@ impl Dataset {
                 return Ok(Some(d));
             }
         }
-        if let Some(tars) = wds::tar_files(data)? {
+        if let Some(tars) = files_with_extension(data, "", wds::EXTENSION)? {
             for name in names {
                 let split: Vec<PathBuf> = tars
                     .iter()
@@ -160,7 +185,9 @@ impl Dataset {
         }
         for dir in [data.join("data"), data.to_path_buf()] {
             for name in names {
-                if let Some(files) = parquet::parquet_files(&dir, &format!("{name}-"))? {
+                if let Some(files) =
+                    files_with_extension(&dir, &format!("{name}-"), parquet::EXTENSION)?
+                {
                     let what = format!("parquet files {name}-* in {}", dir.display());
                     return Dataset::open_parquet(files, what).map(Some);
                 }

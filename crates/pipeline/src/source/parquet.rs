@@ -394,26 +394,6 @@ impl Source for ParquetSet {
     }
 }
 
-/// The parquet files directly in `dir` whose names start with `prefix`, sorted; `None` if there are none.
-pub fn parquet_files(dir: &Path, prefix: &str) -> Result<Option<Vec<PathBuf>>> {
-    if !dir.is_dir() {
-        return Ok(None);
-    }
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
-        let path = entry?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if name.starts_with(prefix)
-            && path.extension().is_some_and(|e| e == EXTENSION)
-            && path.is_file()
-        {
-            files.push(path);
-        }
-    }
-    files.sort();
-    Ok((!files.is_empty()).then_some(files))
-}
-
 /// The split a Hub parquet file's name gives: `train-00000-of-00294.parquet` → `train`.
 pub fn split_of(path: &Path) -> Option<&str> {
     let name = path.file_name()?.to_str()?;

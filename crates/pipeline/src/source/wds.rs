@@ -424,22 +424,6 @@ pub fn expand_braces(pattern: &str) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// The tar files directly in `dir`, sorted by name; `None` if it holds none.
-pub fn tar_files(dir: &Path) -> Result<Option<Vec<PathBuf>>> {
-    if !dir.is_dir() {
-        return Ok(None);
-    }
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == EXTENSION) && path.is_file() {
-            files.push(path);
-        }
-    }
-    files.sort();
-    Ok((!files.is_empty()).then_some(files))
-}
-
 /// The split a shard's name gives, as timm's are named: `imagenet1k-train-0000.tar` → `train`, `validation-0003.tar`
 /// → `validation`; `None` for other names.
 pub fn split_of(path: &Path) -> Option<&str> {

@@ -103,6 +103,31 @@ pub fn decoded_samples(ds: rn50_pipeline::Dataset) -> BTreeMap<(Vec<u8>, String)
     out
 }
 
+/// One evaluation epoch of `ds` (batches of 4, 2 threads, Resize 40, CenterCrop 32): the images its batches
+/// hold, and the loader's stats (bad images).
+pub fn load_epoch(ds: rn50_pipeline::Dataset) -> (usize, rn50_pipeline::Stats) {
+    use rn50_pipeline::{Loader, LoaderConfig, Transform};
+    let cfg = LoaderConfig {
+        transform: Transform::val(40, 32),
+        ..LoaderConfig::val(4, 2)
+    };
+    let loader = Loader::new(ds, cfg).unwrap();
+    let images = loader.epoch(0, 0).map(|b| b.unwrap().labels().len()).sum();
+    (images, loader.stats())
+}
+
+/// The error of opening `file`, which must fail, in one line naming it.
+pub fn open_error<T>(opened: anyhow::Result<T>, file: &Path) -> String {
+    let err = match opened {
+        Ok(_) => panic!("{} opened", file.display()),
+        Err(e) => format!("{e:#}"),
+    };
+    let name = file.file_name().unwrap().to_str().unwrap();
+    assert!(err.contains(name), "{err}");
+    assert!(!err.contains('\n'), "{err}");
+    err
+}
+
 /// Runs `scripts/dataset_writers.py ARGS...`, which writes datasets with webdataset's and Hugging Face
 /// `datasets`' own writers. Fails (never skips) when Python or its packages are missing.
 pub fn dataset_writer(args: &[&str]) {
