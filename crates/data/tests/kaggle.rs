@@ -64,17 +64,21 @@ fn the_kaggle_layout_becomes_the_tree_prepare_makes_from_the_archives() {
     .unwrap();
     let out = fx.dir.path().join("out");
     let json = fx.dir.path().join("kaggle.json");
-    cli(&[
-        "--kaggle",
-        &p(&kaggle),
-        "--out",
-        &p(&out),
-        "--json",
-        &p(&json),
-    ])
-    .unwrap();
+    // The command's --json summary.
+    let kaggle_run = || -> serde_json::Value {
+        let args = [
+            "--kaggle",
+            &p(&kaggle),
+            "--out",
+            &p(&out),
+            "--json",
+            &p(&json),
+        ];
+        cli(&args).unwrap();
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
+    };
+    let v = kaggle_run();
     assert_same_tree(&read_tree(&out), &read_tree(&from_archives));
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(v["val_images"], 24);
     assert_eq!(v["train_classes"], 6);
     assert_eq!(v["linked"], fx.expected.len() as u64);
@@ -85,16 +89,7 @@ fn the_kaggle_layout_becomes_the_tree_prepare_makes_from_the_archives() {
     assert_eq!(linked.ino(), original.ino());
     // `prepare check` passes it; a second run finds everything in place.
     cli(&["check", &p(&out)]).unwrap();
-    cli(&[
-        "--kaggle",
-        &p(&kaggle),
-        "--out",
-        &p(&out),
-        "--json",
-        &p(&json),
-    ])
-    .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let v = kaggle_run();
     assert_eq!(v["linked"], 0);
     assert_eq!(v["copied"], 0);
 }
