@@ -108,7 +108,9 @@ pub fn evaluate(
 /// Evaluate saved weights on a validation set.
 #[derive(Args, Debug, Clone)]
 pub struct EvalArgs {
-    /// The data: a folder with `val/` (ImageFolder layout or packed shards), or the validation folder itself.
+    /// The data: a folder with `val/` (or `validation/`, `test/`; ImageFolder layout, packed or WebDataset
+    /// shards), timm's `*-validation-NNNN.tar` or the Hub's `data/validation-*.parquet`, or the validation
+    /// data itself.
     pub data: PathBuf,
     /// Weights to evaluate: safetensors with torchvision's keys (from `rn50 train`) or a torch.save file
     /// (torchvision's .pth, pytorch/examples' checkpoint.pth.tar), told apart by content.
