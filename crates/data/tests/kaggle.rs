@@ -94,10 +94,13 @@ fn the_kaggle_layout_becomes_the_tree_prepare_makes_from_the_archives() {
     assert_eq!(v["copied"], 0);
 }
 
+/// What a case does to a good download.
+type Spoil = dyn Fn(&Path);
+
 #[test]
 fn bad_kaggle_input_is_refused_naming_the_file_and_writes_nothing() {
     let fx = build();
-    let cases: [(&str, &dyn Fn(&Path), &str); 5] = [
+    let cases: [(&str, &Spoil, &str); 5] = [
         (
             "unknown synset",
             &|k| {
