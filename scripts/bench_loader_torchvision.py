@@ -1,6 +1,12 @@
 #!/usr/bin/env python3
 """torchvision baseline for `rn50 bench-loader`: the same measurement with a DataLoader.
 
+--format wds reads WebDataset shards (DATA: a brace pattern) with webdataset's own pipeline
+(WebDataset(DATA).decode("pil").to_tuple("jpg;jpeg;png;webp", "cls"), repeated); --format parquet reads
+Hugging Face parquet files (DATA: a glob) with datasets' own loader (load_dataset("parquet"), which
+converts them to its Arrow cache first, untimed, then with_format and a DataLoader). The default,
+imagefolder, is torchvision's ImageFolder.
+
 ImageFolder + PIL decode + the same transforms (RandomResizedCrop + RandomHorizontalFlip, or
 Resize + CenterCrop with --val) + PILToTensor (uint8, as ours: normalization belongs on the
 device), N worker processes, the same batch size, warm-up and timed steps. Prints one line and
@@ -44,6 +50,7 @@ def main():
     p.add_argument("--ra-magnitude", type=int, default=9, choices=range(31), metavar="0..30")
     p.add_argument("--random-erase", type=probability, default=0.0, metavar="P")
     p.add_argument("--json")
+    p.add_argument("--format", choices=["imagefolder", "wds", "parquet"], default="imagefolder")
     a = p.parse_args()
     if a.val and (a.auto_augment or a.random_erase > 0):
         p.error("--auto-augment and --random-erase are training augmentations: not with --val")
@@ -61,15 +68,40 @@ def main():
         if a.random_erase > 0:
             steps.append(T.RandomErasing(p=a.random_erase, value=0))
         tf = T.Compose(steps)
-    ds = datasets.ImageFolder(a.data, tf)
-    # As rn50 bench-loader: repeat a small set so one epoch covers the run (no epoch drains).
     needed = (a.steps + a.warmup) * a.batch_size
-    ds = torch.utils.data.ConcatDataset([ds] * max(1, -(-needed // len(ds))))
     torch.manual_seed(a.seed)
-    loader = DataLoader(
-        ds, batch_size=a.batch_size, shuffle=not a.val, drop_last=not a.val,
-        num_workers=a.workers, persistent_workers=a.workers > 0,
-    )
+    if a.format == "wds":
+        import webdataset as wds
+
+        # webdataset's own shuffling buffer, as its users train; repeated so that no epoch drains.
+        ds = (wds.WebDataset(a.data, shardshuffle=False, repeat=True).shuffle(0 if a.val else 1000)
+              .decode("pil").to_tuple("jpg;jpeg;png;webp", "cls").map_tuple(tf, lambda c: c))
+        loader = wds.WebLoader(ds, batch_size=a.batch_size, num_workers=a.workers,
+                               persistent_workers=a.workers > 0)
+    else:
+        if a.format == "parquet":
+            import datasets as hf
+
+            hub = hf.load_dataset("parquet", data_files=a.data, split="train")
+
+            def apply(batch):
+                return {"image": [tf(im.convert("RGB")) for im in batch["image"]], "label": batch["label"]}
+
+            ds = hub.with_transform(apply)
+            ds = [ds] * max(1, -(-needed // len(ds)))
+            ds = torch.utils.data.ConcatDataset(ds)
+
+            def collate(rows):
+                return torch.stack([r["image"] for r in rows]), torch.tensor([r["label"] for r in rows])
+        else:
+            ds = datasets.ImageFolder(a.data, tf)
+            # As rn50 bench-loader: repeat a small set so one epoch covers the run (no epoch drains).
+            ds = torch.utils.data.ConcatDataset([ds] * max(1, -(-needed // len(ds))))
+            collate = None
+        loader = DataLoader(
+            ds, batch_size=a.batch_size, shuffle=not a.val, drop_last=not a.val,
+            num_workers=a.workers, persistent_workers=a.workers > 0, collate_fn=collate,
+        )
     done, images, start = 0, 0, time.perf_counter()
     while done < a.warmup + a.steps:
         for x, _ in loader:
@@ -87,7 +119,7 @@ def main():
         "warmup": a.warmup, "images": images, "seconds": seconds, "images_per_sec": ips,
         "images_per_sec_per_core": ips / max(a.workers, 1), "bad_images": 0,
     }
-    print(f"torchvision: {ips:.1f} images/s, {ips / max(a.workers, 1):.1f} images/s per core "
+    print(f"torchvision ({a.format}): {ips:.1f} images/s, {ips / max(a.workers, 1):.1f} images/s per core "
           f"({a.workers} workers)")
     if a.json:
         with open(a.json, "w") as f:

@@ -7,6 +7,7 @@ use clap::{ArgGroup, Args, Subcommand, ValueEnum};
 
 use crate::check::{check_tree, Expect};
 use crate::extract::{default_buffer_bytes, ExtractOptions};
+use crate::kaggle::prepare_kaggle;
 use crate::labels::ValLabels;
 use crate::output::write_json_atomic;
 use crate::prepare::{prepare, PrepareOptions};
@@ -43,7 +44,7 @@ pub enum PrepareAction {
 
 /// Extraction (the default action).
 #[derive(Args, Debug, Clone)]
-#[command(group(ArgGroup::new("archives").required(true).multiple(true).args(["train_tar", "val_tar"])))]
+#[command(group(ArgGroup::new("archives").required(true).multiple(true).args(["train_tar", "val_tar", "kaggle"])))]
 pub struct ExtractArgs {
     /// The train archive (ILSVRC2012_img_train.tar: a tar of per-class <wnid>.tar files).
     #[arg(long, value_name = "FILE")]
@@ -52,6 +53,15 @@ pub struct ExtractArgs {
     /// The val archive (ILSVRC2012_img_val.tar: a flat tar of 50,000 JPEGs).
     #[arg(long, value_name = "FILE")]
     pub val_tar: Option<PathBuf>,
+
+    /// Kaggle's ImageNet download, extracted (ILSVRC/Data/CLS-LOC/train and val/, LOC_val_solution.csv,
+    /// LOC_synset_mapping.txt), instead of the archives: the same tree, its files hard links to the
+    /// download's (copies across file systems), val/ sorted into class folders by LOC_val_solution.csv.
+    #[arg(long, value_name = "DIR", conflicts_with_all = [
+        "train_tar", "val_tar", "verify", "fix_odd_files", "val_labels", "checksums", "buffer_mib",
+        "force", "jobs",
+    ])]
+    pub kaggle: Option<PathBuf>,
 
     /// Output folder; train/ and val/ are created in it.
     #[arg(long, value_name = "DIR", required = true)]
@@ -218,6 +228,24 @@ pub fn run(cmd: &PrepareArgs) -> Result<()> {
             let Some(out) = e.out.clone() else {
                 bail!("--out DIR is required");
             };
+            if let Some(dir) = &e.kaggle {
+                let s = prepare_kaggle(dir, &out)?;
+                println!(
+                    "{}: {} train images in {} classes, {} val images in {} classes ({} hard \
+                     links and {} copies made, the rest already there)",
+                    out.display(),
+                    s.train_images,
+                    s.train_classes,
+                    s.val_images,
+                    s.val_classes,
+                    s.linked,
+                    s.copied
+                );
+                if let Some(json) = &e.json {
+                    write_json_atomic(json, &s)?;
+                }
+                return Ok(());
+            }
             let threads = threads(e.jobs);
             let opts = PrepareOptions {
                 train_tar: e.train_tar.clone(),
@@ -285,6 +313,9 @@ mod tests {
             parse(&["--val-tar", "v.tar", "--out", "o", "--force"]).is_ok_and(|c| c.extract.force)
         );
         assert!(parse(&["--val-tar", "v.tar", "--out", "o"]).is_ok());
+        assert!(parse(&["--kaggle", "k", "--out", "o"]).is_ok_and(|c| c.extract.kaggle.is_some()));
+        assert!(parse(&["--kaggle", "k", "--val-tar", "v.tar", "--out", "o"]).is_err());
+        assert!(parse(&["--kaggle", "k"]).is_err());
         // An archive and --out are required for extraction, not for the sub-actions.
         assert!(parse(&["--out", "o"]).is_err());
         assert!(parse(&["--train-tar", "t.tar"]).is_err());

@@ -7,29 +7,13 @@ use anyhow::{bail, Context, Result};
 
 use crate::archive::is_plain_component;
 
-const SYNSETS_TXT: &str = include_str!("../assets/synsets.txt");
 const VAL_LABELS_TXT: &str = include_str!("../assets/val_labels.txt");
 
 /// Official counts, for `check`.
 pub const IMAGENET_TRAIN_IMAGES: u64 = 1_281_167;
 pub const IMAGENET_VAL_IMAGES: u64 = 50_000;
 
-/// The 1,000 ILSVRC2012 WordNet ids, sorted (ImageFolder's class order).
-pub fn imagenet_wnids() -> Vec<&'static str> {
-    SYNSETS_TXT
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .collect()
-}
-
-/// The 1,000 ILSVRC2012 classes in ImageFolder's order, each as its synset line: the WordNet id, then its
-/// names (`n01440764 tench, Tinca tinca`).
-pub fn imagenet_classes() -> Vec<&'static str> {
-    SYNSETS_TXT
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .collect()
-}
+pub use rn50_pipeline::imagenet::{classes as imagenet_classes, wnids as imagenet_wnids};
 
 /// Maps a validation file name to its class.
 #[derive(Debug, Clone)]
@@ -138,10 +122,6 @@ mod tests {
 
     #[test]
     fn builtin_tables() {
-        let wnids = imagenet_wnids();
-        assert_eq!(wnids.len(), 1000);
-        assert_eq!(wnids[0], "n01440764");
-        assert!(wnids.windows(2).all(|w| w[0] < w[1]));
         let val = ValLabels::builtin();
         assert_eq!(
             val.class_of("ILSVRC2012_val_00000001.JPEG"),

@@ -10,6 +10,7 @@ mod check;
 mod chunks;
 pub mod cli;
 mod extract;
+mod kaggle;
 mod labels;
 mod lock;
 mod odd;
@@ -24,6 +25,7 @@ mod verify;
 
 pub use check::{check, CheckReport, Expect};
 pub use extract::ExtractOptions;
+pub use kaggle::{prepare_kaggle, KaggleSummary};
 pub use labels::{imagenet_classes, ValLabels};
 pub use odd::{detect as detect_odd, OddKind};
 pub use prepare::{prepare, PrepareOptions};

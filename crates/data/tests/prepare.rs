@@ -5,10 +5,8 @@ mod common;
 
 use std::path::Path;
 
-use clap::Parser;
 use common::*;
 use md5::{Digest, Md5};
-use rn50_data::cli::{run, PrepareArgs};
 use rn50_data::{check, Expect};
 use rn50_data::{hex, verify_files};
 use rn50_data::{prepare, ArchiveTable, ValLabels};
@@ -428,17 +426,6 @@ fn val_labels_from_a_valprep_script() {
         err.contains("ILSVRC2012_val_00000002.JPEG") && err.contains("no class"),
         "{err}"
     );
-}
-
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    cmd: PrepareArgs,
-}
-
-fn cli(args: &[&str]) -> anyhow::Result<()> {
-    let c = Cli::try_parse_from(std::iter::once("prepare").chain(args.iter().copied())).unwrap();
-    run(&c.cmd)
 }
 
 #[test]

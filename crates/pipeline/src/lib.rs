@@ -72,6 +72,7 @@ mod bench;
 pub mod cli;
 pub mod crop;
 pub mod decode;
+pub mod imagenet;
 mod loader;
 pub mod pack;
 pub mod sampler;

@@ -67,7 +67,7 @@ fn top5_of_photos_matches_torchvision() {
     let tops = parse(&stdout, &images);
     assert_eq!(tops.len(), images.len(), "{stdout}");
     let synsets = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/assets/synsets.txt"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../pipeline/assets/synsets.txt"),
     )
     .unwrap();
     let synsets: Vec<&str> = synsets.lines().collect();

@@ -7,6 +7,19 @@ use std::path::{Path, PathBuf};
 
 use rn50_data::{ExtractOptions, PrepareOptions, ValLabels};
 
+#[derive(clap::Parser)]
+struct Cli {
+    #[command(flatten)]
+    cmd: rn50_data::cli::PrepareArgs,
+}
+
+/// `rn50 prepare ARGS` through its command line.
+pub fn cli(args: &[&str]) -> anyhow::Result<()> {
+    use clap::Parser;
+    let c = Cli::try_parse_from(std::iter::once("prepare").chain(args.iter().copied())).unwrap();
+    rn50_data::cli::run(&c.cmd)
+}
+
 pub fn shared_data() -> PathBuf {
     std::env::var_os("RN50_SHARED_DATA")
         .map(PathBuf::from)

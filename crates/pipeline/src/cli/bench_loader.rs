@@ -7,18 +7,21 @@ use rn50_args::{check_batch_bytes, usize_in, UsageError, MAX_BATCH, MAX_IMAGE_SI
 
 use super::{default_workers, write_json, AugmentArgs, PixelLimit};
 use crate::loader::{BadImagePolicy, LoaderConfig};
-use crate::source::Dataset;
+use crate::source::{Dataset, TRAIN_SPLIT, VAL_SPLIT};
 use crate::synthetic::{self, SyntheticConfig};
 use crate::transform::Transform;
 
 /// Measure input-pipeline throughput: decode + augment into uint8 NHWC batches, no training.
 ///
 /// Reports images/s, images/s per worker thread, per-image read/decode/augment time and the
-/// number of undecodable images. DATA is an ImageFolder directory or packed shards; use
+/// number of undecodable images. DATA is an ImageFolder directory, packed shards, WebDataset shards, or
+/// a dataset repository holding splits (its train split, with --val its validation split); use
 /// --synthetic N instead for generated ImageNet-sized JPEGs.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchLoaderArgs {
-    /// ImageFolder directory, shard directory or shard file.
+    /// ImageFolder directory, shard directory or file, WebDataset shards (a directory, a .tar, or a
+    /// pattern such as 'train-{0000..0099}.tar'), or a directory with train/ and val/ or timm-named
+    /// shards (*-train-NNNN.tar, *-validation-NNNN.tar).
     #[arg(required_unless_present = "synthetic")]
     pub data: Option<PathBuf>,
     /// Benchmark N synthetic JPEGs with ImageNet's size distribution (generated in memory), 1 to
@@ -95,7 +98,10 @@ pub fn run(cmd: &BenchLoaderArgs) -> Result<()> {
         cmd.size as u64,
     )?;
     let dataset = match (&cmd.data, cmd.synthetic) {
-        (Some(path), _) => Dataset::open(path)?,
+        // A dataset repository's split (--val: its validation split), or DATA itself.
+        (Some(path), _) => {
+            Dataset::open_split_or_whole(path, if cmd.val { VAL_SPLIT } else { TRAIN_SPLIT })?
+        }
         (None, Some(n)) => {
             let cfg = SyntheticConfig {
                 seed: cmd.seed,

@@ -19,7 +19,8 @@ use crate::source::Dataset;
 /// `rn50 train`/`bench-loader` accept the output directory wherever they accept an ImageFolder.
 #[derive(clap::Args, Debug, Clone)]
 pub struct PackArgs {
-    /// Dataset to pack: an ImageFolder directory (root/<class>/<image>) or existing shards.
+    /// Dataset to pack: an ImageFolder directory (root/<class>/<image>), existing shards, or WebDataset
+    /// shards (a directory, a .tar, or a pattern such as 'train-{0000..0099}.tar').
     pub data: PathBuf,
     /// Output directory for the shard files (created; must not already hold shards).
     pub out: PathBuf,

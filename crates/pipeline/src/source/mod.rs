@@ -1,13 +1,21 @@
-//! Where samples come from: an ImageFolder tree, packed shard files, or in-memory synthetic
-//! JPEGs. All three hand out encoded image bytes plus a label; decoding happens in the loader.
+//! Where samples come from: an ImageFolder tree, packed shard files, WebDataset tar shards, Hugging Face
+//! parquet files, or in-memory synthetic JPEGs. All hand out encoded image bytes plus a label; decoding happens in the loader.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
 pub mod folder;
+pub mod parquet;
 pub mod shards;
+pub mod wds;
+
+/// The names the training split goes by in a dataset repository ([`Dataset::open_split`]).
+pub const TRAIN_SPLIT: &[&str] = &["train"];
+/// The names the validation split goes by: ImageFolder trees' `val`, timm's and the Hub's `validation`,
+/// CIFAR-style trees' `test`.
+pub const VAL_SPLIT: &[&str] = &["val", "validation", "test"];
 
 /// Random access to encoded samples. Implementations must be cheap to share between threads.
 pub trait Source: Send + Sync {
@@ -21,6 +29,31 @@ pub trait Source: Send + Sync {
     fn read<'a>(&'a self, i: usize, buf: &'a mut Vec<u8>) -> Result<&'a [u8]>;
     /// Human-readable name of sample `i` (file path or shard record) for error messages.
     fn name(&self, i: usize) -> String;
+}
+
+/// The files directly in `dir` whose names start with `prefix` and end in `.extension`, sorted by name;
+/// `None` if there are none (or `dir` is not a directory).
+pub fn files_with_extension(
+    dir: &Path,
+    prefix: &str,
+    extension: &str,
+) -> Result<Option<Vec<PathBuf>>> {
+    if !dir.is_dir() {
+        return Ok(None);
+    }
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with(prefix)
+            && path.extension().is_some_and(|e| e == extension)
+            && path.is_file()
+        {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok((!files.is_empty()).then_some(files))
 }
 
 /// Refuses a dataset in which a class has no images, as torchvision's ImageFolder does: it is the
@@ -58,23 +91,133 @@ pub struct Dataset {
 
 impl Dataset {
     /// Open `path`, detecting its kind: a shard file (`*.rn50shard`), a shard directory (shard
-    /// files and the manifest `rn50 pack` writes last, see [`shards`]), or an ImageFolder directory
-    /// (`class/…/image`).
+    /// files and the manifest `rn50 pack` writes last, see [`shards`]), WebDataset shards (a `.tar` file,
+    /// a directory of them, or webdataset's brace pattern `train-{0000..0099}.tar`, see [`wds`]), or an
+    /// Hugging Face parquet files (a `.parquet` file or a directory of them, see [`parquet`]), or an
+    /// ImageFolder directory (`class/…/image`).
     pub fn open(path: impl AsRef<Path>) -> Result<Dataset> {
         let path = path.as_ref();
+        let text = path.to_string_lossy();
+        if text.contains('{') && !path.exists() {
+            let tars = wds::expand_braces(&text)?
+                .into_iter()
+                .map(PathBuf::from)
+                .collect();
+            return Dataset::open_tars(tars, format!("WebDataset shards {text}"));
+        }
         let meta = std::fs::metadata(path)
             .with_context(|| format!("cannot open dataset {}", path.display()))?;
+        if meta.is_file() && path.extension().is_some_and(|e| e == wds::EXTENSION) {
+            return Dataset::open_tars(
+                vec![path.to_path_buf()],
+                format!("WebDataset shard {text}"),
+            );
+        }
+        if meta.is_file() && path.extension().is_some_and(|e| e == parquet::EXTENSION) {
+            return Dataset::open_parquet(vec![path.to_path_buf()], format!("parquet file {text}"));
+        }
         if meta.is_file() || shards::is_shard_dir(path)? {
             let s = shards::ShardSet::open(path)?;
             let classes = s.classes().to_vec();
             let description = format!("shards {} ({} files)", path.display(), s.num_files());
             Ok(Dataset::from_source(Arc::new(s), classes, description))
+        } else if let Some(tars) = files_with_extension(path, "", wds::EXTENSION)? {
+            let mut splits: Vec<&str> = tars.iter().filter_map(|t| wds::split_of(t)).collect();
+            splits.sort();
+            splits.dedup();
+            if splits.len() > 1 {
+                anyhow::bail!(
+                    "{} holds the WebDataset shards of several splits ({}): name one's files (as \
+                     {}), or give the directory to train or eval, which pick their split",
+                    path.display(),
+                    splits.join(", "),
+                    tars[0].display()
+                );
+            }
+            Dataset::open_tars(tars, format!("WebDataset shards in {text}"))
+        } else if let Some(files) = files_with_extension(path, "", parquet::EXTENSION)? {
+            let mut splits: Vec<&str> = files.iter().filter_map(|f| parquet::split_of(f)).collect();
+            splits.sort();
+            splits.dedup();
+            if splits.len() > 1 {
+                anyhow::bail!(
+                    "{} holds the parquet files of several splits ({}): give the directory above it \
+                     to train or eval, which pick their split",
+                    path.display(),
+                    splits.join(", ")
+                );
+            }
+            Dataset::open_parquet(files, format!("parquet files in {text}"))
         } else {
             let f = folder::ImageFolder::open(path)?;
             let classes = f.classes().to_vec();
             let description = format!("image folder {}", path.display());
             Ok(Dataset::from_source(Arc::new(f), classes, description))
         }
+    }
+
+    /// The split that goes by one of `names` ([`TRAIN_SPLIT`], [`VAL_SPLIT`], or a user's) in the dataset
+    /// repository `data`, if it has one: the subdirectory `data/<name>/` (an ImageFolder, shards, tars), or
+    /// the WebDataset shards in `data` named for it as timm's are (`imagenet1k-<name>-0000.tar`), or the
+    /// Hub's parquet files (`data/<name>-00000-of-00014.parquet`, also directly in `data`). The first
+    /// name found wins.
+    pub fn open_split(data: &Path, names: &[&str]) -> Result<Option<Dataset>> {
+        for name in names {
+            let dir = data.join(name);
+            if dir.is_dir() {
+                let d =
+                    Dataset::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
+                return Ok(Some(d));
+            }
+        }
+        if let Some(tars) = files_with_extension(data, "", wds::EXTENSION)? {
+            for name in names {
+                let split: Vec<PathBuf> = tars
+                    .iter()
+                    .filter(|t| wds::split_of(t) == Some(name))
+                    .cloned()
+                    .collect();
+                if !split.is_empty() {
+                    let what = format!("WebDataset shards *-{name}-NNNN.tar in {}", data.display());
+                    return Dataset::open_tars(split, what).map(Some);
+                }
+            }
+        }
+        for dir in [data.join("data"), data.to_path_buf()] {
+            for name in names {
+                if let Some(files) =
+                    files_with_extension(&dir, &format!("{name}-"), parquet::EXTENSION)?
+                {
+                    let what = format!("parquet files {name}-* in {}", dir.display());
+                    return Dataset::open_parquet(files, what).map(Some);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The split `names` of `data` if it has one ([`Dataset::open_split`]), else `data` itself: what
+    /// `eval`, `bench` and `bench-loader` read.
+    pub fn open_split_or_whole(data: &Path, names: &[&str]) -> Result<Dataset> {
+        match Dataset::open_split(data, names)? {
+            Some(d) => Ok(d),
+            None => Dataset::open(data).with_context(|| format!("opening {}", data.display())),
+        }
+    }
+
+    fn open_parquet(files: Vec<PathBuf>, description: String) -> Result<Dataset> {
+        let p = parquet::ParquetSet::open(&files)?;
+        let classes = p.classes().to_vec();
+        let description = format!("{description} ({} files)", p.num_files());
+        Ok(Dataset::from_source(Arc::new(p), classes, description))
+    }
+
+    fn open_tars(tars: Vec<PathBuf>, description: String) -> Result<Dataset> {
+        let cache = wds::default_cache_dir();
+        let w = wds::WebDataset::open(&tars, cache.as_deref())?;
+        let classes = w.classes().to_vec();
+        let description = format!("{description} ({} files)", w.num_files());
+        Ok(Dataset::from_source(Arc::new(w), classes, description))
     }
 
     /// Wrap any source (e.g. [`crate::synthetic::SyntheticSource`]).

@@ -128,18 +128,7 @@ pub fn is_shard_dir(path: &Path) -> Result<bool> {
 
 /// The list of shard files in `dir`, sorted by name; `None` if `dir` holds none.
 pub fn shard_files(dir: &Path) -> Result<Option<Vec<PathBuf>>> {
-    if !dir.is_dir() {
-        return Ok(None);
-    }
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
-        let path = entry?.path();
-        if path.is_file() && path.extension().is_some_and(|e| e == EXTENSION) {
-            files.push(path);
-        }
-    }
-    files.sort();
-    Ok((!files.is_empty()).then_some(files))
+    super::files_with_extension(dir, "", EXTENSION)
 }
 
 /// One or more shard files read as one dataset (records in the order of the manifest's shards, then

@@ -2,6 +2,7 @@
 //! implementation (Pillow / torchvision).
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -58,6 +59,93 @@ fn python() -> PathBuf {
                 "/../../.venv/bin/python"
             ))
         })
+}
+
+/// The ImageNet class index of each shared photo (named `<wnid>.JPEG`).
+pub fn imagenet_label(photo: &Path) -> usize {
+    let wnid = photo.file_stem().unwrap().to_str().unwrap();
+    rn50_pipeline::imagenet::wnids()
+        .iter()
+        .position(|w| *w == wnid)
+        .unwrap()
+}
+
+/// The multiset of (image bytes, class name) of a dataset.
+pub fn samples(ds: &rn50_pipeline::Dataset) -> BTreeMap<(Vec<u8>, String), usize> {
+    let mut out = BTreeMap::new();
+    let mut buf = Vec::new();
+    for i in 0..ds.len() {
+        let bytes = ds.read(i, &mut buf).unwrap().to_vec();
+        let class = ds.classes()[ds.label(i) as usize].clone();
+        *out.entry((bytes, class)).or_default() += 1;
+    }
+    out
+}
+
+/// The multiset of (pixels, class name) the loader makes of a dataset's images (Resize 40, CenterCrop 32).
+pub fn decoded_samples(ds: rn50_pipeline::Dataset) -> BTreeMap<(Vec<u8>, String), usize> {
+    use rn50_pipeline::{Loader, LoaderConfig, Transform};
+    let cfg = LoaderConfig {
+        transform: Transform::val(40, 32),
+        ..LoaderConfig::val(32, 2)
+    };
+    let classes = ds.classes().to_vec();
+    let loader = Loader::new(ds, cfg).unwrap();
+    let mut out = BTreeMap::new();
+    for b in loader.epoch(0, 0) {
+        let b = b.unwrap();
+        for (k, &label) in b.labels().iter().enumerate() {
+            let image = b[k * 32 * 32 * 3..(k + 1) * 32 * 32 * 3].to_vec();
+            *out.entry((image, classes[label as usize].clone()))
+                .or_insert(0) += 1;
+        }
+    }
+    out
+}
+
+/// One evaluation epoch of `ds` (batches of 4, 2 threads, Resize 40, CenterCrop 32): the images its batches
+/// hold, and the loader's stats (bad images).
+pub fn load_epoch(ds: rn50_pipeline::Dataset) -> (usize, rn50_pipeline::Stats) {
+    use rn50_pipeline::{Loader, LoaderConfig, Transform};
+    let cfg = LoaderConfig {
+        transform: Transform::val(40, 32),
+        ..LoaderConfig::val(4, 2)
+    };
+    let loader = Loader::new(ds, cfg).unwrap();
+    let images = loader.epoch(0, 0).map(|b| b.unwrap().labels().len()).sum();
+    (images, loader.stats())
+}
+
+/// The error of opening `file`, which must fail, in one line naming it.
+pub fn open_error<T>(opened: anyhow::Result<T>, file: &Path) -> String {
+    let err = match opened {
+        Ok(_) => panic!("{} opened", file.display()),
+        Err(e) => format!("{e:#}"),
+    };
+    let name = file.file_name().unwrap().to_str().unwrap();
+    assert!(err.contains(name), "{err}");
+    assert!(!err.contains('\n'), "{err}");
+    err
+}
+
+/// Runs `scripts/dataset_writers.py ARGS...`, which writes datasets with webdataset's and Hugging Face
+/// `datasets`' own writers. Fails (never skips) when Python or its packages are missing.
+pub fn dataset_writer(args: &[&str]) {
+    let py = python();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/dataset_writers.py"
+    );
+    let out = Command::new(&py)
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {} ({e}): set RN50_PYTHON", py.display()));
+    assert!(
+        out.status.success(),
+        "dataset_writers.py {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Run `scripts/pipeline_reference.py MODE OUT ARGS...` and return its manifest.

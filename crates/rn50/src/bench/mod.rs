@@ -23,6 +23,7 @@ use tch::{Device, Kind, Tensor};
 
 use rn50_args::{check_batch_bytes, usize_in, UsageError, MAX_BATCH, MAX_IMAGE_SIZE, MAX_THREADS};
 use rn50_distributed::{DistContext, WorldInfo};
+use rn50_pipeline::source::TRAIN_SPLIT;
 use rn50_pipeline::synthetic::{self, SyntheticConfig};
 use rn50_pipeline::{Dataset, LoaderConfig};
 
@@ -264,17 +265,12 @@ fn source(cfg: &BenchConfig, plan: &Plan, device: Device, dist: &DistContext) ->
                 .data_dir
                 .as_ref()
                 .expect("resolve checks real has a dir");
-            let dir = if root.join("train").exists() {
-                root.join("train")
-            } else {
-                root.clone()
-            };
-            let dataset =
-                Dataset::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
+            // The training split of DATA (train/, or WebDataset shards named for it), else DATA.
+            let dataset = Dataset::open_split_or_whole(root, TRAIN_SPLIT)?;
             anyhow::ensure!(
                 dataset.classes().len() <= 1000,
                 "{} has more than 1000 classes",
-                dir.display()
+                dataset.description()
             );
             Source::loader(dataset, loader_cfg(), s)?
         }

@@ -53,7 +53,10 @@ pub enum Augment {
 /// safetensors, summary.md/.json and PNG plots.
 #[derive(Args, Debug, Clone, Serialize)]
 pub struct TrainArgs {
-    /// Dataset root with train/ and val/ (or test/): ImageFolder trees or packed shards.
+    /// Dataset root with train/ and val/ (or validation/, test/): ImageFolder trees, packed shards or
+    /// WebDataset shards; or a downloaded repository as it is, timm's WebDataset shards
+    /// (*-train-NNNN.tar, *-validation-NNNN.tar) or the Hub's parquet files (data/train-*.parquet,
+    /// data/validation-*.parquet).
     #[arg(required_unless_present = "dummy")]
     pub data: Option<PathBuf>,
     /// Model architecture.

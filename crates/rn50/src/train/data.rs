@@ -1,30 +1,32 @@
-//! Where `rn50 train` gets its batches: DATA/train and DATA/val (or DATA/test) with the chosen recipe's
+//! Where `rn50 train` gets its batches: DATA/train and DATA/val (or DATA/validation, DATA/test, or WebDataset
+//! shards named for the splits) with the chosen recipe's
 //! transforms (with --auto-augment, --random-erase and --ra-reps), a train loader rebuilt when progressive resizing changes the resolution, all on one set of
 //! loader threads. The hand-over of a host batch to the device is [`crate::input::DeviceBatch`].
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
+use rn50_pipeline::source::{TRAIN_SPLIT, VAL_SPLIT};
 use rn50_pipeline::{Dataset, Epoch, Loader, LoaderConfig, Transform};
 
 use crate::train::args::{Augment, TrainArgs};
 
-/// The validation split: `val/`, or `test/` as CIFAR-style trees name it.
-fn val_split(root: &Path) -> Result<PathBuf> {
-    for name in ["val", "test"] {
-        let p = root.join(name);
-        if p.exists() {
-            return Ok(p);
+/// One split of DATA ([`Dataset::open_split`]): `train/`, `val/` (or `validation/`, `test/`), or WebDataset
+/// shards named for it.
+fn open_split(root: &Path, names: &[&str]) -> Result<Dataset> {
+    match Dataset::open_split(root, names)? {
+        Some(d) => Ok(d),
+        None => {
+            let folders: Vec<String> = names.iter().map(|n| format!("{n}/")).collect();
+            bail!(
+                "{} has no {} folder, nor WebDataset shards *-{}-NNNN.tar: expected DATA/train and \
+                 DATA/val",
+                root.display(),
+                folders.join(" or "),
+                names[0]
+            )
         }
     }
-    bail!(
-        "{} has no val/ (or test/) folder: expected DATA/train and DATA/val",
-        root.display()
-    )
-}
-
-fn open(dir: &Path) -> Result<Dataset> {
-    Dataset::open(dir).with_context(|| format!("opening {}", dir.display()))
 }
 
 /// The training recipe's transforms at training resolution `res`.
@@ -67,21 +69,14 @@ impl RealData {
         rank: usize,
         world: usize,
     ) -> Result<Self> {
-        let train_dir = root.join("train");
-        if !train_dir.exists() {
-            bail!(
-                "{} has no train/ folder: expected DATA/train and DATA/val",
-                root.display()
-            );
-        }
-        let val_dir = val_split(root)?;
-        let (train, val) = (open(&train_dir)?, open(&val_dir)?);
+        let train = open_split(root, TRAIN_SPLIT)?;
+        let val = open_split(root, VAL_SPLIT)?;
         if train.classes() != val.classes() {
             bail!(
                 "{} has {} classes and {} {}, or their names differ: they must be the same set",
-                train_dir.display(),
+                train.description(),
                 train.classes().len(),
-                val_dir.display(),
+                val.description(),
                 val.classes().len()
             );
         }

@@ -1,11 +1,12 @@
 //! Evaluation: every image of a dataset exactly once (Resize + CenterCrop), top-1/top-5, normalised on the
 //! device, BN in eval mode, under the chosen precision.
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rn50_args::{check_batch_bytes, usize_in, UsageError};
+use rn50_pipeline::source::VAL_SPLIT;
 use rn50_pipeline::{Dataset, Epoch, Loader, LoaderConfig, Transform};
 use serde::Serialize;
 use tch::Tensor;
@@ -107,7 +108,9 @@ pub fn evaluate(
 /// Evaluate saved weights on a validation set.
 #[derive(Args, Debug, Clone)]
 pub struct EvalArgs {
-    /// The data: a folder with `val/` (ImageFolder layout or packed shards), or the validation folder itself.
+    /// The data: a folder with `val/` (or `validation/`, `test/`; ImageFolder layout, packed or WebDataset
+    /// shards), timm's `*-validation-NNNN.tar` or the Hub's `data/validation-*.parquet`, or the validation
+    /// data itself.
     pub data: PathBuf,
     /// Weights to evaluate: safetensors with torchvision's keys (from `rn50 train`) or a torch.save file
     /// (torchvision's .pth, pytorch/examples' checkpoint.pth.tar), told apart by content.
@@ -140,16 +143,6 @@ pub struct EvalArgs {
     pub json: Option<PathBuf>,
 }
 
-/// The validation part of DATA: DATA/val if it exists, else DATA.
-fn val_dir(data: &Path) -> PathBuf {
-    let val = data.join("val");
-    if val.is_dir() {
-        val
-    } else {
-        data.to_path_buf()
-    }
-}
-
 /// `--resize` then a center crop of `--crop`: the crop must fit (exit 2 otherwise).
 pub(crate) fn check_crop(resize: usize, crop: usize) -> Result<(), UsageError> {
     if crop > resize {
@@ -179,23 +172,21 @@ pub(crate) fn load_for_inference(
     Ok((model, c))
 }
 
-/// The classes of the data at `dir` must be those the weights were trained on, in the same order, or labels
+/// The classes of the data `what` must be those the weights were trained on, in the same order, or labels
 /// would not line up: as many, and the same names where the weights record theirs.
-fn check_classes(file: &WeightsFile, data: &[String], dir: &Path) -> Result<()> {
+fn check_classes(file: &WeightsFile, data: &[String], what: &str) -> Result<()> {
     let classes = file.shape()?.num_classes;
     let path = file.path().display();
     if data.len() as i64 != classes {
         bail!(
-            "{} has {} classes but {path} was trained for {classes}: labels would not line up",
-            dir.display(),
+            "{what} has {} classes but {path} was trained for {classes}: labels would not line up",
             data.len(),
         );
     }
     let names = file.classes().unwrap_or_default();
     if let Some(i) = names.iter().zip(data).position(|(a, b)| a != b) {
         bail!(
-            "{}'s class {i} is {:?} but {path} was trained with {:?} there: labels would not line up",
-            dir.display(),
+            "{what}'s class {i} is {:?} but {path} was trained with {:?} there: labels would not line up",
             data[i],
             names[i]
         );
@@ -212,10 +203,11 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         "--crop",
         args.crop as u64,
     )?;
-    let dir = val_dir(&args.data);
-    let dataset = Dataset::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
+    // The validation split of DATA (val/, validation/, test/, or WebDataset shards named for it), else DATA.
+    let dataset = Dataset::open_split_or_whole(&args.data, VAL_SPLIT)?;
     let file = WeightsFile::read(&args.weights)?;
-    check_classes(&file, dataset.classes(), &dir)?;
+    let what = dataset.description().to_string();
+    check_classes(&file, dataset.classes(), &what)?;
     let (
         model,
         Compute {
@@ -240,7 +232,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     println!(
         "eval {} on {} ({}, {precision}): Acc@1 {:.3}  Acc@5 {:.3}  ({} images, {} unreadable, {:.1} img/s)",
         args.arch,
-        dir.display(),
+        what,
         device_name(device),
         r.acc1,
         r.acc5,

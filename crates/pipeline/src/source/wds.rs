@@ -1,0 +1,437 @@
+//! WebDataset shards (tar files as webdataset's `ShardWriter` and timm's `imagenet-1k-wds` write them) as a
+//! random-access source, so that sampling, sharding across ranks, epoch order and mid-epoch resume are
+//! what they are for an ImageFolder.
+//!
+//! A sample is a run of consecutive tar members sharing a key, webdataset's rule: the member's path up to
+//! the first dot of its file name; the rest, lowercased, is the member's extension. Its image is the first of
+//! its `jpg`, `jpeg`, `png` and `webp` members, its label the integer in its `cls` member or, without one,
+//! the `label` of its `json` member. A label is an index into the 1,000 ILSVRC2012 classes
+//! ([`crate::imagenet`]), the order timm's and the Hub's ImageNet count in: the dataset's classes are their
+//! WordNet ids, whichever of them the shards hold (no class is refused for being empty, unlike an
+//! ImageFolder's, whose classes are its folders).
+//!
+//! Each tar's members are indexed once, at open (the image's offset and length, the label), in parallel, and
+//! the index is kept in a cache directory ([`default_cache_dir`]), used again while the tar's size and mtime
+//! are those it was made from. Images are read by offset (`pread`).
+//!
+//! Bad input is refused at open with an error naming the tar: not a tar (a header's checksum is wrong), a
+//! truncated one (a member running past the end of the file, or no end-of-archive blocks), a sample without
+//! an image, without a label or with a label outside the classes, two members of a sample with one
+//! extension, a tar with no sample. A damaged image is a bad image, skipped and counted by the loader.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+use anyhow::{bail, ensure, Context, Result};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::Source;
+
+/// The extension of WebDataset shards.
+pub const EXTENSION: &str = "tar";
+/// Image members, in the order one is chosen when a sample has several.
+pub const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "webp"];
+/// The format of the cached indexes.
+const INDEX_VERSION: u32 = 1;
+const BLOCK: u64 = 512;
+
+/// Where tar indexes are kept unless told otherwise: `$RN50_CACHE_DIR`, else `$XDG_CACHE_HOME/rn50`, else
+/// `~/.cache/rn50`; `None` when none is set (the tars are then indexed at every open).
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let var = |name| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    var("RN50_CACHE_DIR")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("rn50")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache/rn50")))
+}
+
+/// One tar's samples, as indexed (and cached): valid for the file of `size` bytes modified at `mtime_ns`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct TarIndex {
+    format_version: u32,
+    /// The tar's absolute path.
+    path: PathBuf,
+    size: u64,
+    mtime_ns: u64,
+    samples: Vec<IndexedSample>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct IndexedSample {
+    /// The image member's name.
+    member: String,
+    offset: u64,
+    len: u64,
+    label: u64,
+}
+
+/// The size and mtime (ns since the epoch) an index is checked against.
+fn stamp(meta: &std::fs::Metadata) -> (u64, u64) {
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as u64);
+    (meta.len(), mtime)
+}
+
+/// webdataset's `base_plus_ext`: (key, extension) of a member's path, `None` without a dot in its file name.
+fn key_and_extension(path: &str) -> Option<(&str, String)> {
+    let start = path.rfind('/').map_or(0, |i| i + 1);
+    let dot = start + path[start..].find('.')?;
+    (dot > start).then(|| (&path[..dot], path[dot + 1..].to_lowercase()))
+}
+
+/// A sample's members while its run of the tar is read.
+#[derive(Default)]
+struct Pending {
+    key: String,
+    /// (extension, member name, offset, length)
+    members: Vec<(String, String, u64, u64)>,
+    label: Option<u64>,
+}
+
+impl Pending {
+    fn finish(self, tar: &Path, out: &mut Vec<IndexedSample>) -> Result<()> {
+        if self.members.is_empty() && self.label.is_none() {
+            return Ok(());
+        }
+        let image = IMAGE_EXTENSIONS
+            .iter()
+            .find_map(|ext| self.members.iter().find(|m| m.0 == *ext));
+        let Some((_, member, offset, len)) = image else {
+            bail!(
+                "{}: sample {:?} has no image (a {} member)",
+                tar.display(),
+                self.key,
+                IMAGE_EXTENSIONS.join(", ")
+            );
+        };
+        let Some(label) = self.label else {
+            bail!(
+                "{}: sample {:?} has no label (a .cls member, or a .json with a \"label\")",
+                tar.display(),
+                self.key
+            );
+        };
+        out.push(IndexedSample {
+            member: member.clone(),
+            offset: *offset,
+            len: *len,
+            label,
+        });
+        Ok(())
+    }
+}
+
+/// The label in a `cls` member (an integer, as webdataset writes it) or a `json` member (its `label`).
+fn parse_label(ext: &str, text: &[u8]) -> Option<u64> {
+    if ext == "cls" {
+        std::str::from_utf8(text).ok()?.trim().parse().ok()
+    } else {
+        serde_json::from_slice::<serde_json::Value>(text)
+            .ok()?
+            .get("label")?
+            .as_u64()
+    }
+}
+
+/// Reads `path`'s members and groups them into samples.
+fn index_tar(path: &Path, size: u64, mtime_ns: u64) -> Result<TarIndex> {
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut archive = tar::Archive::new(file);
+    let mut samples = Vec::new();
+    let mut pending = Pending::default();
+    // Where the last member's data ends, in whole blocks: the end-of-archive blocks follow.
+    let mut end = 0;
+    let entries = archive
+        .entries_with_seek()
+        .with_context(|| format!("{}: not a tar file", path.display()))?;
+    for entry in entries {
+        let mut entry = entry.with_context(|| {
+            format!(
+                "{}: not a tar file, or damaged after byte {end}",
+                path.display()
+            )
+        })?;
+        let (offset, len) = (entry.raw_file_position(), entry.size());
+        end = (offset + len).div_ceil(BLOCK) * BLOCK;
+        let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        ensure!(
+            end <= size,
+            "{}: truncated: member {name} ends at byte {}, past the end of the file ({size} bytes)",
+            path.display(),
+            offset + len
+        );
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let Some((key, ext)) = key_and_extension(&name) else {
+            continue;
+        };
+        if key != pending.key {
+            std::mem::replace(
+                &mut pending,
+                Pending {
+                    key: key.to_string(),
+                    ..Pending::default()
+                },
+            )
+            .finish(path, &mut samples)?;
+        }
+        ensure!(
+            !pending.members.iter().any(|m| m.0 == ext),
+            "{}: sample {key:?} has two .{ext} members",
+            path.display()
+        );
+        if (ext == "cls" || (ext == "json" && pending.label.is_none())) && len <= 1 << 20 {
+            let mut text = Vec::with_capacity(len as usize);
+            entry
+                .read_to_end(&mut text)
+                .with_context(|| format!("cannot read {name} in {}", path.display()))?;
+            let label = parse_label(&ext, &text);
+            if ext == "cls" {
+                pending.label = Some(label.with_context(|| {
+                    format!(
+                        "{}: {name} holds {:?}, not a class index",
+                        path.display(),
+                        String::from_utf8_lossy(&text[..text.len().min(40)])
+                    )
+                })?);
+            } else {
+                pending.label = label;
+            }
+        }
+        pending.members.push((ext, name, offset, len));
+    }
+    pending.finish(path, &mut samples)?;
+    // Two zero blocks end a tar; a file cut at a member's boundary lacks them.
+    let mut trailer = [0u8; 2 * BLOCK as usize];
+    let whole = File::open(path)
+        .and_then(|f| f.read_exact_at(&mut trailer, end))
+        .is_ok();
+    ensure!(
+        whole && trailer.iter().all(|&b| b == 0),
+        "{}: truncated: no end-of-archive blocks after byte {end} (a copy or download cut short?)",
+        path.display()
+    );
+    ensure!(
+        !samples.is_empty(),
+        "{}: no samples (image and label members) in this tar",
+        path.display()
+    );
+    Ok(TarIndex {
+        format_version: INDEX_VERSION,
+        path: path.to_path_buf(),
+        size,
+        mtime_ns,
+        samples,
+    })
+}
+
+/// Where `path`'s index is cached in `dir`: its file name and a checksum of its full path.
+fn cache_file(dir: &Path, path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map_or_else(|| "tar".into(), |n| n.to_string_lossy().into_owned());
+    let hash = crc32fast::hash(path.as_os_str().as_encoded_bytes());
+    dir.join("wds-index")
+        .join(format!("{name}.{hash:08x}.json"))
+}
+
+/// `path`'s index: the cached one while it matches the file's size and mtime, else made and cached.
+fn load_index(path: &Path, cache: Option<&Path>) -> Result<TarIndex> {
+    let path =
+        std::fs::canonicalize(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let meta =
+        std::fs::metadata(&path).with_context(|| format!("cannot open {}", path.display()))?;
+    ensure!(meta.is_file(), "{} is not a file", path.display());
+    let (size, mtime_ns) = stamp(&meta);
+    let cached = cache.map(|dir| cache_file(dir, &path));
+    if let Some(file) = &cached {
+        let index = std::fs::read(file)
+            .ok()
+            .and_then(|text| serde_json::from_slice::<TarIndex>(&text).ok());
+        if let Some(index) = index.filter(|i| {
+            i.format_version == INDEX_VERSION
+                && i.path == path
+                && i.size == size
+                && i.mtime_ns == mtime_ns
+        }) {
+            return Ok(index);
+        }
+    }
+    let index = index_tar(&path, size, mtime_ns)?;
+    if let Some(file) = &cached {
+        // A cache: failing to keep it costs time, not correctness.
+        let write = || -> Result<()> {
+            std::fs::create_dir_all(file.parent().expect("in wds-index/"))?;
+            rn50_util::atomic_write(file, &serde_json::to_vec(&index)?)?;
+            Ok(())
+        };
+        if let Err(e) = write() {
+            tracing::warn!(
+                "cannot cache the index of {} in {}: {e:#}",
+                path.display(),
+                file.display()
+            );
+        }
+    }
+    Ok(index)
+}
+
+#[derive(Clone, Copy)]
+struct Entry {
+    file: u32,
+    offset: u64,
+    len: u64,
+    label: u32,
+}
+
+/// WebDataset tar files read as one dataset: samples in file order, then tar order.
+pub struct WebDataset {
+    files: Vec<PathBuf>,
+    entries: Vec<Entry>,
+    members: Vec<String>,
+    classes: Vec<String>,
+}
+
+impl WebDataset {
+    /// Indexes `tars` (in this order), keeping the indexes in `cache` (see [`default_cache_dir`]).
+    pub fn open(tars: &[PathBuf], cache: Option<&Path>) -> Result<WebDataset> {
+        ensure!(!tars.is_empty(), "no WebDataset shards given");
+        let classes: Vec<String> = crate::imagenet::wnids()
+            .into_iter()
+            .map(String::from)
+            .collect();
+        let indexes: Vec<TarIndex> = tars
+            .par_iter()
+            .map(|t| load_index(t, cache))
+            .collect::<Result<_>>()?;
+        let mut set = WebDataset {
+            files: Vec::with_capacity(tars.len()),
+            entries: Vec::new(),
+            members: Vec::new(),
+            classes,
+        };
+        for (i, index) in indexes.into_iter().enumerate() {
+            for s in index.samples {
+                ensure!(
+                    s.label < set.classes.len() as u64,
+                    "{}: {}'s label {} is outside the {} ImageNet classes (0 to {})",
+                    index.path.display(),
+                    s.member,
+                    s.label,
+                    set.classes.len(),
+                    set.classes.len() - 1
+                );
+                set.entries.push(Entry {
+                    file: i as u32,
+                    offset: s.offset,
+                    len: s.len,
+                    label: s.label as u32,
+                });
+                set.members.push(s.member);
+            }
+            set.files.push(index.path);
+        }
+        Ok(set)
+    }
+
+    /// The class names (WordNet ids), label = position.
+    pub fn classes(&self) -> &[String] {
+        &self.classes
+    }
+
+    pub fn num_files(&self) -> usize {
+        self.files.len()
+    }
+}
+
+impl Source for WebDataset {
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn label(&self, i: usize) -> i64 {
+        self.entries[i].label as i64
+    }
+
+    fn read<'a>(&'a self, i: usize, buf: &'a mut Vec<u8>) -> Result<&'a [u8]> {
+        let e = self.entries[i];
+        let path = &self.files[e.file as usize];
+        buf.resize(e.len as usize, 0);
+        // Opened per read, as an ImageFolder's files are: 1,024 shards stay under the usual limit of open files.
+        File::open(path)
+            .and_then(|f| f.read_exact_at(buf, e.offset))
+            .with_context(|| format!("cannot read {} in {}", self.members[i], path.display()))?;
+        Ok(buf)
+    }
+
+    fn name(&self, i: usize) -> String {
+        let e = self.entries[i];
+        format!(
+            "{}: {}",
+            self.files[e.file as usize].display(),
+            self.members[i]
+        )
+    }
+}
+
+/// Expands webdataset's brace notation: `{0000..0099}` (zero-padded as written) and `{a,b}`, as many as
+/// there are, left to right.
+pub fn expand_braces(pattern: &str) -> Result<Vec<String>> {
+    let Some(open) = pattern.find('{') else {
+        return Ok(vec![pattern.to_string()]);
+    };
+    let close = open
+        + pattern[open..]
+            .find('}')
+            .with_context(|| format!("{pattern:?}: a '{{' without its '}}'"))?;
+    let (head, body, tail) = (
+        &pattern[..open],
+        &pattern[open + 1..close],
+        &pattern[close + 1..],
+    );
+    let choices: Vec<String> = if let Some((a, b)) = body.split_once("..") {
+        let (lo, hi): (u64, u64) = match (a.parse(), b.parse()) {
+            (Ok(lo), Ok(hi)) if lo <= hi => (lo, hi),
+            _ => bail!("{pattern:?}: {{{body}}} is not a range of numbers, low to high"),
+        };
+        ensure!(
+            hi - lo < 1 << 20,
+            "{pattern:?}: {{{body}}} names too many files"
+        );
+        let width = if a.starts_with('0') { a.len() } else { 0 };
+        (lo..=hi).map(|n| format!("{n:0width$}")).collect()
+    } else {
+        body.split(',').map(String::from).collect()
+    };
+    let tails = expand_braces(tail)?;
+    let mut out = Vec::with_capacity(choices.len() * tails.len());
+    for c in &choices {
+        for rest in &tails {
+            out.push(format!("{head}{c}{rest}"));
+        }
+    }
+    Ok(out)
+}
+
+/// The split a shard's name gives, as timm's are named: `imagenet1k-train-0000.tar` → `train`, `validation-0003.tar`
+/// → `validation`; `None` for other names.
+pub fn split_of(path: &Path) -> Option<&str> {
+    let stem = path.file_stem()?.to_str()?;
+    let (rest, number) = stem.rsplit_once('-')?;
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let split = rest.rsplit_once('-').map_or(rest, |(_, s)| s);
+    (!split.is_empty()).then_some(split)
+}

@@ -1,0 +1,210 @@
+//! Hugging Face parquet files, written by `datasets` itself (an `Image()` / `ClassLabel` dataset holding the
+//! JPEG bytes, `to_parquet`) from the shared ImageNet photos: read by rn50 they are the same (image, class)
+//! samples as the ImageFolder of the same photos, with the Hub's human-readable class names or WordNet ids;
+//! files of another schema, unlabelled rows and non-parquet files are refused naming the file; a damaged
+//! image in a row is a bad image like any other.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use rn50_pipeline::source::parquet::ParquetSet;
+use rn50_pipeline::source::{TRAIN_SPLIT, VAL_SPLIT};
+use rn50_pipeline::Dataset;
+use serde_json::json;
+
+/// Writes `rows` (image file, label) with `datasets` to `file`, a row group each `group` rows; `spec` adds
+/// to the writer's spec (`names`, `image_column`, `label_column`).
+fn to_parquet(file: &Path, group: usize, rows: &[(PathBuf, i64)], mut spec: serde_json::Value) {
+    spec["rows"] = rows
+        .iter()
+        .map(|(image, label)| json!({"image": image, "label": label}))
+        .collect();
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    let spec_file = file.with_extension("spec.json");
+    std::fs::write(&spec_file, spec.to_string()).unwrap();
+    dataset_writer(&[
+        "parquet",
+        file.to_str().unwrap(),
+        &group.to_string(),
+        spec_file.to_str().unwrap(),
+    ]);
+    std::fs::remove_file(spec_file).unwrap();
+}
+
+/// The Hub's ClassLabel names for ILSVRC/imagenet-1k: the human-readable names, in the standard order.
+/// Two classes are both "crane" (the bird and the machine); `datasets` 5 refuses a ClassLabel with a name
+/// twice, so the second one is written "crane (machine)" here: rn50 maps the names by position, whatever
+/// their text.
+fn hub_names() -> serde_json::Value {
+    let mut names: Vec<String> = rn50_pipeline::imagenet::classes()
+        .iter()
+        .map(|l| l.split_once(' ').unwrap().1.to_string())
+        .collect();
+    assert_eq!(names[134], "crane");
+    assert_eq!(names[517], "crane");
+    names[517] = "crane (machine)".into();
+    json!(names)
+}
+
+fn labelled(photos: &[PathBuf]) -> Vec<(PathBuf, i64)> {
+    photos
+        .iter()
+        .map(|p| (p.clone(), imagenet_label(p) as i64))
+        .collect()
+}
+
+#[test]
+fn parquet_written_by_datasets_is_the_imagefolders_samples() {
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = Dataset::open(imagenet_folder(tmp.path())).unwrap();
+    let photos = jpeg_files("imagenet");
+    // The Hub's layout: data/train-0000N-of-00002.parquet, data/validation-00000-of-00001.parquet.
+    let repo = tmp.path().join("repo");
+    let data = repo.join("data");
+    let rows = labelled(&photos);
+    let names = json!({"names": hub_names()});
+    to_parquet(
+        &data.join("train-00000-of-00002.parquet"),
+        32,
+        &rows[..120],
+        names.clone(),
+    );
+    to_parquet(
+        &data.join("train-00001-of-00002.parquet"),
+        32,
+        &rows[120..],
+        names.clone(),
+    );
+    to_parquet(
+        &data.join("validation-00000-of-00001.parquet"),
+        4,
+        &rows[..10],
+        names,
+    );
+
+    let train = Dataset::open_split(&repo, TRAIN_SPLIT).unwrap().unwrap();
+    assert_eq!(train.len(), 220);
+    // The human-readable names are recorded as the WordNet ids, by position (the Hub's names repeat).
+    assert_eq!(train.classes(), rn50_pipeline::imagenet::wnids());
+    assert!(samples(&train) == samples(&folder));
+    let val = Dataset::open_split(&repo, VAL_SPLIT).unwrap().unwrap();
+    assert_eq!(val.len(), 10);
+    assert_eq!(val.classes(), train.classes());
+    assert!(decoded_samples(train) == decoded_samples(folder.clone()));
+    // Written again by pyarrow with its default codec, snappy: the same samples.
+    let snappy = tmp.path().join("snappy/data/train-00000-of-00001.parquet");
+    let names = json!({"names": hub_names(), "compression": "snappy"});
+    to_parquet(&snappy, 16, &labelled(&photos), names);
+    let ds = Dataset::open_split(&tmp.path().join("snappy"), TRAIN_SPLIT)
+        .unwrap()
+        .unwrap();
+    assert!(samples(&ds) == samples(&folder));
+    // One file opens on its own; the folder of both splits' files is refused as one dataset.
+    assert_eq!(
+        Dataset::open(data.join("train-00001-of-00002.parquet"))
+            .unwrap()
+            .len(),
+        100
+    );
+    let err = format!("{:#}", Dataset::open(&data).unwrap_err());
+    assert!(err.contains("several splits (train, validation)"), "{err}");
+
+    // ClassLabel names that are WordNet ids are the classes as they are: here the ImageFolder's own.
+    let own = tmp.path().join("own/data/train-00000-of-00001.parquet");
+    let rows: Vec<(PathBuf, i64)> = photos.iter().cloned().zip(0..).collect();
+    to_parquet(&own, 64, &rows, json!({"names": folder.classes()}));
+    let ds = Dataset::open_split(&tmp.path().join("own"), TRAIN_SPLIT)
+        .unwrap()
+        .unwrap();
+    assert_eq!(ds.classes(), folder.classes());
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for i in 0..folder.len() {
+        assert_eq!(ds.label(i), folder.label(i));
+        assert_eq!(ds.read(i, &mut a).unwrap(), folder.read(i, &mut b).unwrap());
+    }
+}
+
+/// The error of opening `file` alone (no cache), one line naming it.
+fn error_opening(file: &Path) -> String {
+    common::open_error(ParquetSet::open(&[file.to_path_buf()]), file)
+}
+
+#[test]
+fn parquet_of_another_schema_or_without_labels_is_refused_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let photos = jpeg_files("imagenet");
+    let rows = labelled(&photos[..4]);
+    let names = hub_names();
+    let file = |n: &str| tmp.path().join(format!("{n}.parquet"));
+    to_parquet(
+        &file("img"),
+        8,
+        &rows,
+        json!({"names": names, "image_column": "img"}),
+    );
+    let e = error_opening(&file("img"));
+    assert!(
+        e.contains("its columns are img.bytes, img.path, label"),
+        "{e}"
+    );
+    to_parquet(
+        &file("nolabel"),
+        8,
+        &rows,
+        json!({"names": names, "label_column": null}),
+    );
+    let e = error_opening(&file("nolabel"));
+    assert!(
+        e.contains("its columns are image.bytes, image.path; rn50 reads"),
+        "{e}"
+    );
+    // The Hub's test split: -1, no label.
+    let mut unlabelled = rows.clone();
+    unlabelled[2].1 = -1;
+    to_parquet(&file("test"), 8, &unlabelled, json!({"names": names}));
+    let e = error_opening(&file("test"));
+    assert!(
+        e.contains("row 2 has label -1, outside its 1000 classes"),
+        "{e}"
+    );
+    // A codec rn50 does not read (pyarrow's zstd): refused at open, not a bad image each.
+    to_parquet(
+        &file("zstd"),
+        8,
+        &rows,
+        json!({"names": names, "compression": "zstd"}),
+    );
+    let e = error_opening(&file("zstd"));
+    assert!(e.contains("its images are compressed with ZSTD"), "{e}");
+    // Not parquet: a JPEG so named, an empty file.
+    std::fs::copy(&photos[0], file("photo")).unwrap();
+    assert!(error_opening(&file("photo")).contains("not a parquet file"));
+    std::fs::write(file("empty"), b"").unwrap();
+    assert!(error_opening(&file("empty")).contains("not a parquet file"));
+    // Each file's verdict is its own: a good one opens, with a bad one beside it the set is refused.
+    to_parquet(&file("good"), 8, &rows, json!({"names": names}));
+    assert!(ParquetSet::open(&[file("good")]).is_ok());
+    assert!(ParquetSet::open(&[file("good"), file("test")]).is_err());
+}
+
+#[test]
+fn a_damaged_image_in_a_row_is_a_bad_image_skipped_and_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let photos = jpeg_files("imagenet");
+    let mut rows = labelled(&photos[..6]);
+    rows.insert(3, (shared_data().join("jpeg/edge/truncated_jpeg.jpg"), 7));
+    let file = tmp.path().join("d.parquet");
+    to_parquet(&file, 2, &rows, json!({"names": hub_names()}));
+    let ds = Dataset::open(&file).unwrap();
+    assert_eq!(ds.len(), 7);
+    let (images, stats) = load_epoch(ds);
+    assert_eq!(images, 6);
+    assert_eq!(stats.bad_images, 1);
+    assert!(
+        stats.bad_examples[0].contains("d.parquet (row group 1, row 1)"),
+        "{:?}",
+        stats.bad_examples
+    );
+}

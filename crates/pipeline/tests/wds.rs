@@ -1,0 +1,256 @@
+//! WebDataset shards, written by webdataset's own `ShardWriter` from the shared ImageNet photos: read by
+//! rn50 they are the same (image, class) samples as the ImageFolder of the same photos, through a
+//! directory, a brace pattern or a split of a dataset repository; the per-tar index is cached and made
+//! again when the tar changes; bad shards are refused with an error naming the file, and a damaged image
+//! inside one is a bad image like any other.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use rn50_pipeline::source::wds::{expand_braces, split_of, WebDataset};
+use rn50_pipeline::source::{Source, TRAIN_SPLIT, VAL_SPLIT};
+use rn50_pipeline::Dataset;
+use serde_json::json;
+
+/// Runs `scripts/dataset_writers.py wds PATTERN MAXCOUNT SPEC`.
+fn shard_writer(pattern: &Path, maxcount: usize, spec: serde_json::Value) {
+    let spec_file = pattern.with_file_name("spec.json");
+    std::fs::create_dir_all(pattern.parent().unwrap()).unwrap();
+    std::fs::write(&spec_file, spec.to_string()).unwrap();
+    dataset_writer(&[
+        "wds",
+        pattern.to_str().unwrap(),
+        &maxcount.to_string(),
+        spec_file.to_str().unwrap(),
+    ]);
+    std::fs::remove_file(spec_file).unwrap();
+}
+
+/// One sample per photo, labelled by `.cls` (and, every third one, by `.json` alone).
+fn photo_samples(photos: &[PathBuf]) -> serde_json::Value {
+    photos
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let label = imagenet_label(p);
+            let mut s = json!({"key": format!("sample{i:05}"), "image": p});
+            if i % 3 == 2 {
+                s["json"] = json!({"label": label, "filename": p.file_name().unwrap().to_str()});
+            } else {
+                s["cls"] = json!(label);
+            }
+            s
+        })
+        .collect()
+}
+
+#[test]
+fn shards_written_by_webdataset_are_the_imagefolders_samples() {
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = Dataset::open(imagenet_folder(tmp.path())).unwrap();
+    let photos = jpeg_files("imagenet");
+    let repo = tmp.path().join("repo");
+    // timm's naming: imagenet1k-train-NNNN.tar and imagenet1k-validation-NNNN.tar side by side.
+    shard_writer(
+        &repo.join("imagenet1k-train-%04d.tar"),
+        64,
+        photo_samples(&photos),
+    );
+    shard_writer(
+        &repo.join("imagenet1k-validation-%04d.tar"),
+        1000,
+        photo_samples(&photos[..10]),
+    );
+    let tars: Vec<PathBuf> = (0..4)
+        .map(|i| repo.join(format!("imagenet1k-train-{i:04}.tar")))
+        .collect();
+    assert!(tars.iter().all(|t| t.is_file()), "220 photos, 64 a shard");
+    assert_eq!(split_of(&tars[0]), Some("train"));
+
+    let expected = samples(&folder);
+    let train = Dataset::open_split(&repo, TRAIN_SPLIT).unwrap().unwrap();
+    assert_eq!(train.len(), 220);
+    assert_eq!(train.classes().len(), 1000);
+    assert_eq!(train.classes()[0], "n01440764");
+    assert!(samples(&train) == expected);
+    let val = Dataset::open_split(&repo, VAL_SPLIT).unwrap().unwrap();
+    assert_eq!(val.len(), 10);
+    assert_eq!(val.classes(), train.classes());
+
+    // webdataset's brace pattern names the same shards, in the same order.
+    let pattern = repo.join("imagenet1k-train-{0000..0003}.tar");
+    let by_pattern = Dataset::open(&pattern).unwrap();
+    let mut a = Vec::new();
+    let mut b = Vec::new();
+    for i in 0..220 {
+        assert_eq!(by_pattern.label(i), train.label(i));
+        assert_eq!(
+            by_pattern.read(i, &mut a).unwrap(),
+            train.read(i, &mut b).unwrap()
+        );
+    }
+    // A directory holding both splits' shards is not taken as one dataset.
+    let err = format!("{:#}", Dataset::open(&repo).unwrap_err());
+    assert!(err.contains("several splits (train, validation)"), "{err}");
+    // train/ and val/ folders of shards are splits too.
+    std::fs::create_dir(repo.join("train")).unwrap();
+    for t in &tars {
+        std::fs::rename(t, repo.join("train").join(t.file_name().unwrap())).unwrap();
+    }
+    let train = Dataset::open_split(&repo, TRAIN_SPLIT).unwrap().unwrap();
+    assert!(samples(&train) == expected);
+
+    // The loader decodes the same pixels for each image, whatever the source.
+    assert!(decoded_samples(train) == decoded_samples(folder));
+}
+
+#[test]
+fn brace_patterns_expand_as_webdatasets() {
+    assert_eq!(
+        expand_braces("a-{08..11}.tar").unwrap(),
+        ["a-08.tar", "a-09.tar", "a-10.tar", "a-11.tar"]
+    );
+    assert_eq!(
+        expand_braces("{x,y}-{1..2}").unwrap(),
+        ["x-1", "x-2", "y-1", "y-2"]
+    );
+    assert_eq!(expand_braces("plain.tar").unwrap(), ["plain.tar"]);
+    for bad in ["a-{3..1}.tar", "a-{0..x}.tar", "a-{0..1.tar"] {
+        assert!(expand_braces(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn the_index_is_cached_and_made_again_when_the_tar_changes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let photos = jpeg_files("imagenet");
+    let tar = tmp.path().join("shards/s-000000.tar");
+    shard_writer(
+        &tmp.path().join("shards/s-%06d.tar"),
+        1000,
+        photo_samples(&photos[..5]),
+    );
+    let cache = tmp.path().join("cache");
+    let first = WebDataset::open(std::slice::from_ref(&tar), Some(&cache)).unwrap();
+    let label0 = first.label(0);
+    let indexes: Vec<PathBuf> = std::fs::read_dir(cache.join("wds-index"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(indexes.len(), 1, "{indexes:?}");
+    // The cached index is what is read while the tar's size and mtime are unchanged: edited, it shows.
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&indexes[0]).unwrap()).unwrap();
+    let other = (label0 + 1) % 1000;
+    index["samples"][0]["label"] = json!(other);
+    std::fs::write(&indexes[0], index.to_string()).unwrap();
+    let cached = WebDataset::open(std::slice::from_ref(&tar), Some(&cache)).unwrap();
+    assert_eq!(cached.label(0), other);
+    // A new mtime (the tar rewritten) makes it index the tar again.
+    let f = std::fs::File::options().append(true).open(&tar).unwrap();
+    f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    drop(f);
+    let again = WebDataset::open(std::slice::from_ref(&tar), Some(&cache)).unwrap();
+    assert_eq!(again.label(0), label0);
+    // Without a cache directory it indexes every time, the same.
+    let uncached = WebDataset::open(std::slice::from_ref(&tar), None).unwrap();
+    assert_eq!(uncached.len(), 5);
+    assert_eq!(uncached.label(0), label0);
+}
+
+/// The error of opening `tar` alone (no cache), one line naming it.
+fn error_opening(tar: &Path) -> String {
+    common::open_error(WebDataset::open(&[tar.to_path_buf()], None), tar)
+}
+
+#[test]
+fn bad_shards_are_refused_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let photos = jpeg_files("imagenet");
+    let good = tmp.path().join("good-000000.tar");
+    shard_writer(
+        &tmp.path().join("good-%06d.tar"),
+        1000,
+        photo_samples(&photos[..3]),
+    );
+    let bytes = std::fs::read(&good).unwrap();
+    let write = |name: &str, b: &[u8]| {
+        let p = tmp.path().join(name);
+        std::fs::write(&p, b).unwrap();
+        p
+    };
+    // Cut inside the second photo, and cut at a member's end (no end-of-archive blocks).
+    let cut = write("cut.tar", &bytes[..bytes.len() / 2]);
+    assert!(error_opening(&cut).contains("truncated"));
+    // The tar without its end-of-archive blocks, ending where its last member's data ends.
+    let mut one_member = bytes.clone();
+    let zeros = one_member.len() - one_member.iter().rev().position(|&b| b != 0).unwrap();
+    one_member.truncate(zeros.div_ceil(512) * 512);
+    let boundary = write("boundary.tar", &one_member);
+    assert!(error_opening(&boundary).contains("no end-of-archive"));
+    // Not a tar at all: a JPEG named .tar, and an empty file.
+    let photo = std::fs::read(&photos[0]).unwrap();
+    assert!(error_opening(&write("photo.tar", &photo)).contains("not a tar"));
+    assert!(!error_opening(&write("empty.tar", b"")).is_empty());
+
+    // Samples written by webdataset without a label, with a label past the 1000 classes, with a label
+    // that is no number, without an image.
+    let bad = |name: &str, sample: serde_json::Value| {
+        shard_writer(
+            &tmp.path().join(format!("{name}-%06d.tar")),
+            1000,
+            json!([{"key": "ok", "image": photos[1], "cls": 1}, sample]),
+        );
+        error_opening(&tmp.path().join(format!("{name}-000000.tar")))
+    };
+    let e = bad("nolabel", json!({"key": "x", "image": photos[0]}));
+    assert!(e.contains("sample \"x\" has no label"), "{e}");
+    let e = bad(
+        "range",
+        json!({"key": "x", "image": photos[0], "cls": 1000}),
+    );
+    assert!(
+        e.contains("label 1000 is outside the 1000 ImageNet classes"),
+        "{e}"
+    );
+    let e = bad(
+        "jsonrange",
+        json!({"key": "x", "image": photos[0], "json": {"label": 5000}}),
+    );
+    assert!(e.contains("label 5000"), "{e}");
+    let e = bad(
+        "noimage",
+        json!({"key": "x", "image": photos[0], "ext": "txt", "cls": 3}),
+    );
+    assert!(e.contains("sample \"x\" has no image"), "{e}");
+    // A shard of other splits' names does not change any of this: each tar's verdict is its own.
+    assert!(WebDataset::open(std::slice::from_ref(&good), None).is_ok());
+    assert!(WebDataset::open(&[good, cut], None).is_err());
+}
+
+#[test]
+fn a_damaged_image_in_a_shard_is_a_bad_image_skipped_and_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let photos = jpeg_files("imagenet");
+    let truncated = shared_data().join("jpeg/edge/truncated_jpeg.jpg");
+    let mut spec = photo_samples(&photos[..6]);
+    // The damaged one in the middle, between good ones.
+    spec.as_array_mut()
+        .unwrap()
+        .insert(3, json!({"key": "damaged", "image": truncated, "cls": 7}));
+    let pattern = tmp.path().join("d-%06d.tar");
+    shard_writer(&pattern, 1000, spec);
+    let ds = Dataset::open(tmp.path().join("d-000000.tar")).unwrap();
+    assert_eq!(ds.len(), 7);
+    let (images, stats) = load_epoch(ds);
+    assert_eq!(images, 6);
+    assert_eq!(stats.bad_images, 1);
+    assert!(
+        stats.bad_examples[0].contains("d-000000.tar: damaged.jpg"),
+        "{:?}",
+        stats.bad_examples
+    );
+}

@@ -1,0 +1,194 @@
+//! Issue 37: ImageNet from wherever users have it. The same photos as an ImageFolder tree (`train/`, `val/`), as
+//! WebDataset shards named as timm's (written by webdataset's ShardWriter) and as the Hub's parquet files
+//! (written by `datasets`), in the same order: `rn50 train DATA` on each gives the same losses step by step, the
+//! weights record the WordNet ids whatever the source, and `rn50 eval` of weights trained on one source against
+//! another's data gives the same result.
+mod common;
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use common::{json_lines, reference_script, rn50, shared};
+use serde_json::json;
+
+/// Runs `scripts/dataset_writers.py ARGS` (webdataset's and datasets' own writers).
+fn dataset_writer(args: &[&str]) {
+    reference_script("../../../../scripts/dataset_writers.py", args);
+}
+
+/// The 1,000 ImageNet classes, class k holding shared photo k % 220 (a class may not be empty in an
+/// ImageFolder): (WordNet id, photo), in the class order.
+fn thousand_classes() -> Vec<(String, PathBuf)> {
+    let mut photos: Vec<PathBuf> = std::fs::read_dir(shared().join("jpeg/imagenet"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    photos.sort();
+    let synsets = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../pipeline/assets/synsets.txt"),
+    )
+    .unwrap();
+    synsets
+        .lines()
+        .enumerate()
+        .map(|(k, l)| {
+            let wnid = l.split_whitespace().next().unwrap().to_string();
+            (wnid, photos[k % photos.len()].clone())
+        })
+        .collect()
+}
+
+/// The three forms of the same data under `dir`: `folder/` (train/ and val/), `wds/` (timm's names) and `hub/`
+/// (data/train-*.parquet, data/validation-*.parquet); each split holds every class's photo, in class order.
+fn three_sources(dir: &Path) -> [PathBuf; 3] {
+    let classes = thousand_classes();
+    let folder = dir.join("folder");
+    for split in ["train", "val"] {
+        for (wnid, photo) in &classes {
+            let d = folder.join(split).join(wnid);
+            std::fs::create_dir_all(&d).unwrap();
+            symlink(photo, d.join(format!("{wnid}.JPEG"))).unwrap();
+        }
+    }
+    let wds = dir.join("wds");
+    std::fs::create_dir_all(&wds).unwrap();
+    let samples: Vec<_> = classes
+        .iter()
+        .enumerate()
+        .map(|(k, (_, photo))| json!({"key": format!("s{k:05}"), "image": photo, "cls": k}))
+        .collect();
+    let spec = dir.join("wds.json");
+    std::fs::write(&spec, json!(samples).to_string()).unwrap();
+    for split in ["train", "validation"] {
+        let pattern = wds.join(format!("imagenet1k-{split}-%04d.tar"));
+        let pattern = pattern.to_str().unwrap();
+        dataset_writer(&["wds", pattern, "300", spec.to_str().unwrap()]);
+    }
+    let hub = dir.join("hub");
+    let names: Vec<String> = (0..1000).map(|k| format!("class {k}")).collect();
+    let rows: Vec<_> = classes
+        .iter()
+        .enumerate()
+        .map(|(k, (_, photo))| json!({"image": photo, "label": k}))
+        .collect();
+    let spec = dir.join("hub.json");
+    std::fs::write(&spec, json!({"names": names, "rows": rows}).to_string()).unwrap();
+    for split in ["train", "validation"] {
+        let file = hub.join(format!("data/{split}-00000-of-00001.parquet"));
+        dataset_writer(&[
+            "parquet",
+            file.to_str().unwrap(),
+            "128",
+            spec.to_str().unwrap(),
+        ]);
+    }
+    [folder, wds, hub]
+}
+
+/// (epoch, step) → loss of a run.
+fn step_losses(run: &Path) -> Vec<((u64, u64), u64)> {
+    json_lines(&run.join("steps.jsonl"))
+        .iter()
+        .map(|r| {
+            (
+                (r["epoch"].as_u64().unwrap(), r["step"].as_u64().unwrap()),
+                r["loss"].as_f64().unwrap().to_bits(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn every_source_trains_to_the_same_losses_and_evaluates_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let sources = three_sources(dir.path());
+    let cache = dir.path().join("cache");
+    let mut losses = Vec::new();
+    let mut evals = Vec::new();
+    for (i, data) in sources.iter().enumerate() {
+        let run = dir.path().join(format!("run{i}"));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rn50"))
+            .args([
+                "train",
+                data.to_str().unwrap(),
+                "--out",
+                run.to_str().unwrap(),
+            ])
+            .args(
+                "-a resnet18 -b 4 -j 2 --image-size 32 --val-resize 36 --val-crop 32 --epochs 1 \
+                 --steps-per-epoch 3 -p 1 --device cpu --precision fp32"
+                    .split_whitespace(),
+            )
+            .env("RN50_CACHE_DIR", &cache)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            data.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        losses.push(step_losses(&run));
+    }
+    // The weights trained on each source, evaluated on the next one's validation split: the class names recorded
+    // (WordNet ids, whatever the source) are those eval checks the data's against.
+    for (i, data) in sources.iter().enumerate() {
+        let weights = dir
+            .path()
+            .join(format!("run{}/final.safetensors", (i + 2) % 3));
+        let json = dir.path().join(format!("eval{i}.json"));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rn50"))
+            .args([
+                "eval",
+                "-a",
+                "resnet18",
+                "--weights",
+                weights.to_str().unwrap(),
+            ])
+            .args(
+                "-b 50 -j 2 --resize 36 --crop 32 --device cpu --precision fp32".split_whitespace(),
+            )
+            .args(["--json", json.to_str().unwrap(), data.to_str().unwrap()])
+            .env("RN50_CACHE_DIR", &cache)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "eval on {}: {}",
+            data.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        assert_eq!(v["images"], 1000, "{v}");
+        evals.push((v["acc1"].clone(), v["acc5"].clone()));
+    }
+    assert_eq!(losses[0].len(), 3);
+    assert_eq!(losses[1], losses[0], "WebDataset shards");
+    assert_eq!(losses[2], losses[0], "parquet");
+    assert_eq!(evals[1], evals[0]);
+    assert_eq!(evals[2], evals[0]);
+    // Data of other classes is refused as for any ImageFolder.
+    let other = dir.path().join("other/val/n01440764");
+    std::fs::create_dir_all(&other).unwrap();
+    symlink(
+        shared().join("jpeg/imagenet/n01440764.JPEG"),
+        other.join("a.JPEG"),
+    )
+    .unwrap();
+    let hub_weights = dir.path().join("run2/final.safetensors");
+    let out = rn50(&[
+        "eval",
+        "-a",
+        "resnet18",
+        "--weights",
+        hub_weights.to_str().unwrap(),
+        "--device",
+        "cpu",
+        dir.path().join("other").to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("trained for 1000"),
+        "{err}"
+    );
+}
