@@ -78,10 +78,24 @@ impl Block {
             .collect()
     }
 
+    /// Batch norm `i` (bn1, bn2, bn3, downsample) in training, PyTorch's op, updating `buffers`.
+    fn batch_norm(&self, y: &Tensor, buffers: &[Tensor], i: usize) -> Tensor {
+        let (p, n) = (&self.params, self.convs());
+        y.batch_norm(
+            Some(&p[n + 2 * i]),
+            Some(&p[n + 2 * i + 1]),
+            Some(&buffers[2 * i]),
+            Some(&buffers[2 * i + 1]),
+            true,
+            MOMENTUM,
+            EPS,
+            false,
+        )
+    }
+
     /// The plain block in PyTorch ops, in `kind` (weights cast as autocast would), recorded by autograd.
     fn reference(&self, x: &Tensor, buffers: &[Tensor], kind: Kind) -> Tensor {
         let p = &self.params;
-        let n = self.convs();
         let conv = |x: &Tensor, i: usize, stride: i64, pad: i64| {
             x.conv2d(
                 &p[i].to_kind(kind),
@@ -92,19 +106,7 @@ impl Block {
                 1,
             )
         };
-        let bn = |y: &Tensor, i: usize| {
-            y.batch_norm(
-                Some(&p[n + 2 * i]),
-                Some(&p[n + 2 * i + 1]),
-                Some(&buffers[2 * i]),
-                Some(&buffers[2 * i + 1]),
-                true,
-                MOMENTUM,
-                EPS,
-                false,
-            )
-            .to_kind(kind)
-        };
+        let bn = |y: &Tensor, i: usize| self.batch_norm(y, buffers, i).to_kind(kind);
         let a1 = bn(&conv(x, 0, 1, 0), 0).relu();
         let a2 = bn(&conv(&a1, 1, self.stride, 1), 1).relu();
         let y3 = bn(&conv(&a2, 2, 1, 0), 2);
@@ -140,25 +142,12 @@ impl Block {
     /// and the tail in PyTorch's ops, in the body's output type.
     fn fused(&self, x: &Tensor, buffers: &[Tensor], use_graph: bool, momentum: f64) -> Tensor {
         let p = &self.params;
-        let n = self.convs();
         let y3 = match self.body(x, buffers, use_graph, momentum) {
             Fused::Done(y) => y,
             Fused::NotApplicable(why) => panic!("the fused body declined: {why}"),
         };
         let kind = y3.kind();
-        let bn = |y: &Tensor, i: usize| {
-            y.batch_norm(
-                Some(&p[n + 2 * i]),
-                Some(&p[n + 2 * i + 1]),
-                Some(&buffers[2 * i]),
-                Some(&buffers[2 * i + 1]),
-                true,
-                MOMENTUM,
-                EPS,
-                false,
-            )
-            .to_kind(kind)
-        };
+        let bn = |y: &Tensor, i: usize| self.batch_norm(y, buffers, i).to_kind(kind);
         let shortcut = if self.downsample {
             let yd = x.conv2d(
                 &p[3].to_kind(kind),
