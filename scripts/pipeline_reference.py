@@ -24,6 +24,12 @@ import os
 import struct
 import sys
 
+# torchvision's affine ops (ShearX, ShearY, Rotate) build their sampling grid with a matmul, MKL's sgemm on the CPU.
+# MKL takes its AVX-512 code path on Intel CPUs only, and that path rounds some grid points differently, enough to
+# move a NEAREST sample across a pixel boundary (13 of 3,343 outputs on a Sapphire Rapids). Pinned to its AVX2 path,
+# the one it runs on AMD CPUs, the reference is the same on both. Read when MKL starts, so before torch is imported.
+os.environ.setdefault("MKL_CBWR", "AVX2")
+
 from PIL import Image
 
 
