@@ -66,7 +66,7 @@ using at::Tensor;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Messages of stages that fell back to ATen ops, each kept once; drained by rn50_block_report.
+// Shapes the body declined because cuDNN lacks one of their graphs, each said once; drained by rn50_block_report.
 std::mutex report_mutex;
 std::set<std::string> reported;
 std::vector<std::string> pending;
@@ -94,8 +94,8 @@ Tensor ch(const Tensor& t) { return t.view({1, -1, 1, 1}); }
 
 const std::vector<int64_t> kDims{0, 2, 3};
 
-// One batch norm of the block as the stages hand it on: fp32 [C] each, and the scale and bias in the activations'
-// type for the graphs' prologues and tail (cast once per step).
+// One batch norm of the body as the stages hand it on: fp32 [C] each, and the scale and bias in the activations'
+// type for the graphs' prologues (cast once per step).
 struct Stats {
   Tensor mean, invstd, scale, bias;  // scale = γ·invstd, bias = β − mean·scale
   Tensor io_scale, io_bias;
@@ -120,9 +120,9 @@ int64_t count(const Tensor& y) { return y.size(0) * y.size(2) * y.size(3); }
 // The conv geometry of conv i of the body: conv1 1x1, conv2 3x3 with the block's stride (v1.5), conv3 1x1.
 Geometry geometry(size_t i, int64_t stride) { return i == 1 ? Geometry{stride, 1} : Geometry{1, 0}; }
 
-
-bool graphs_wanted(const Tensor& t, bool use_graph) {
-  return use_graph && t.is_cuda() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16);
+// Whether the stages of a body whose input is t would be cuDNN graphs: fp16/bf16 on CUDA.
+bool graph_input(const Tensor& t) {
+  return t.is_cuda() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -196,8 +196,8 @@ Tensor bn_input_aten(const Tensor& dz, const Tensor& y, const InputCoefficients&
 namespace fe = cudnn_frontend;
 using Attr = std::shared_ptr<fe::graph::Tensor_attributes>;
 
-// A built graph and its tensors in the order `run` binds pointers to them, or why it could not be built.
-// Execution plans of a graph: the first kCandidates that cuDNN's heuristics propose and that build; the first run
+// A built graph and its tensors in the order `run` binds pointers to them, or why it could not be built. Its
+// execution plans: the first kCandidates that cuDNN's heuristics propose and that build; the first run
 // times each and keeps the fastest, as cudnn.benchmark does for PyTorch's convolutions.
 constexpr int64_t kCandidates = 4;
 struct Plan {
@@ -702,7 +702,7 @@ std::string not_applicable(const Tensor& x, size_t nparams, size_t nbuffers, boo
   if (x.dim() != 4) return "input not NCHW";
   if (!use_graph || !x.is_cuda()) return {};
 #ifdef RN50_CUDNN_GRAPH
-  if (!graphs_wanted(x, true)) return "not fp16/bf16";
+  if (!graph_input(x)) return "not fp16/bf16";
   if (!x.is_contiguous(at::MemoryFormat::ChannelsLast)) return "not NHWC-contiguous";
   if (auto* p = first_unsupported(x, params.slice(0, 3), stride, momentum, eps)) {
     report_once(p->error + " is not supported by this cuDNN: these blocks run the per-layer fused batch norm");
@@ -730,7 +730,7 @@ int rn50_bottleneck(at::Tensor* x, at::Tensor** params, size_t nparams, at::Tens
     auto b = gather(buffers, nbuffers);
     auto why = not_applicable(*x, nparams, nbuffers, use_graph != 0, stride, p, momentum, eps);
     if (!why.empty()) return why;
-    bool graph = use_graph != 0 && graphs_wanted(*x, true);
+    bool graph = use_graph != 0 && graph_input(*x);
     *out = new at::Tensor(Body::apply(*x, at::TensorList(p), b, stride, momentum, eps, graph));
     return {};
   });
