@@ -164,12 +164,6 @@ int rn50_amp_unscale(at::Tensor** grads, size_t n, at::Tensor* found_inf, at::Te
   });
 }
 
-// GradScaler.update: grow the scale after `interval` clean steps, back off on overflow.
-int rn50_amp_update_scale(at::Tensor* scale, at::Tensor* growth_tracker, at::Tensor* found_inf, double growth,
-                          double backoff, int64_t interval) {
-  return guarded([&] { at::_amp_update_scale_(*scale, *growth_tracker, *found_inf, growth, backoff, interval); });
-}
-
 int rn50_torch_version(int* major, int* minor, int* patch) {
   *major = TORCH_VERSION_MAJOR;
   *minor = TORCH_VERSION_MINOR;

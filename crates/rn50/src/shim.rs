@@ -69,14 +69,6 @@ mod ffi {
             found_inf: *const C_tensor,
             inv_scale: *const C_tensor,
         ) -> c_int;
-        pub fn rn50_amp_update_scale(
-            scale: *const C_tensor,
-            growth_tracker: *const C_tensor,
-            found_inf: *const C_tensor,
-            growth: f64,
-            backoff: f64,
-            interval: i64,
-        ) -> c_int;
         pub fn rn50_torch_version(major: *mut c_int, minor: *mut c_int, patch: *mut c_int)
             -> c_int;
         pub fn rn50_show_config() -> *mut c_char;
@@ -512,29 +504,6 @@ pub fn amp_unscale(grads: &[Tensor], found_inf: &Tensor, inv_scale: &Tensor) -> 
         ffi::rn50_amp_unscale(g.as_ptr(), g.len(), found_inf.as_ptr(), inv_scale.as_ptr())
     };
     check(rc, "AMP unscale")
-}
-
-/// GradScaler.update: in place on `scale` and `growth_tracker`.
-pub fn amp_update_scale(
-    scale: &Tensor,
-    growth_tracker: &Tensor,
-    found_inf: &Tensor,
-    growth: f64,
-    backoff: f64,
-    interval: i64,
-) -> Result<()> {
-    // SAFETY: live tensor handles.
-    let rc = unsafe {
-        ffi::rn50_amp_update_scale(
-            scale.as_ptr(),
-            growth_tracker.as_ptr(),
-            found_inf.as_ptr(),
-            growth,
-            backoff,
-            interval,
-        )
-    };
-    check(rc, "AMP scale update")
 }
 
 /// The libtorch version the shim was compiled against, e.g. "2.13.0".

@@ -59,14 +59,15 @@ impl GradScaler {
 
     /// Adjusts the scale after a step, using the overflow flag of the last `unscale`.
     pub fn update(&mut self) -> Result<()> {
-        shim::amp_update_scale(
-            &self.scale,
+        // torch's GradScaler.update: torch._amp_update_scale_, in place on the scale and the growth tracker.
+        let _ = self.scale.f_internal_amp_update_scale_(
             &self.growth_tracker,
             &self.found_inf,
             self.growth_factor,
             self.backoff_factor,
             self.growth_interval,
-        )
+        )?;
+        Ok(())
     }
 
     pub fn current_scale(&self) -> f64 {
