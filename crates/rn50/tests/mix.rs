@@ -9,7 +9,8 @@ use std::path::Path;
 
 use rand::SeedableRng;
 use rn50::model::memory_format::{channels_last, is_channels_last};
-use rn50::step::mix::{erase, BatchMix, Mix};
+use rn50::step::erase::erase;
+use rn50::step::mix::{BatchMix, Mix};
 use rn50_pipeline::transform::Erase;
 use tch::{Device, Kind, Reduction, Tensor};
 

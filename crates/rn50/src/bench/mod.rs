@@ -28,7 +28,7 @@ use rn50_pipeline::synthetic::{self, SyntheticConfig};
 use rn50_pipeline::{Dataset, LoaderConfig};
 
 use crate::device::{device_name, synchronize, ComputeArgs, DeviceSettings};
-use crate::input::{Source, Staged};
+use crate::input::{BatchSource, DeviceBatch};
 use crate::machine::{self, MachineInfo};
 use crate::model::{Arch, Model, ResNetConfig};
 use crate::step::{Precision, SgdConfig, StepConfig, TrainStep};
@@ -241,7 +241,12 @@ impl Plan {
 }
 
 /// The batch source of `cfg.data` for this rank.
-fn source(cfg: &BenchConfig, plan: &Plan, device: Device, dist: &DistContext) -> Result<Source> {
+fn source(
+    cfg: &BenchConfig,
+    plan: &Plan,
+    device: Device,
+    dist: &DistContext,
+) -> Result<BatchSource> {
     let (b, s) = (plan.batch, plan.image_size);
     let seed = cfg.seed.unwrap_or(0);
     let loader_cfg = || LoaderConfig {
@@ -251,14 +256,14 @@ fn source(cfg: &BenchConfig, plan: &Plan, device: Device, dist: &DistContext) ->
         ..LoaderConfig::train(b, cfg.workers.unwrap_or(1).max(1) as usize)
     };
     Ok(match plan.data {
-        DataMode::Device => Source::device(b, s, device),
-        DataMode::Host => Source::host(b, s, device, seed)?,
+        DataMode::Device => BatchSource::device(b, s, device),
+        DataMode::Host => BatchSource::host(b, s, device, seed)?,
         DataMode::Pipeline => {
             let synth = SyntheticConfig {
                 seed,
                 ..SyntheticConfig::new(cfg.synthetic_images.unwrap_or(1).max(1) as usize)
             };
-            Source::loader(synthetic::dataset(&synth)?, loader_cfg(), s)?
+            BatchSource::loader(synthetic::dataset(&synth)?, loader_cfg(), s)?
         }
         DataMode::Real => {
             let root = cfg
@@ -272,7 +277,7 @@ fn source(cfg: &BenchConfig, plan: &Plan, device: Device, dist: &DistContext) ->
                 "{} has more than 1000 classes",
                 dataset.description()
             );
-            Source::loader(dataset, loader_cfg(), s)?
+            BatchSource::loader(dataset, loader_cfg(), s)?
         }
     })
 }
@@ -280,7 +285,7 @@ fn source(cfg: &BenchConfig, plan: &Plan, device: Device, dist: &DistContext) ->
 /// One step as [`measure`] times it.
 struct Timed {
     loss: Tensor,
-    /// The wait for the next batch's producer ([`crate::input::Staged::wait`]).
+    /// The wait for the next batch's producer ([`crate::input::DeviceBatch::wait`]).
     wait: std::time::Duration,
     /// From launching the step to the device finishing it and the next batch's copy queued behind it.
     wall: std::time::Duration,
@@ -295,8 +300,8 @@ struct Timed {
 /// data wait `bench --data-dir` showed on an H100 while `train` on the same data showed none.
 fn timed_step(
     step: &mut TrainStep,
-    src: &mut Source,
-    batch: &mut Staged,
+    src: &mut BatchSource,
+    batch: &mut DeviceBatch,
     device: Device,
     lr: f64,
 ) -> Result<Timed> {

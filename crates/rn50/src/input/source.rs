@@ -4,13 +4,13 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use rn50_pipeline::transform::Erase;
 use rn50_pipeline::{Dataset, Epoch, Epochs, Loader, LoaderConfig, Transform};
 use tch::{Device, Kind, Tensor};
 
-use super::{to_device_async, DeviceBatch, HostBatches};
+use super::{next_batch, to_device_async, DeviceBatch, HostBatches, Keep};
 
-pub enum Source {
+/// Bench's batches, by data mode (and `train --dummy`'s).
+pub enum BatchSource {
     Device {
         images: Tensor,
         labels: Tensor,
@@ -28,53 +28,19 @@ pub enum Source {
     },
 }
 
-/// A batch handed to the step: keeps what the device may still read alive until dropped.
-pub struct Staged {
-    pub images: Tensor,
-    pub labels: Tensor,
-    /// How long the host waited for its producer (the loader, or the host thread making random bytes) to
-    /// have the batch ready: the data wait, as `train` counts it. Staging it for the device is not in it.
-    pub wait: Duration,
-    /// Random erasing's boxes (the loader's `--random-erase` draws), to zero after normalisation.
-    pub erased: Vec<(usize, Erase)>,
-    _keep: Keep,
-}
-
-enum Keep {
-    Nothing,
-    Pinned(Tensor),
-    /// Holds the loader's buffer (viewed by `images` on CPU) until the step is done.
-    Loader {
-        _batch: DeviceBatch,
-    },
-}
-
-impl From<DeviceBatch> for Staged {
-    /// A loader's batch on the device, kept whole: on CPU its tensors view the loader's buffer.
-    fn from(mut b: DeviceBatch) -> Staged {
-        Staged {
-            images: b.images.shallow_clone(),
-            labels: b.labels.shallow_clone(),
-            wait: Duration::ZERO,
-            erased: std::mem::take(&mut b.erased),
-            _keep: Keep::Loader { _batch: b },
-        }
-    }
-}
-
-impl Source {
+impl BatchSource {
     /// One random batch made on the device (random bytes, labels below 1000), handed out at every step.
-    pub fn device(b: usize, s: usize, device: Device) -> Source {
+    pub fn device(b: usize, s: usize, device: Device) -> BatchSource {
         let (b, s) = (b as i64, s as i64);
-        Source::Device {
+        BatchSource::Device {
             images: Tensor::randint(256, [b, s, s, 3], (Kind::Uint8, device)),
             labels: Tensor::randint(1000, [b], (Kind::Int64, device)),
         }
     }
 
-    pub fn host(b: usize, s: usize, device: Device, seed: u64) -> Result<Source> {
+    pub fn host(b: usize, s: usize, device: Device, seed: u64) -> Result<BatchSource> {
         let (b, s) = (b as i64, s as i64);
-        Ok(Source::Host {
+        Ok(BatchSource::Host {
             batches: HostBatches::new(b, s, device, 3, seed)?,
             on_device: Tensor::empty([b, s, s, 3], (Kind::Uint8, device)),
             labels: Tensor::randint(1000, [b], (Kind::Int64, device)),
@@ -82,7 +48,7 @@ impl Source {
     }
 
     /// The training loader (RandomResizedCrop + flip at `size`) over `dataset`, this rank's shard.
-    pub fn loader(dataset: Dataset, cfg: LoaderConfig, size: usize) -> Result<Source> {
+    pub fn loader(dataset: Dataset, cfg: LoaderConfig, size: usize) -> Result<BatchSource> {
         let cfg = LoaderConfig {
             transform: Transform::train(size),
             ..cfg
@@ -94,20 +60,20 @@ impl Source {
         );
         let mut epochs = Box::new(loader.epochs(0, 0));
         let it = Box::new(epochs.next().expect("epochs never end"));
-        Ok(Source::Loader { loader, epochs, it })
+        Ok(BatchSource::Loader { loader, epochs, it })
     }
 
     /// The next batch, on the device (GPU: copied asynchronously from pinned memory).
-    pub fn next(&mut self, device: Device) -> Result<Staged> {
+    pub fn next(&mut self, device: Device) -> Result<DeviceBatch> {
         match self {
-            Source::Device { images, labels } => Ok(Staged {
+            BatchSource::Device { images, labels } => Ok(DeviceBatch {
                 images: images.shallow_clone(),
                 labels: labels.shallow_clone(),
-                wait: Duration::ZERO,
                 erased: Vec::new(),
-                _keep: Keep::Nothing,
+                wait: Duration::ZERO,
+                keep: Keep::Nothing,
             }),
-            Source::Host {
+            BatchSource::Host {
                 batches,
                 on_device,
                 labels,
@@ -125,41 +91,39 @@ impl Source {
                     batches.recycle(batch);
                     Keep::Nothing
                 };
-                Ok(Staged {
+                Ok(DeviceBatch {
                     images: on_device.shallow_clone(),
                     labels: labels.shallow_clone(),
-                    wait,
                     erased: Vec::new(),
-                    _keep: keep,
+                    wait,
+                    keep,
                 })
             }
-            Source::Loader { epochs, it, .. } => {
-                let t = Instant::now();
-                let batch = loop {
-                    match it.next() {
+            BatchSource::Loader { epochs, it, .. } => {
+                let (batch, wait) = loop {
+                    match next_batch(it) {
                         Some(b) => break b.context("loading a batch")?,
                         None => **it = epochs.next().expect("epochs never end"),
                     }
                 };
-                let wait = t.elapsed();
-                Ok(Staged {
+                Ok(DeviceBatch {
                     wait,
-                    ..Staged::from(DeviceBatch::new(batch, device)?)
+                    ..DeviceBatch::new(batch, device)?
                 })
             }
         }
     }
 
     /// Gives a host buffer back once the step that read it is done.
-    pub fn recycle(&mut self, staged: Staged) {
-        if let (Source::Host { batches, .. }, Keep::Pinned(t)) = (self, staged._keep) {
+    pub fn recycle(&mut self, batch: DeviceBatch) {
+        if let (BatchSource::Host { batches, .. }, Keep::Pinned(t)) = (self, batch.keep) {
             batches.recycle(t);
         }
     }
 
     pub fn bad_images(&self) -> u64 {
         match self {
-            Source::Loader { loader, .. } => loader.stats().bad_images,
+            BatchSource::Loader { loader, .. } => loader.stats().bad_images,
             _ => 0,
         }
     }

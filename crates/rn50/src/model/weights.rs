@@ -171,6 +171,43 @@ pub fn load(model: &Model, path: &Path) -> Result<()> {
     WeightsFile::read(path)?.load(model)
 }
 
+/// `train --init-weights`: the weights of `path` in `model`; the classifier keeps its initialisation when the
+/// file's class count differs from the model's, when the file records other class names than `names` (the data's:
+/// its labels would mean other classes), or with `reset_head`. `rank0` says what it loaded.
+pub fn init_weights(
+    model: &Model,
+    path: &Path,
+    reset_head: bool,
+    names: Option<&[String]>,
+    rank0: bool,
+) -> Result<()> {
+    let file = WeightsFile::read(path)?;
+    let file_classes = file.shape()?.num_classes;
+    let classes = model.net.config.num_classes;
+    let renamed =
+        file_classes == classes && matches!((file.classes(), names), (Some(a), Some(b)) if a != b);
+    if reset_head || file_classes != classes || renamed {
+        file.load_backbone(model)?;
+        if rank0 {
+            tracing::info!(
+                "initialised from {} with a new classifier ({file_classes} → {classes} classes{})",
+                path.display(),
+                match (reset_head, renamed) {
+                    (true, _) => ", --reset-head",
+                    (false, true) => ", the file's class names differ from the data's",
+                    _ => "",
+                }
+            );
+        }
+    } else {
+        file.load(model)?;
+        if rank0 {
+            tracing::info!("initialised from {}", path.display());
+        }
+    }
+    Ok(())
+}
+
 /// The classifier's tensors (`fc.weight`, `fc.bias`): what fine-tuning on other classes starts afresh.
 pub fn is_classifier(key: &str) -> bool {
     key.starts_with("fc.")

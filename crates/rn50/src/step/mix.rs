@@ -1,6 +1,6 @@
-//! The batch-level augmentations of torchvision's reference recipe (references/classification), on the device
-//! after normalisation: random erasing's boxes (drawn per image by the loader) zeroed, then Mixup or CutMix,
-//! which turn the labels into soft targets for the cross-entropy.
+//! The batch-level mixing of torchvision's reference recipe (references/classification), on the device after
+//! normalisation and random erasing ([`super::erase`]): Mixup or CutMix, which turn the labels into soft targets
+//! for the cross-entropy.
 //!
 //! As torchvision's reference: `RandomChoice([MixUp(alpha=--mixup-alpha), CutMix(alpha=--cutmix-alpha)])` on every
 //! batch (the one of the two that has an alpha above 0 when only one has; each chosen with probability ½ when both
@@ -10,23 +10,7 @@
 //! `torchvision.transforms.v2.MixUp` and `CutMix` given the same λ and box, and the draws with theirs.
 use rand::Rng;
 use rand_distr::{Beta, Distribution};
-use rn50_pipeline::transform::Erase;
 use tch::{Kind, Tensor};
-
-/// Zeroes random erasing's boxes, each `(image's position in the batch, box)`, in `x`, a normalised `[N, 3, H, W]`
-/// batch (any memory format), in place. torchvision's `RandomErasing(value=0)` runs after `Normalize`, so its zero is
-/// the mean colour, which no uint8 value is: the loader draws the boxes and they are zeroed here.
-pub fn erase(x: &mut Tensor, boxes: &[(usize, Erase)]) {
-    tch::no_grad(|| {
-        for (image, b) in boxes {
-            let _ = x
-                .narrow(0, *image as i64, 1)
-                .narrow(2, b.top as i64, b.height as i64)
-                .narrow(3, b.left as i64, b.width as i64)
-                .fill_(0.0);
-        }
-    });
-}
 
 /// The largest `--mixup-alpha` and `--cutmix-alpha`. rand_distr's Beta(α, α) draws within [0, 1] for every α from
 /// the smallest positive f64 up to where α + α overflows (about 9e307), where every draw is NaN (the run stopped

@@ -1,16 +1,21 @@
-//! One training step as a reusable unit: forward, cross-entropy (optional label smoothing), backward,
-//! SGD update, in fp32 / bf16 autocast / fp16 autocast with dynamic loss scaling.
-pub mod input;
+//! One training step as a reusable unit: the batch's preparation on the device ([`normalize`], [`erase`], [`mix`]),
+//! forward, cross-entropy (optional label smoothing), backward, SGD update, in fp32 / bf16 autocast / fp16
+//! autocast with dynamic loss scaling.
+pub mod erase;
 pub mod mix;
+pub mod normalize;
 pub mod optim;
 pub mod precision;
 pub mod scaler;
 
 use anyhow::Result;
+use rand::Rng;
 use tch::{Device, Reduction, Tensor};
 
+use crate::input::DeviceBatch;
 use crate::model::Model;
-pub use input::Normalizer;
+use mix::BatchMix;
+pub use normalize::Normalizer;
 pub use optim::{Sgd, SgdConfig};
 pub use precision::Precision;
 use rn50_distributed::{DdpOptions, DistContext, GradSync, StepComm};
@@ -90,6 +95,27 @@ impl TrainStep {
             self.grad_sync = Some(dist.gradient_sync(&params, &buffers, opts)?);
         }
         Ok(())
+    }
+
+    /// A training micro-batch as the network takes it: normalised, random erasing's boxes zeroed, and mixed by
+    /// `mix` (--mixup-alpha, --cutmix-alpha) with its draw from the random generator given with it. The input and
+    /// its targets: the labels, or class probabilities when mixed.
+    pub fn prepare(
+        &mut self,
+        batch: &DeviceBatch,
+        mix: Option<(&BatchMix, &mut impl Rng)>,
+    ) -> (Tensor, Tensor) {
+        let mut x = self.input.normalize(&batch.images);
+        erase::erase(&mut x, &batch.erased);
+        let targets = match mix {
+            Some((m, rng)) => {
+                let (h, w) = (x.size()[2] as usize, x.size()[3] as usize);
+                let classes = self.model.net.config.num_classes;
+                m.draw(rng, h, w).apply(&mut x, &batch.labels, classes)
+            }
+            None => batch.labels.shallow_clone(),
+        };
+        (x, targets)
     }
 
     /// A step on a uint8 NHWC batch already on the device (normalised here, on the device).

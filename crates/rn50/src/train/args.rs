@@ -207,7 +207,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     pub mllog: Option<PathBuf>,
     #[command(flatten)]
-    pub mlperf: crate::train::mllog::MlperfArgs,
+    pub mlperf: MlperfArgs,
     /// Stop each epoch after this many steps (smoke tests, quick measurements).
     #[arg(long, value_parser = usize_in(1..))]
     pub steps_per_epoch: Option<usize>,
@@ -394,6 +394,90 @@ impl TrainArgs {
         let b = self.batch_size as u64;
         check_batch_bytes("--batch-size", b, "--image-size", self.image_size as u64)?;
         check_batch_bytes("--batch-size", b, "--val-crop", self.val_crop as u64)
+    }
+}
+
+/// `submission_division`: the rules a result is compared under.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Division {
+    /// The reference's model, optimizer and hyperparameter rules (LARS or SGD with MLPerf's polynomial decay).
+    #[default]
+    Closed,
+    /// Any model, optimizer or schedule; the same data and quality target.
+    Open,
+}
+
+/// `submission_status`: how available the system is (the values of the checker's 4.0.0 ruleset).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Available: can be bought and run on premises.
+    #[default]
+    Onprem,
+    /// Available: can be rented in a cloud.
+    Cloud,
+    /// Available within 180 days of the results' publication.
+    Preview,
+    /// Research, development or internal.
+    Research,
+}
+
+/// The log's submission fields (`submission_org`, `_platform`, `_division`, `_status`) and `cache_clear`: what
+/// MLCommons' compliance checker requires of a result log besides the run itself. All need --mllog.
+#[derive(Args, Debug, Clone, Default, Serialize)]
+pub struct MlperfArgs {
+    /// --mllog's submission_org: the submitting organisation, as MLPerf's results name it (MLPerf's scripts take it
+    /// from MLPERF_SUBMISSION_ORG). Not empty. The compliance checker requires it: without it the log is no result.
+    #[arg(long, value_name = "NAME", requires = "mllog", value_parser = not_blank)]
+    pub submission_org: Option<String>,
+    /// --mllog's submission_platform: the system, named as its systems/NAME.json in the submission (e.g. 1xDGX-H100;
+    /// MLPerf's scripts: MLPERF_SUBMISSION_PLATFORM, prefixed with the node count). Not empty. The compliance
+    /// checker requires it.
+    #[arg(long, value_name = "NAME", requires = "mllog", value_parser = not_blank)]
+    pub submission_platform: Option<String>,
+    /// --mllog's submission_division: closed (MLPerf's reference model and hyperparameter rules, LARS or SGD with
+    /// its polynomial decay: results compared like for like) or open (any model or optimizer; same data and
+    /// target) [default: closed, as MLPerf's reference scripts log].
+    #[arg(long, value_enum, requires = "mllog")]
+    pub submission_division: Option<Division>,
+    /// --mllog's submission_status: onprem or cloud (available to buy or rent), preview (available within 180 days
+    /// of publication) or research (research, development or internal) [default: onprem, as MLPerf's reference
+    /// scripts log].
+    #[arg(long, value_enum, requires = "mllog")]
+    pub submission_status: Option<Status>,
+    /// Before the run, write dirty pages back (sync) and drop the page cache, dentries and inodes (3 into
+    /// /proc/sys/vm/drop_caches), as MLPerf's submission scripts do before each run on every node: the run reads
+    /// its data from storage, not from memory a previous run filled. The first process of each node drops that
+    /// node's cache. Needs root (an error otherwise, before anything is written). Logged as cache_clear true;
+    /// without it cache_clear is false.
+    #[arg(long, requires = "mllog")]
+    pub drop_caches: bool,
+}
+
+/// clap's parser of a name that must say something: not empty, not only spaces.
+fn not_blank(s: &str) -> Result<String, String> {
+    match s.trim().is_empty() {
+        true => Err("must not be empty".into()),
+        false => Ok(s.to_string()),
+    }
+}
+
+impl MlperfArgs {
+    /// What keeps --mllog's log from being a result MLPerf accepts, as flags to add (for the warning at the
+    /// start), with `logged` the keys the log has already (a job script's `cache_clear`); empty when nothing does.
+    pub fn missing(&self, logged: &[String]) -> Vec<&'static str> {
+        let mut missing = Vec::new();
+        if self.submission_org.is_none() {
+            missing.push("--submission-org (the checker requires submission_org)");
+        }
+        if self.submission_platform.is_none() {
+            missing.push("--submission-platform (the checker requires submission_platform)");
+        }
+        if !self.drop_caches && !logged.iter().any(|k| k == "cache_clear") {
+            missing.push("--drop-caches (submissions clear the page cache before each run; cache_clear is false)");
+        }
+        missing
     }
 }
 

@@ -1,11 +1,15 @@
 //! Where `rn50 train` gets its batches: DATA/train and DATA/val (or DATA/validation, DATA/test, or WebDataset
 //! shards named for the splits) with the chosen recipe's
 //! transforms (with --auto-augment, --random-erase and --ra-reps), a train loader rebuilt when progressive resizing changes the resolution, all on one set of
-//! loader threads. The hand-over of a host batch to the device is [`crate::input::DeviceBatch`].
+//! loader threads. The hand-over of a host batch to the device is [`crate::input::DeviceBatch`]. Before any of it is
+//! read, `--drop-caches` empties the page cache ([`drop_caches`]).
+use std::fs::OpenOptions;
+use std::io::Write;
 use std::ops::Range;
 use std::path::Path;
+use std::time::SystemTime;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use rn50_pipeline::source::{TRAIN_SPLIT, VAL_SPLIT};
 use rn50_pipeline::{Dataset, Epoch, Loader, LoaderConfig, Transform};
 
@@ -138,4 +142,33 @@ impl RealData {
         let res = self.train.as_ref().map_or(args.image_size, |(r, _)| *r);
         Ok(self.train(args, res)?.batches_per_epoch())
     }
+}
+
+/// The kernel's switch that drops the page cache.
+const DROP_CACHES: &str = "/proc/sys/vm/drop_caches";
+
+/// `--drop-caches` in this process: opens the kernel's switch (every process, so that all fail alike, before
+/// anything is written, when they may not), and with `drop` (each node's first process) writes dirty pages back
+/// and drops the page cache, dentries and inodes, as `sync && sysctl vm.drop_caches=3` in MLPerf's scripts. The
+/// time it dropped them.
+pub fn drop_caches(drop: bool) -> Result<Option<SystemTime>> {
+    let mut switch = OpenOptions::new()
+        .write(true)
+        .open(DROP_CACHES)
+        .with_context(|| {
+            format!(
+                "--drop-caches: cannot open {DROP_CACHES} for writing: dropping the page cache needs root (or a \
+                 container allowed to write /proc/sys); run as root, or without --drop-caches"
+            )
+        })?;
+    if !drop {
+        return Ok(None);
+    }
+    // Only clean pages are dropped: the dirty ones are written back first.
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    switch
+        .write_all(b"3")
+        .with_context(|| format!("--drop-caches: writing 3 to {DROP_CACHES}"))?;
+    Ok(Some(SystemTime::now()))
 }

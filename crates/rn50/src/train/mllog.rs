@@ -5,20 +5,22 @@
 //! writes; lines are appended, each in one write. A file holds one run, as MLCommons' compliance checker reads it:
 //! one that already holds a run is refused ([`MlLog::check`]), and a run resumed from a checkpoint writes none.
 //!
-//! [`MlperfArgs`]: the submission's fields of the log and `--drop-caches`; [`TARGET_ACCURACY`]: MLPerf's quality
-//! target, which decides `run_stop`'s status whenever `--mllog` is given.
+//! [`MlperfRun`]: what a training run logs, at the trainer's five points (`start`, `epoch_start`, `trained`,
+//! `evaluated`, `finish`); [`TARGET_ACCURACY`]: MLPerf's quality target, which decides `run_stop`'s status
+//! whenever `--mllog` is given. The flags are [`crate::train::args::MlperfArgs`].
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, Write};
 use std::panic::Location;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
-use clap::{Args, ValueEnum};
 use rn50_args::UsageError;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use crate::train::args::OptimizerKind;
+use crate::train::schedule::{Decay, LrSchedule};
 use crate::train::TrainArgs;
 
 /// The line prefix of mllog (and of MLPerf's compliance checker).
@@ -28,90 +30,6 @@ pub const PREFIX: &str = ":::MLLOG ";
 /// checker's `eval_accuracy >= 0.7590` (training_4.0.0/closed_resnet.yaml). With --mllog it is the run's target:
 /// `run_stop` says `success` only when an evaluation reached it.
 pub const TARGET_ACCURACY: f64 = 75.9;
-
-/// `submission_division`: the rules a result is compared under.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Division {
-    /// The reference's model, optimizer and hyperparameter rules (LARS or SGD with MLPerf's polynomial decay).
-    #[default]
-    Closed,
-    /// Any model, optimizer or schedule; the same data and quality target.
-    Open,
-}
-
-/// `submission_status`: how available the system is (the values of the checker's 4.0.0 ruleset).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Status {
-    /// Available: can be bought and run on premises.
-    #[default]
-    Onprem,
-    /// Available: can be rented in a cloud.
-    Cloud,
-    /// Available within 180 days of the results' publication.
-    Preview,
-    /// Research, development or internal.
-    Research,
-}
-
-/// The log's submission fields (`submission_org`, `_platform`, `_division`, `_status`) and `cache_clear`: what
-/// MLCommons' compliance checker requires of a result log besides the run itself. All need --mllog.
-#[derive(Args, Debug, Clone, Default, Serialize)]
-pub struct MlperfArgs {
-    /// --mllog's submission_org: the submitting organisation, as MLPerf's results name it (MLPerf's scripts take it
-    /// from MLPERF_SUBMISSION_ORG). Not empty. The compliance checker requires it: without it the log is no result.
-    #[arg(long, value_name = "NAME", requires = "mllog", value_parser = not_blank)]
-    pub submission_org: Option<String>,
-    /// --mllog's submission_platform: the system, named as its systems/NAME.json in the submission (e.g. 1xDGX-H100;
-    /// MLPerf's scripts: MLPERF_SUBMISSION_PLATFORM, prefixed with the node count). Not empty. The compliance
-    /// checker requires it.
-    #[arg(long, value_name = "NAME", requires = "mllog", value_parser = not_blank)]
-    pub submission_platform: Option<String>,
-    /// --mllog's submission_division: closed (MLPerf's reference model and hyperparameter rules, LARS or SGD with
-    /// its polynomial decay: results compared like for like) or open (any model or optimizer; same data and
-    /// target) [default: closed, as MLPerf's reference scripts log].
-    #[arg(long, value_enum, requires = "mllog")]
-    pub submission_division: Option<Division>,
-    /// --mllog's submission_status: onprem or cloud (available to buy or rent), preview (available within 180 days
-    /// of publication) or research (research, development or internal) [default: onprem, as MLPerf's reference
-    /// scripts log].
-    #[arg(long, value_enum, requires = "mllog")]
-    pub submission_status: Option<Status>,
-    /// Before the run, write dirty pages back (sync) and drop the page cache, dentries and inodes (3 into
-    /// /proc/sys/vm/drop_caches), as MLPerf's submission scripts do before each run on every node: the run reads
-    /// its data from storage, not from memory a previous run filled. The first process of each node drops that
-    /// node's cache. Needs root (an error otherwise, before anything is written). Logged as cache_clear true;
-    /// without it cache_clear is false.
-    #[arg(long, requires = "mllog")]
-    pub drop_caches: bool,
-}
-
-/// clap's parser of a name that must say something: not empty, not only spaces.
-fn not_blank(s: &str) -> Result<String, String> {
-    match s.trim().is_empty() {
-        true => Err("must not be empty".into()),
-        false => Ok(s.to_string()),
-    }
-}
-
-impl MlperfArgs {
-    /// What keeps --mllog's log from being a result MLPerf accepts, as flags to add (for the warning at the
-    /// start), with `logged` the keys the log has already (a job script's `cache_clear`); empty when nothing does.
-    pub fn missing(&self, logged: &[String]) -> Vec<&'static str> {
-        let mut missing = Vec::new();
-        if self.submission_org.is_none() {
-            missing.push("--submission-org (the checker requires submission_org)");
-        }
-        if self.submission_platform.is_none() {
-            missing.push("--submission-platform (the checker requires submission_platform)");
-        }
-        if !self.drop_caches && !logged.iter().any(|k| k == "cache_clear") {
-            missing.push("--drop-caches (submissions clear the page cache before each run; cache_clear is false)");
-        }
-        missing
-    }
-}
 
 /// The rules between --mllog and the flags of a run ([`TrainArgs::check`] has the others): a --target-accuracy
 /// other than MLPerf's is a [`UsageError`]. The log's `run_stop` says `success` for MLPerf's target only, and a
@@ -135,33 +53,250 @@ pub fn target(args: &TrainArgs) -> Option<f64> {
         .or(args.mllog.as_ref().map(|_| TARGET_ACCURACY))
 }
 
-/// The kernel's switch that drops the page cache.
-const DROP_CACHES: &str = "/proc/sys/vm/drop_caches";
+/// MLPerf's log of one training run (`--mllog`): rank 0 of a run that does not resume writes it; elsewhere every
+/// hook does nothing. The trainer calls each hook from one place: [`MlperfRun::start`] when training is set up,
+/// [`MlperfRun::epoch_start`], [`MlperfRun::trained`] after an epoch's steps, [`MlperfRun::evaluated`], and
+/// [`MlperfRun::finish`].
+pub struct MlperfRun {
+    /// Where the log goes, until it is opened at the start.
+    path: Option<PathBuf>,
+    log: Option<MlLog>,
+    /// When MLPerf's init interval began (this process knew it was rank 0), and when this process dropped the
+    /// page cache (--drop-caches, each node's first process).
+    init_start: SystemTime,
+    caches_dropped: Option<SystemTime>,
+    /// The first epoch of the run, and of the epochs up to the next evaluation (MLPerf's block).
+    first_epoch: usize,
+    block_first: usize,
+}
 
-/// `--drop-caches` in this process: opens the kernel's switch (every process, so that all fail alike, before
-/// anything is written, when they may not), and with `drop` (each node's first process) writes dirty pages back
-/// and drops the page cache, dentries and inodes, as `sync && sysctl vm.drop_caches=3` in MLPerf's scripts. The
-/// time it dropped them.
-pub fn drop_caches(drop: bool) -> Result<Option<SystemTime>> {
-    let mut switch = OpenOptions::new()
-        .write(true)
-        .open(DROP_CACHES)
-        .with_context(|| {
-            format!(
-                "--drop-caches: cannot open {DROP_CACHES} for writing: dropping the page cache needs root (or a \
-                 container allowed to write /proc/sys); run as root, or without --drop-caches"
-            )
-        })?;
-    if !drop {
+/// What [`MlperfRun::start`] logs of the run beside its flags.
+pub struct RunShape<'a> {
+    pub schedule: &'a LrSchedule,
+    /// Images per optimizer step of all processes, and the processes.
+    pub global_batch: usize,
+    pub world: usize,
+    /// Optimizer steps an epoch.
+    pub per_epoch: usize,
+    /// The training and validation images (all ranks'), with a dataset.
+    pub samples: Option<(usize, usize)>,
+    /// The epoch training starts at.
+    pub first_epoch: usize,
+}
+
+impl MlperfRun {
+    /// MLPerf's init interval starts now. `writes`: rank 0 of a training run, which writes `--mllog` unless it
+    /// resumes from a checkpoint: MLPerf times one uninterrupted run from init_start to run_stop, and a resumed
+    /// attempt's lines, after the first attempt's or in a file of their own, would claim a time to train that
+    /// no run had; the resumed run trains on without a log, and says so. The log is checked now ([`MlLog::check`],
+    /// with a warning when it lacks what a result needs) and written once the run starts.
+    pub fn new(
+        args: &TrainArgs,
+        writes: bool,
+        resumes: bool,
+        caches_dropped: Option<SystemTime>,
+    ) -> Result<Self> {
+        let init_start = SystemTime::now();
+        let path = match (&args.mllog, writes) {
+            (Some(path), true) => log_path(args, path, resumes)?,
+            _ => None,
+        };
+        Ok(Self {
+            path: path.map(Path::to_path_buf),
+            log: None,
+            init_start,
+            caches_dropped,
+            first_epoch: 0,
+            block_first: 0,
+        })
+    }
+
+    /// The file the run will append to, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The run starts: `cache_clear` and `init_start` at their times, the submission's fields and the
+    /// hyperparameters, `init_stop` and `run_start`.
+    pub fn start(&mut self, args: &TrainArgs, run: &RunShape) -> Result<()> {
+        self.first_epoch = run.first_epoch;
+        self.block_first = run.first_epoch;
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        // A job script that dropped the caches itself logged cache_clear first: rn50's false would contradict it.
+        let script_cleared = MlLog::keys(path)?.iter().any(|k| k == "cache_clear");
+        let mut log = MlLog::open(path)?;
+        if args.mlperf.drop_caches || !script_cleared {
+            // Dropped before init_start (logged at init_start's time when another process of the node did it).
+            let cleared = self.caches_dropped.unwrap_or(self.init_start);
+            log.event_at(cleared, "cache_clear", args.mlperf.drop_caches)?;
+        }
+        log.started_at(self.init_start, "init_start", json!({}))?;
+        config(&mut log, args, run)?;
+        log.end("init_stop", json!({}))?;
+        log.start("run_start", json!({}))?;
+        self.log = Some(log);
+        Ok(())
+    }
+
+    /// A block (the epochs up to the next evaluation) starts at the run's first epoch and after each
+    /// evaluation; then the epoch starts. MLPerf numbers epochs from 1.
+    pub fn epoch_start(&mut self, args: &TrainArgs, epoch: usize) -> Result<()> {
+        let new_block = epoch == self.first_epoch || args.evaluates(epoch - 1);
+        if new_block {
+            self.block_first = epoch;
+        }
+        let Some(log) = &mut self.log else {
+            return Ok(());
+        };
+        if new_block {
+            let last = (epoch..args.epochs)
+                .find(|&e| args.evaluates(e))
+                .expect("the last epoch is evaluated");
+            log.start(
+                "block_start",
+                json!({"first_epoch_num": epoch + 1, "epoch_count": last + 1 - epoch}),
+            )?;
+        }
+        log.start("epoch_start", json!({"epoch_num": epoch + 1}))
+    }
+
+    /// `epoch`'s steps are done: the epoch's end, and the evaluation's start when it `evaluates`.
+    pub fn trained(&mut self, epoch: usize, evaluates: bool) -> Result<()> {
+        let Some(log) = &mut self.log else {
+            return Ok(());
+        };
+        let n = json!({"epoch_num": epoch + 1});
+        log.end("epoch_stop", n.clone())?;
+        if evaluates {
+            log.start("eval_start", n)?;
+        }
+        Ok(())
+    }
+
+    /// `epoch` was evaluated to top-1 `acc1` (percent): the evaluation's end, its accuracy as a fraction, the
+    /// block's end, and run_stop (success) when it `reached` MLPerf's target (top-1 at least 75.9 and the
+    /// checker's eval_accuracy at least 0.759 agree for every image count up to 200,000).
+    pub fn evaluated(&mut self, epoch: usize, acc1: f64, reached: bool) -> Result<()> {
+        let Some(log) = &mut self.log else {
+            return Ok(());
+        };
+        let n = json!({"epoch_num": epoch + 1});
+        log.end("eval_stop", n.clone())?;
+        log.event_with("eval_accuracy", acc1 / 100.0, n)?;
+        log.end(
+            "block_stop",
+            json!({"first_epoch_num": self.block_first + 1}),
+        )?;
+        if reached {
+            log.end("run_stop", json!({"status": "success"}))?;
+        }
+        Ok(())
+    }
+
+    /// The run ends: MLPerf's status of a run that did not reach its quality target (every epoch trained, or
+    /// stopped by a signal; a resumed run writes no log, so this attempt's log ends here).
+    pub fn finish(&mut self, reached: bool) -> Result<()> {
+        match (&mut self.log, reached) {
+            (Some(log), false) => log.end("run_stop", json!({"status": "aborted"})),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Where rank 0 of a training run writes `--mllog path`: there, after [`MlLog::check`], with a warning when the log
+/// lacks what a result needs; nowhere when the run resumes from a checkpoint (see [`MlperfRun::new`]).
+fn log_path<'a>(args: &TrainArgs, path: &'a Path, resumes: bool) -> Result<Option<&'a Path>> {
+    if resumes {
+        // A path that is no MLPerf log (the checkpoint's) is still a mistake worth an error.
+        MlLog::keys(path)?;
+        tracing::warn!(
+            "--mllog {}: not written by this run: it resumes from a checkpoint, and MLPerf times one uninterrupted \
+             run (the log keeps the first attempt, to where it stopped)",
+            path.display()
+        );
         return Ok(None);
     }
-    // Only clean pages are dropped: the dirty ones are written back first.
-    // SAFETY: sync(2) takes no arguments and cannot fail.
-    unsafe { libc::sync() };
-    switch
-        .write_all(b"3")
-        .with_context(|| format!("--drop-caches: writing 3 to {DROP_CACHES}"))?;
-    Ok(Some(SystemTime::now()))
+    let logged = MlLog::check(path)?;
+    let missing = args.mlperf.missing(&logged);
+    if !missing.is_empty() {
+        tracing::warn!(
+            "--mllog {} is not a submission log without {}",
+            path.display(),
+            missing.join(", ")
+        );
+    }
+    Ok(Some(path))
+}
+
+/// The submission's fields and the hyperparameters as MLPerf's ResNet-50 rules name them (`lars_opt_*` or
+/// `sgd_opt_*`).
+fn config(log: &mut MlLog, args: &TrainArgs, run: &RunShape) -> Result<()> {
+    let m = &args.mlperf;
+    log.event("submission_benchmark", "resnet")?;
+    if let Some(org) = &m.submission_org {
+        log.event("submission_org", org)?;
+    }
+    if let Some(platform) = &m.submission_platform {
+        log.event("submission_platform", platform)?;
+    }
+    log.event(
+        "submission_division",
+        m.submission_division.unwrap_or_default(),
+    )?;
+    log.event("submission_status", m.submission_status.unwrap_or_default())?;
+    log.event("seed", args.seed)?;
+    log.event("global_batch_size", run.global_batch)?;
+    log.event("gradient_accumulation_steps", args.accum_steps)?;
+    // The images batch norm's statistics are taken over: one process's batch, or every rank's with --sync-bn.
+    let bn_span = match args.sync_bn {
+        true => args.batch_size * run.world,
+        false => args.batch_size,
+    };
+    log.event("model_bn_span", bn_span)?;
+    if let Some((train, val)) = run.samples {
+        log.event("train_samples", train)?;
+        log.event("eval_samples", val)?;
+    }
+    let lars = args.optimizer == OptimizerKind::Lars;
+    let p = if lars { "lars" } else { "sgd" };
+    let schedule = run.schedule;
+    log.event("opt_name", p)?;
+    log.event(&format!("{p}_opt_base_learning_rate"), schedule.peak_lr)?;
+    // The rate of the last step (the one that ends at epoch --epochs): --lr-end for poly and cosine, 0 for
+    // linear, the rate after the last milestone for step.
+    let end = schedule.at(schedule.epochs);
+    log.event(&format!("{p}_opt_end_learning_rate"), end)?;
+    match &schedule.decay {
+        Decay::Poly { power, .. } => {
+            log.event(&format!("{p}_opt_learning_rate_decay_poly_power"), power)?
+        }
+        // mllog's names for a step schedule (MLPerf's ResNet-50 rules before LARS and the polynomial decay).
+        Decay::Step { milestones, gamma } => {
+            log.event("opt_learning_rate_decay_boundary_epochs", milestones)?;
+            log.event("opt_learning_rate_decay_factor", gamma)?;
+        }
+        Decay::Cosine { .. } | Decay::Linear => {}
+    }
+    let decay_steps = (args.epochs as f64 - args.warmup_epochs) * run.per_epoch as f64;
+    log.event(
+        &format!("{p}_opt_learning_rate_decay_steps"),
+        decay_steps.round() as u64,
+    )?;
+    let warmup_key = if lars {
+        "lars_opt_learning_rate_warmup_epochs"
+    } else {
+        "opt_learning_rate_warmup_epochs"
+    };
+    log.event(warmup_key, args.warmup_epochs)?;
+    log.event(&format!("{p}_opt_momentum"), args.momentum)?;
+    log.event(&format!("{p}_opt_weight_decay"), args.wd)?;
+    if lars {
+        // rn50's LARS has no epsilon in its trust ratio.
+        log.event("lars_epsilon", 0.0)?;
+    }
+    Ok(())
 }
 
 /// MLPerf's `event_type`s: `start`/`end` pairs (`run_start`/`run_stop`, `epoch_start`/`epoch_stop`...) and

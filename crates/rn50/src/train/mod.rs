@@ -6,8 +6,9 @@
 //!   average; [`metrics`]: top-1/top-5 counting; [`progress`]: the per-epoch progress bar or log lines;
 //! - [`checkpoint`]: the resumable state in one safetensors file; [`keeper`]: when to save, which to keep, what
 //!   `--resume` means; `rundir`: the run directory's claim and its logs' trimming on resume;
-//! - [`eval`]: one evaluation pass, and `rn50 eval` ([`eval::run`]); [`mllog`]: MLPerf's `:::MLLOG` lines
-//!   (`--mllog`).
+//! - [`runlog`]: rank 0's logs in the run directory (metrics.jsonl, steps.jsonl, TensorBoard, the summary);
+//!   [`mllog`]: MLPerf's `:::MLLOG` lines (`--mllog`), written at the trainer's hooks;
+//! - [`eval`]: one evaluation pass, and `rn50 eval` ([`eval::run`]).
 pub mod args;
 pub mod checkpoint;
 pub mod config;
@@ -20,6 +21,7 @@ pub mod metrics;
 pub mod mllog;
 pub mod progress;
 mod rundir;
+pub mod runlog;
 pub mod schedule;
 pub mod trainer;
 

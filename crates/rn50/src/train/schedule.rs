@@ -7,6 +7,8 @@ use std::fmt;
 use anyhow::{bail, Result};
 use rn50_report::table::{fmt_decimals, fmt_lr};
 
+use crate::train::args::{ScheduleKind, TrainArgs};
+
 /// `--lr-base` is per `base_size` images (`--lr-base-size`, 256 by default): the effective rate scales with the
 /// global batch (Goyal et al.'s linear scaling rule).
 pub fn scaled_lr(lr_base: f64, global_batch: usize, base_size: usize) -> f64 {
@@ -53,6 +55,24 @@ pub struct LrSchedule {
 }
 
 impl LrSchedule {
+    /// The schedule of `train`'s flags (--lr-schedule, --warmup-epochs, --epochs...), `peak` after the warmup.
+    pub fn of_args(args: &TrainArgs, peak: f64) -> Result<Self> {
+        let decay = match args.lr_schedule {
+            ScheduleKind::Step => {
+                Decay::step_for(args.epochs as f64, args.lr_milestones.as_deref())
+            }
+            ScheduleKind::Cosine => Decay::Cosine {
+                final_lr: args.lr_end,
+            },
+            ScheduleKind::Linear => Decay::Linear,
+            ScheduleKind::Poly => Decay::Poly {
+                power: args.lr_poly_power,
+                final_lr: args.lr_end,
+            },
+        };
+        Self::new(peak, args.warmup_epochs, args.epochs as f64, decay)
+    }
+
     pub fn new(peak_lr: f64, warmup_epochs: f64, epochs: f64, decay: Decay) -> Result<Self> {
         if !peak_lr.is_finite() || peak_lr <= 0.0 {
             bail!("the learning rate must be positive (got {peak_lr})");
@@ -149,6 +169,15 @@ pub struct Resolution {
 }
 
 impl Resolution {
+    /// The resolutions of `train`'s flags: --image-size throughout, or from --min-res up to it (--start-ramp,
+    /// --end-ramp).
+    pub fn of_args(args: &TrainArgs) -> Result<Self> {
+        match args.min_res {
+            None => Ok(Self::fixed(args.image_size)),
+            Some(min) => Self::new(min, args.image_size, args.start_ramp, args.end_ramp_epoch()),
+        }
+    }
+
     pub fn fixed(size: usize) -> Self {
         Self {
             min: size,
