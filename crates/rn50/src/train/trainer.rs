@@ -66,8 +66,8 @@ pub fn run(args: &TrainArgs) -> Result<Outcome> {
                 return t.finish(Outcome::Preempted);
             }
         };
-        // The epochs of --eval-every/--eval-offset, and the last; none other.
         t.state.mlperf.trained(epoch, args.evaluates(epoch))?;
+        // The epochs of --eval-every/--eval-offset, and the last; none other.
         let eval = match args.evaluates(epoch) {
             true => Some(t.evaluate_epoch(epoch, passes.val)?),
             false => None,
