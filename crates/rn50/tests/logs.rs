@@ -7,21 +7,13 @@ mod common;
 
 use std::process::{Command, Output};
 
-use common::rn50;
+use common::{rn50, TinyTrain};
 
 /// A small run on synthetic data: 2 epochs of 3 steps, a line every step.
-fn tiny(out: &std::path::Path) -> Vec<String> {
-    let flags = "train --dummy -a resnet18 --width 8 -b 2 --image-size 32 --augment cifar \
-                 --steps-per-epoch 3 --epochs 2 -p 1 --device cpu --precision fp32 --out";
-    flags
-        .split_whitespace()
-        .map(String::from)
-        .chain([out.to_str().unwrap().to_string()])
-        .collect()
-}
-
-fn strs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
+fn tiny(out: &std::path::Path) -> TinyTrain {
+    TinyTrain::dummy(out).flags(
+        "--width 8 -b 2 --image-size 32 --augment cifar --steps-per-epoch 3 --epochs 2 -p 1 --precision fp32",
+    )
 }
 
 /// `2026-11-23T20:41:07.512Z` at the start of `line`: returns the rest after it.
@@ -77,7 +69,7 @@ fn stderr(o: &Output) -> String {
 #[test]
 fn every_line_has_a_utc_time_stamp_and_level_and_step_lines_have_both_etas() {
     let dir = tempfile::tempdir().unwrap();
-    let r = rn50(&strs(&tiny(&dir.path().join("run"))));
+    let r = tiny(&dir.path().join("run")).output();
     let log = stderr(&r);
     assert!(r.status.success(), "{log}");
     // Every line is a log line but the end-of-run summary, a table (results are not log lines): its header and
@@ -229,8 +221,8 @@ fn evaluation_shows_progress_and_the_start_line_reads_as_people_write() {
 #[test]
 fn rust_log_filters_by_level() {
     let dir = tempfile::tempdir().unwrap();
-    let r = Command::new(env!("CARGO_BIN_EXE_rn50"))
-        .args(tiny(&dir.path().join("run")))
+    let r = tiny(&dir.path().join("run"))
+        .command()
         .env("RUST_LOG", "warn")
         .output()
         .unwrap();
@@ -254,10 +246,9 @@ fn ranks_say_which_they_are_once() {
             args.push("--no-prefix");
         }
         args.push("--");
-        let train = tiny(&out);
-        args.extend(strs(&train));
         let r = Command::new(env!("CARGO_BIN_EXE_rn50"))
             .args(&args)
+            .args(tiny(&out).to_args())
             .env("OMP_NUM_THREADS", "1")
             .env("RN50_DIST_TIMEOUT", "60")
             .output()

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{image_tree, json_lines};
+use common::{image_tree, json_lines, TinyTrain};
 
 /// Every scalar series of LOGDIR as TensorBoard shows it: tag → (step, value), in TensorBoard's order.
 fn tensorboard_shows(logdir: &Path) -> BTreeMap<String, Vec<(i64, f32)>> {
@@ -29,20 +29,12 @@ fn steps(series: &[(i64, f32)]) -> Vec<i64> {
 
 /// `rn50 train` on DATA into OUT: resnet18 of width 8 at 32 px, 4 steps an epoch, a logged step each.
 fn train(data: &Path, out: &Path, epochs: usize, extra: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_rn50"));
-    c.arg("train")
-        .arg(data)
-        .arg("--out")
-        .arg(out)
-        .args(
-            "-a resnet18 --width 8 -b 4 -j 2 --image-size 32 --val-resize 36 --val-crop 32 -p 1 \
-             --device cpu --precision fp32 --epochs"
-                .split_whitespace(),
-        )
-        .arg(epochs.to_string())
+    let mut c = TinyTrain::on(data, out)
+        .flags("--width 8 -b 4 -j 2 --image-size 32 --val-resize 36 --val-crop 32 -p 1 --precision fp32")
+        .args(["--epochs", &epochs.to_string()])
         .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .command();
+    c.stdout(Stdio::null()).stderr(Stdio::piped());
     c
 }
 
@@ -154,35 +146,35 @@ fn a_hard_kill_and_resume_show_each_step_once_in_tensorboard() {
         assert_eq!(steps(&shown[tag]), epoch_ends, "{tag}");
     }
     // The values shown are the ones the logs keep: the resumed run's where it logged again.
-    let logged = json_lines(&run.join("steps.jsonl"));
+    let logged = common::steps(&run);
     assert_eq!(logged.len(), every_step.len());
     for (rec, (&(_, loss), &(_, acc1))) in logged
         .iter()
         .zip(shown["train/loss"].iter().zip(&shown["train/acc1"]))
     {
-        assert_eq!(loss, rec["loss"].as_f64().unwrap() as f32, "{rec}");
-        assert_eq!(acc1, rec["acc1"].as_f64().unwrap() as f32, "{rec}");
+        assert_eq!(loss, rec.loss as f32, "{rec:?}");
+        assert_eq!(acc1, rec.acc1.unwrap() as f32, "{rec:?}");
     }
-    let metrics = json_lines(&run.join("metrics.jsonl"));
-    assert_eq!(metrics.len(), epochs);
+    assert_eq!(json_lines(&run.join("metrics.jsonl")).len(), epochs);
+    let metrics = common::metrics(&run);
     // An epoch's training top-1 is over all its images: with every step logged and batches of 4, the mean of its
     // steps' (each a multiple of 25%).
     for (e, rec) in metrics.iter().enumerate() {
         let of_steps: Vec<f64> = logged[e * per_epoch..(e + 1) * per_epoch]
             .iter()
-            .map(|r| r["acc1"].as_f64().unwrap())
+            .map(|r| r.acc1.unwrap())
             .collect();
         assert!(of_steps.iter().all(|a| a % 25.0 == 0.0), "{of_steps:?}");
         let mean = of_steps.iter().sum::<f64>() / per_epoch as f64;
-        let got = rec["train_acc1"].as_f64().unwrap();
+        let got = rec.train_acc1.unwrap();
         assert!((got - mean).abs() < 1e-9, "epoch {e}: {got} vs {mean}");
     }
     for (rec, (&(_, loss), &(_, acc1))) in metrics
         .iter()
         .zip(shown["val/loss"].iter().zip(&shown["val/acc1"]))
     {
-        assert_eq!(loss, rec["val_loss"].as_f64().unwrap() as f32, "{rec}");
-        assert_eq!(acc1, rec["acc1"].as_f64().unwrap() as f32, "{rec}");
+        assert_eq!(loss, rec.val_loss.unwrap() as f32, "{rec:?}");
+        assert_eq!(acc1, rec.acc1.unwrap() as f32, "{rec:?}");
     }
 }
 
@@ -193,13 +185,12 @@ fn a_hard_kill_and_resume_show_each_step_once_in_tensorboard() {
 fn events_reach_the_file_before_the_epoch_ends() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rn50"))
-        .args(
-            "train --dummy -a resnet18 --width 8 -b 2 --image-size 32 --augment cifar --steps-per-epoch 2000 \
-             -p 100 --epochs 1 --device cpu --precision fp32 --out"
-                .split_whitespace(),
+    let mut child = TinyTrain::dummy(&run)
+        .flags(
+            "--width 8 -b 2 --image-size 32 --augment cifar --steps-per-epoch 2000 -p 100 --epochs 1 \
+             --precision fp32",
         )
-        .arg(&run)
+        .command()
         .env("RN50_TENSORBOARD_FLUSH_SECS", "1")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -236,9 +227,8 @@ fn a_bad_flush_interval_is_a_usage_error() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     for bad in ["0", "61", "1.5", "x"] {
-        let r = Command::new(env!("CARGO_BIN_EXE_rn50"))
-            .args("train --dummy --device cpu --out".split_whitespace())
-            .arg(&run)
+        let r = TinyTrain::dummy(&run)
+            .command()
             .env("RN50_TENSORBOARD_FLUSH_SECS", bad)
             .output()
             .unwrap();

@@ -5,7 +5,7 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{image_tree, json_lines, rn50};
+use common::{image_tree, json_lines, rn50, TinyTrain};
 
 /// DATA/{train,val}/<wnid>/: `classes` classes with 2 training copies, the first `val_classes` with 1 val copy.
 fn tree(root: &Path, classes: usize, val_classes: usize) {
@@ -176,14 +176,9 @@ fn mismatched_class_sets_are_a_clear_error() {
 
 /// (epoch, step) → loss from a run's steps.jsonl.
 fn step_losses(run: &Path) -> std::collections::BTreeMap<(u64, u64), f64> {
-    json_lines(&run.join("steps.jsonl"))
+    common::steps(run)
         .iter()
-        .map(|r| {
-            (
-                (r["epoch"].as_u64().unwrap(), r["step"].as_u64().unwrap()),
-                r["loss"].as_f64().unwrap(),
-            )
-        })
+        .map(|r| ((r.epoch, r.step), r.loss))
         .collect()
 }
 
@@ -721,16 +716,11 @@ fn a_truncated_checkpoint_names_the_older_one_kept() {
     assert_eq!(json_lines(&out.join("metrics.jsonl")).len(), 3);
 }
 
-/// The flags of a small, fast run on synthetic data into `out`, then `extra`.
-fn tiny_run(out: &Path, extra: &[&str]) -> Vec<String> {
-    let flags = "train --dummy -a resnet18 --width 16 -b 2 --image-size 32 --augment cifar \
-                 --steps-per-epoch 1 --device cpu --precision fp32 --out";
-    flags
-        .split_whitespace()
-        .chain([out.to_str().unwrap()])
-        .chain(extra.iter().copied())
-        .map(String::from)
-        .collect()
+/// A small, fast run on synthetic data into `out`.
+fn tiny(out: &Path) -> TinyTrain {
+    TinyTrain::dummy(out).flags(
+        "--width 16 -b 2 --image-size 32 --augment cifar --steps-per-epoch 1 --precision fp32",
+    )
 }
 
 fn run_strs(a: &[String]) -> std::process::Output {
@@ -744,12 +734,12 @@ fn run_strs(a: &[String]) -> std::process::Output {
 fn a_used_run_directory_needs_resume_or_overwrite() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let r = run_strs(&tiny_run(&out, &["--epochs", "3"]));
+    let r = tiny(&out).flags("--epochs 3").output();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     std::fs::write(out.join("notes.txt"), b"the user's").unwrap();
     let before = snapshot(&out);
 
-    let r = run_strs(&tiny_run(&out, &["--epochs", "1"]));
+    let r = tiny(&out).flags("--epochs 1").output();
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(!r.status.success(), "{err}");
     assert!(
@@ -763,7 +753,7 @@ fn a_used_run_directory_needs_resume_or_overwrite() {
     // The link dangles (its file lost): the newest kept checkpoint that loads is resumed, and it survives.
     let latest = out.join("checkpoint.safetensors");
     std::fs::remove_file(std::fs::canonicalize(&latest).unwrap()).unwrap();
-    let r = run_strs(&tiny_run(&out, &["--epochs", "4", "--resume", "auto"]));
+    let r = tiny(&out).flags("--epochs 4 --resume auto").output();
     let log = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{log}");
     assert!(
@@ -774,7 +764,7 @@ fn a_used_run_directory_needs_resume_or_overwrite() {
     assert_eq!(pos.epoch, 4);
     assert_eq!(json_lines(&out.join("metrics.jsonl")).len(), 4);
 
-    let r = run_strs(&tiny_run(&out, &["--epochs", "1", "--overwrite"]));
+    let r = tiny(&out).flags("--epochs 1 --overwrite").output();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     assert_eq!(json_lines(&out.join("metrics.jsonl")).len(), 1);
     let (pos, _) = rn50::train::checkpoint::read_meta(&latest).unwrap();
@@ -801,17 +791,13 @@ fn a_failed_start_writes_nothing_and_the_corrected_command_runs() {
     let data = dir.path().join("data");
     tree(&data, 12, 12);
     let out = dir.path().join("run");
-    let real = |extra: &[&str]| -> Vec<String> {
-        let flags = format!(
-            "train {} -a resnet18 --width 8 --image-size 32 --augment cifar --steps-per-epoch 1 --device cpu \
-             --precision fp32 -j 1 --out {}",
-            data.display(),
-            out.display()
-        );
-        let flags = flags.split_whitespace().chain(extra.iter().copied());
-        flags.map(String::from).collect()
+    let real = |extra: &[&str]| {
+        TinyTrain::on(&data, &out)
+            .flags("--width 8 --image-size 32 --augment cifar --steps-per-epoch 1 --precision fp32 -j 1")
+            .args(extra)
+            .output()
     };
-    let r = run_strs(&real(&["--epochs", "1", "-b", "64"]));
+    let r = real(&["--epochs", "1", "-b", "64"]);
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(!r.status.success(), "{err}");
     assert!(
@@ -823,7 +809,7 @@ fn a_failed_start_writes_nothing_and_the_corrected_command_runs() {
         "a failed start wrote {:?}",
         snapshot(&out).iter().map(|(n, _)| n).collect::<Vec<_>>()
     );
-    let r = run_strs(&real(&["--epochs", "1", "-b", "4"]));
+    let r = real(&["--epochs", "1", "-b", "4"]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
 
     // The run has history; starts that fail after the checks that come first.
@@ -835,7 +821,7 @@ fn a_failed_start_writes_nothing_and_the_corrected_command_runs() {
         (&["--mllog", ckpt.to_str().unwrap()], "is not an MLPerf log"),
     ];
     for (extra, want) in failing {
-        let r = run_strs(&real(&[&resume[..], extra].concat()));
+        let r = real(&[&resume[..], extra].concat());
         let err = String::from_utf8_lossy(&r.stderr);
         assert!(
             !r.status.success() && err.contains(want),
@@ -851,7 +837,7 @@ fn a_failed_start_writes_nothing_and_the_corrected_command_runs() {
     std::fs::rename(&tb, dir.path().join("tb-aside")).unwrap();
     std::fs::write(&tb, b"not a folder").unwrap();
     let before = snapshot(&out);
-    let r = run_strs(&real(&resume));
+    let r = real(&resume);
     assert!(
         !r.status.success(),
         "{}",
@@ -863,7 +849,7 @@ fn a_failed_start_writes_nothing_and_the_corrected_command_runs() {
     );
     std::fs::remove_file(&tb).unwrap();
     std::fs::rename(dir.path().join("tb-aside"), &tb).unwrap();
-    let r = run_strs(&real(&resume));
+    let r = real(&resume);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     assert_eq!(json_lines(&out.join("metrics.jsonl")).len(), 2);
 }
@@ -873,13 +859,14 @@ fn a_failed_start_writes_nothing_and_the_corrected_command_runs() {
 fn a_second_train_into_a_run_in_progress_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let mut first = Command::new(env!("CARGO_BIN_EXE_rn50"))
-        .args(tiny_run(&out, &["--epochs", "1000000"]))
+    let mut first = tiny(&out)
+        .flags("--epochs 1000000")
+        .command()
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let _err = common::read_stderr_until(&mut first, "rn50 train:");
-    let r = run_strs(&tiny_run(&out, &["--epochs", "1", "--resume", "auto"]));
+    let r = tiny(&out).flags("--epochs 1 --resume auto").output();
     let log = String::from_utf8_lossy(&r.stderr);
     unsafe { libc::kill(first.id() as i32, libc::SIGKILL) };
     first.wait().unwrap();
@@ -930,17 +917,12 @@ fn unreadable_training_images_are_counted_per_epoch() {
 
 /// `rn50 train DATA --out OUT` of two epochs of a narrow ResNet-18 at 32 px on the CPU, batches of 2, then `extra`.
 fn two_small_epochs(data: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
-    let flags = "-a resnet18 --width 8 -b 2 -j 2 --image-size 32 --val-resize 32 --val-crop 32 \
-                 --epochs 2 --device cpu --precision fp32";
-    let mut a = vec![
-        "train",
-        data.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    a.extend(flags.split_whitespace());
-    a.extend(extra);
-    rn50(&a)
+    TinyTrain::on(data, out)
+        .flags(
+            "--width 8 -b 2 -j 2 --image-size 32 --val-resize 32 --val-crop 32 --epochs 2 --precision fp32",
+        )
+        .args(extra)
+        .output()
 }
 
 /// Issue 34: a run in which every training image is unreadable (or, with `--augment cifar`, smaller than the crop
@@ -993,23 +975,12 @@ fn resuming_onto_other_class_folders_is_refused() {
     tree(&data, 3, 3);
     let out = dir.path().join("run");
     let run = |epochs: &str, resume: bool| {
-        let mut a = vec![
-            "train".to_string(),
-            data.to_str().unwrap().into(),
-            "--out".into(),
-            out.to_str().unwrap().into(),
-        ];
-        a.extend(
-            "-a resnet18 --width 8 -b 2 -j 2 --image-size 32 --val-resize 32 --val-crop 32 --device cpu \
-             --precision fp32 --epochs"
-                .split_whitespace()
-                .map(String::from),
-        );
-        a.push(epochs.into());
-        if resume {
-            a.extend(["--resume".into(), "auto".into()]);
-        }
-        run_strs(&a)
+        let resume: &[&str] = if resume { &["--resume", "auto"] } else { &[] };
+        TinyTrain::on(&data, &out)
+            .flags("--width 8 -b 2 -j 2 --image-size 32 --val-resize 32 --val-crop 32 --precision fp32")
+            .args(["--epochs", epochs])
+            .args(resume)
+            .output()
     };
     let r = run("1", false);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
@@ -1521,8 +1492,7 @@ fn mlperf_time_to_accuracy_eval_schedule_and_mllog() {
 
     // A target never reached (no accuracy without a dataset): every epoch runs, the last line says so.
     let out = dir.path().join("never");
-    let never = tiny_run(&out, &["--epochs", "2", "--target-accuracy", "50"]);
-    let r = run_strs(&never);
+    let r = tiny(&out).flags("--epochs 2 --target-accuracy 50").output();
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{err}");
     assert!(

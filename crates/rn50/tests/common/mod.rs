@@ -1,5 +1,8 @@
-//! Helpers shared by the integration tests: the shared real data and small ImageFolder trees made from it.
+//! Helpers shared by the integration tests: the shared real data and small ImageFolder trees made from it, and
+//! the command line of a small training run ([`TinyTrain`]).
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 pub fn shared() -> PathBuf {
     std::env::var_os("RN50_SHARED_DATA")
@@ -79,6 +82,23 @@ pub fn json_lines(path: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The records of a run's steps.jsonl, typed (`rn50_report::schema::StepRecord`).
+#[allow(dead_code)]
+pub fn steps(run: &Path) -> Vec<rn50_report::schema::StepRecord> {
+    std::fs::read_to_string(run.join("steps.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The epochs of a run's metrics.jsonl as `rn50_report::schema::read_metrics` reads them (the last record of
+/// an epoch logged twice, by epoch): for the records' values; count the lines with [`json_lines`].
+#[allow(dead_code)]
+pub fn metrics(run: &Path) -> Vec<rn50_report::EpochMetrics> {
+    rn50_report::schema::read_metrics(&run.join("metrics.jsonl")).unwrap()
+}
+
 #[allow(dead_code)]
 pub fn rn50(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_rn50"))
@@ -106,4 +126,61 @@ pub fn read_stderr_until(
         );
     }
     err
+}
+
+/// The command line of a small `rn50 train` on the CPU, which tests build on: `train SOURCE --out OUT -a resnet18
+/// --device cpu`, SOURCE `--dummy` or a dataset, then the flags each test adds (width, batch, image size, epochs...:
+/// a flag given twice is clap's error, so the shared part has none that tests vary).
+#[allow(dead_code)]
+#[derive(Clone, Debug)]
+pub struct TinyTrain(Vec<OsString>);
+
+#[allow(dead_code)]
+impl TinyTrain {
+    /// On `--dummy` data (one random batch of 1000 classes).
+    pub fn dummy(out: &Path) -> Self {
+        Self::with_source("--dummy".as_ref(), out)
+    }
+
+    /// On the dataset in `data` (train/ and val/).
+    pub fn on(data: &Path, out: &Path) -> Self {
+        Self::with_source(data.as_ref(), out)
+    }
+
+    fn with_source(source: &OsStr, out: &Path) -> Self {
+        let mut args: Vec<OsString> =
+            vec!["train".into(), source.into(), "--out".into(), out.into()];
+        args.extend(["-a", "resnet18", "--device", "cpu"].map(OsString::from));
+        Self(args)
+    }
+
+    /// Adds `flags`, split at whitespace ("--epochs 2 -p 1").
+    pub fn flags(mut self, flags: &str) -> Self {
+        self.0.extend(flags.split_whitespace().map(OsString::from));
+        self
+    }
+
+    /// Adds `args` as they are (paths, values with spaces).
+    pub fn args<S: AsRef<OsStr>>(mut self, args: impl IntoIterator<Item = S>) -> Self {
+        self.0
+            .extend(args.into_iter().map(|a| a.as_ref().to_os_string()));
+        self
+    }
+
+    /// The arguments after `rn50` (for `rn50 launch -- …`).
+    pub fn to_args(&self) -> Vec<OsString> {
+        self.0.clone()
+    }
+
+    /// `rn50` with these arguments, to add environment or pipes to.
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rn50"));
+        c.args(&self.0);
+        c
+    }
+
+    /// Runs it to the end.
+    pub fn output(&self) -> Output {
+        self.command().output().unwrap()
+    }
 }
