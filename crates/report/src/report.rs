@@ -11,8 +11,8 @@ use crate::plot::{self, Chart, Legend, Series, XAxis, YAxis};
 use crate::run_report::{accuracy_chart, loss_chart, write_atomic};
 use crate::schema::{read_inputs, Input, TrainRun};
 use crate::table::{
-    bench_row, grouped_throughput, row_efficiency, sweep_rows, throughput_table, train_row,
-    train_table, ThroughputRow, TrainRow,
+    bench_row, compare, grouped_throughput, row_efficiency, sweep_rows, throughput_table,
+    train_row, train_table, ThroughputRow, TrainRow,
 };
 
 #[derive(clap::Args, Clone, Debug)]
@@ -27,27 +27,6 @@ pub struct ReportArgs {
     /// Also write the tables, with their efficiencies, as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct ThroughputEntry {
-    pub source: String,
-    pub hardware: String,
-    pub config: String,
-    pub workers: u64,
-    pub batch_per_worker: u64,
-    pub global_batch: u64,
-    pub lr: Option<f64>,
-    pub images_per_sec: f64,
-    pub spread_lo: Option<f64>,
-    pub spread_hi: Option<f64>,
-    pub repeats: Option<usize>,
-    pub baseline_workers: u64,
-    pub speedup: Option<f64>,
-    pub efficiency_throughput: Option<f64>,
-    pub efficiency_time: Option<f64>,
-    pub data_wait_share: Option<f64>,
-    pub allreduce_ms: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -68,7 +47,7 @@ pub struct TrainEntry {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct ReportJson {
-    pub throughput: Vec<ThroughputEntry>,
+    pub throughput: Vec<ThroughputRow>,
     pub train: Vec<TrainEntry>,
     pub files: Vec<PathBuf>,
 }
@@ -129,34 +108,7 @@ pub fn markdown(c: &Collected) -> String {
 }
 
 pub fn json(c: &Collected, files: Vec<PathBuf>) -> ReportJson {
-    let mut throughput = vec![];
-    for (base, group) in grouped_throughput(&c.throughput) {
-        for r in group {
-            let (ex, et) = row_efficiency(&base, &r);
-            throughput.push(ThroughputEntry {
-                speedup: crate::efficiency::speedup_throughput(
-                    base.images_per_sec,
-                    r.images_per_sec,
-                ),
-                baseline_workers: base.workers,
-                efficiency_throughput: ex,
-                efficiency_time: et,
-                source: r.source,
-                hardware: r.hardware,
-                config: r.config,
-                workers: r.workers,
-                batch_per_worker: r.batch,
-                global_batch: r.global_batch,
-                lr: r.lr,
-                images_per_sec: r.images_per_sec,
-                spread_lo: r.lo,
-                spread_hi: r.hi,
-                repeats: r.repeats,
-                data_wait_share: r.data_wait_share,
-                allreduce_ms: r.allreduce_ms,
-            });
-        }
-    }
+    let throughput = compare(&c.throughput);
     let train = c
         .runs
         .iter()

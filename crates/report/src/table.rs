@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use serde::Serialize;
+
 use crate::efficiency::{speedup_throughput, throughput_efficiency_from, time_efficiency_from};
 use crate::schema::{hardware_name, BenchResult, SweepResult, TrainRun, TrainSummary};
 
@@ -262,8 +264,9 @@ fn int_cell(x: u64) -> Cell {
     Cell::num(group_thousands(x as i64), Some(x as f64))
 }
 
-/// One throughput measurement: a bench result or a sweep point.
-#[derive(Clone, Debug, PartialEq)]
+/// One throughput measurement (a bench result or a sweep point) and how it compares with its group's baseline:
+/// a row of the throughput table, and an entry of `rn50 report --json` (under these names, in this order).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ThroughputRow {
     /// The file it came from.
     pub source: String,
@@ -272,19 +275,27 @@ pub struct ThroughputRow {
     pub config: String,
     pub workers: u64,
     /// Per worker.
+    #[serde(rename = "batch_per_worker")]
     pub batch: u64,
     pub global_batch: u64,
     pub lr: Option<f64>,
     /// Median, all workers together.
     pub images_per_sec: f64,
     /// p10/p90 of a bench, min/max of a sweep point's repeats.
+    #[serde(rename = "spread_lo")]
     pub lo: Option<f64>,
+    #[serde(rename = "spread_hi")]
     pub hi: Option<f64>,
     pub repeats: Option<usize>,
-    pub step_ms: Option<f64>,
-    pub compute_images_per_sec: Option<f64>,
+    /// The comparison with the group's baseline, filled in by [`compare`] (0 and `None` before).
+    pub baseline_workers: u64,
+    pub speedup: Option<f64>,
+    pub efficiency_throughput: Option<f64>,
+    pub efficiency_time: Option<f64>,
     pub data_wait_share: Option<f64>,
     pub allreduce_ms: Option<f64>,
+    #[serde(skip)]
+    pub step_ms: Option<f64>,
 }
 
 impl ThroughputRow {
@@ -330,10 +341,10 @@ pub fn bench_row(source: &str, b: &BenchResult) -> ThroughputRow {
         lo: b.images_per_sec_p10,
         hi: b.images_per_sec_p90,
         repeats: None,
-        step_ms: b.step_ms,
-        compute_images_per_sec: b.compute_images_per_sec,
         data_wait_share: b.data_wait_share,
         allreduce_ms: b.allreduce_ms,
+        step_ms: b.step_ms,
+        ..Default::default()
     }
 }
 
@@ -359,10 +370,8 @@ pub fn sweep_rows(source: &str, s: &SweepResult) -> Vec<ThroughputRow> {
             lo: Some(p.min),
             hi: Some(p.max),
             repeats: Some(p.images_per_sec.len()),
-            step_ms: None,
-            compute_images_per_sec: None,
-            data_wait_share: None,
             allreduce_ms: p.allreduce_ms,
+            ..Default::default()
         })
         .collect()
 }
@@ -405,6 +414,21 @@ pub fn row_efficiency(base: &ThroughputRow, r: &ThroughputRow) -> (Option<f64>, 
     )
 }
 
+/// The rows sorted into their comparison groups, each compared with its group's baseline: speedup and both
+/// efficiencies.
+pub fn compare(rows: &[ThroughputRow]) -> Vec<ThroughputRow> {
+    let mut out = vec![];
+    for (base, group) in grouped_throughput(rows) {
+        for mut r in group {
+            (r.efficiency_throughput, r.efficiency_time) = row_efficiency(&base, &r);
+            r.speedup = speedup_throughput(base.images_per_sec, r.images_per_sec);
+            r.baseline_workers = base.workers;
+            out.push(r);
+        }
+    }
+    out
+}
+
 /// Hardware × workers × img/s, with both efficiencies against each group's smallest worker count.
 pub fn throughput_table(rows: &[ThroughputRow]) -> Table {
     use Align::*;
@@ -431,44 +455,38 @@ pub fn throughput_table(rows: &[ThroughputRow]) -> Table {
         columns,
         rows: vec![],
     };
-    for (base, group) in grouped_throughput(rows) {
-        for r in &group {
-            let (eff_x, eff_t) = row_efficiency(&base, r);
-            let spread = match (r.lo, r.hi) {
-                (Some(lo), Some(hi)) => {
-                    let n = r.repeats.map(|n| format!(" (n={n})")).unwrap_or_default();
-                    Cell {
-                        display: format!("{}–{}{n}", fmt_rate(lo), fmt_rate(hi)),
-                        raw: lo.to_string(),
-                    }
-                }
-                _ => Cell::empty(),
-            };
-            out.rows.push(vec![
-                Cell::text(&r.hardware),
-                Cell::text(&r.config),
-                int_cell(r.workers),
-                int_cell(r.batch),
-                int_cell(r.global_batch),
-                opt_cell(r.lr, fmt_lr),
-                Cell::num(fmt_rate(r.images_per_sec), Some(r.images_per_sec)),
-                spread,
+    for r in &compare(rows) {
+        let spread = match (r.lo, r.hi) {
+            (Some(lo), Some(hi)) => {
+                let n = r.repeats.map(|n| format!(" (n={n})")).unwrap_or_default();
                 Cell {
-                    display: String::new(),
-                    raw: r.hi.map(|x| x.to_string()).unwrap_or_default(),
-                },
-                opt_cell(Some(r.images_per_sec / r.workers as f64), fmt_rate),
-                opt_cell(
-                    speedup_throughput(base.images_per_sec, r.images_per_sec),
-                    |s| format!("{s:.2}x"),
-                ),
-                opt_cell(eff_x, fmt_pct),
-                opt_cell(eff_t, fmt_pct),
-                opt_cell(r.data_wait_share, fmt_pct),
-                opt_cell(r.allreduce_ms, |m| format!("{m:.1}")),
-                Cell::text(&r.source),
-            ]);
-        }
+                    display: format!("{}–{}{n}", fmt_rate(lo), fmt_rate(hi)),
+                    raw: lo.to_string(),
+                }
+            }
+            _ => Cell::empty(),
+        };
+        out.rows.push(vec![
+            Cell::text(&r.hardware),
+            Cell::text(&r.config),
+            int_cell(r.workers),
+            int_cell(r.batch),
+            int_cell(r.global_batch),
+            opt_cell(r.lr, fmt_lr),
+            Cell::num(fmt_rate(r.images_per_sec), Some(r.images_per_sec)),
+            spread,
+            Cell {
+                display: String::new(),
+                raw: r.hi.map(|x| x.to_string()).unwrap_or_default(),
+            },
+            opt_cell(Some(r.images_per_sec / r.workers as f64), fmt_rate),
+            opt_cell(r.speedup, |s| format!("{s:.2}x")),
+            opt_cell(r.efficiency_throughput, fmt_pct),
+            opt_cell(r.efficiency_time, fmt_pct),
+            opt_cell(r.data_wait_share, fmt_pct),
+            opt_cell(r.allreduce_ms, |m| format!("{m:.1}")),
+            Cell::text(&r.source),
+        ]);
     }
     out
 }
