@@ -32,6 +32,10 @@ pub struct ReportArgs {
 #[derive(Clone, Debug, Serialize)]
 pub struct TrainEntry {
     pub run: String,
+    pub arch: Option<String>,
+    pub width: Option<u64>,
+    pub image_size: Option<u64>,
+    pub dataset: Option<String>,
     pub hardware: Option<String>,
     pub workers: Option<u64>,
     pub batch_per_rank: Option<u64>,
@@ -89,9 +93,10 @@ pub fn markdown(c: &Collected) -> String {
         s.push_str(&throughput_table(&c.throughput).to_markdown());
         s.push_str(
             "\nimg/s: median over steps (bench) or over repeats (sweep), all workers together; spread: \
-             p10–p90 of the steps, or min–max of n repeats. Efficiency against the fewest workers with the same \
-             hardware, config and batch per worker: X_N/(N·X_1) from img/s, T1/(N·TN) from the time a fixed \
-             number of images takes (median step time / global batch). lr is the effective rate.\n",
+             p10–p90 of the steps, or min–max of n repeats. Efficiency against the fewest workers among the rows \
+             that differ in worker count alone (hardware, config, batch per worker and the bench's other \
+             settings): X_N/(N·X_1) from img/s, T1/(N·TN) from the time a fixed number of images takes (median \
+             step time / global batch). lr is the effective rate.\n",
         );
     }
     if !c.runs.is_empty() {
@@ -100,8 +105,9 @@ pub fn markdown(c: &Collected) -> String {
         s.push_str(&train_table(&rows, true).to_markdown());
         s.push_str(
             "\nWall-clock: training and evaluation of all epochs. Acc@1/Acc@5: last epoch, percent. Efficiency \
-             against the run with the fewest GPUs/ranks of the same arch, dataset and epochs: T1/(N·TN) from \
-             wall-clock time, X_N/(N·X_1) from mean img/s.\n",
+             against the run with the fewest GPUs/ranks among those that differ in worker count alone (arch, \
+             width, image size, dataset, hardware, precision, batch per rank and epochs the same): T1/(N·TN) \
+             from wall-clock time, X_N/(N·X_1) from mean img/s.\n",
         );
     }
     s
@@ -116,6 +122,10 @@ pub fn json(c: &Collected, files: Vec<PathBuf>) -> ReportJson {
             let r = train_row(run);
             TrainEntry {
                 run: r.name,
+                arch: r.arch,
+                width: r.width,
+                image_size: r.image_size,
+                dataset: r.dataset,
                 hardware: r.hardware,
                 workers: r.workers,
                 batch_per_rank: r.batch,

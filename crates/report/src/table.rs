@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::efficiency::{speedup_throughput, throughput_efficiency_from, time_efficiency_from};
-use crate::schema::{hardware_name, BenchResult, SweepResult, TrainRun, TrainSummary};
+use crate::schema::{hardware_name, BenchConfig, BenchResult, SweepResult, TrainRun, TrainSummary};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Cell {
@@ -296,6 +296,10 @@ pub struct ThroughputRow {
     pub allreduce_ms: Option<f64>,
     #[serde(skip)]
     pub step_ms: Option<f64>,
+    /// The measurement's other settings (channels_last, fused kernels, TF32, dataset folder, optimizer), which
+    /// must match too for rows to be compared.
+    #[serde(skip)]
+    pub settings: String,
 }
 
 impl ThroughputRow {
@@ -322,6 +326,23 @@ fn config_label(
     parts.join(" ")
 }
 
+/// [`ThroughputRow::settings`] of a bench configuration: what it records beyond the config label, the batch and
+/// what follows from the worker count (global batch, scaled lr, threads and loader workers per rank), the seed
+/// and the measurement's length.
+fn settings(c: &BenchConfig) -> String {
+    format!(
+        "{:?}",
+        (
+            c.channels_last,
+            c.fused_bn,
+            c.fused_block,
+            c.tf32,
+            &c.data_dir,
+            &c.optimizer,
+        )
+    )
+}
+
 pub fn bench_row(source: &str, b: &BenchResult) -> ThroughputRow {
     let c = &b.config;
     ThroughputRow {
@@ -344,6 +365,7 @@ pub fn bench_row(source: &str, b: &BenchResult) -> ThroughputRow {
         data_wait_share: b.data_wait_share,
         allreduce_ms: b.allreduce_ms,
         step_ms: b.step_ms,
+        settings: settings(c),
         ..Default::default()
     }
 }
@@ -371,19 +393,26 @@ pub fn sweep_rows(source: &str, s: &SweepResult) -> Vec<ThroughputRow> {
             hi: Some(p.max),
             repeats: Some(p.images_per_sec.len()),
             allreduce_ms: p.allreduce_ms,
+            settings: p.config.as_ref().map(settings).unwrap_or_default(),
             ..Default::default()
         })
         .collect()
 }
 
-/// Rows compared for scaling: same hardware, model config and per-worker batch (weak scaling, as the sites run).
-fn group_key(r: &ThroughputRow) -> (String, String, u64) {
-    (r.hardware.clone(), r.config.clone(), r.batch)
+/// Rows compared for scaling: those that differ in worker count alone (same hardware, model config, per-worker
+/// batch and other settings: weak scaling, as the sites run).
+fn group_key(r: &ThroughputRow) -> (String, String, u64, String) {
+    (
+        r.hardware.clone(),
+        r.config.clone(),
+        r.batch,
+        r.settings.clone(),
+    )
 }
 
 /// Rows sorted into their comparison groups, with each group's baseline (fewest workers; first given on a tie).
 pub fn grouped_throughput(rows: &[ThroughputRow]) -> Vec<(ThroughputRow, Vec<ThroughputRow>)> {
-    let mut groups: BTreeMap<(String, String, u64), Vec<ThroughputRow>> = BTreeMap::new();
+    let mut groups: BTreeMap<_, Vec<ThroughputRow>> = BTreeMap::new();
     for r in rows {
         groups.entry(group_key(r)).or_default().push(r.clone());
     }
@@ -496,8 +525,12 @@ pub fn throughput_table(rows: &[ThroughputRow]) -> Table {
 pub struct TrainRow {
     pub name: String,
     pub arch: Option<String>,
+    pub width: Option<u64>,
+    /// Training resolution of the last epoch (metrics.jsonl's `resolution`).
+    pub image_size: Option<u64>,
     pub hardware: Option<String>,
     pub dataset: Option<String>,
+    pub precision: Option<String>,
     pub workers: Option<u64>,
     pub batch: Option<u64>,
     pub global_batch: Option<u64>,
@@ -519,8 +552,11 @@ pub fn train_row(run: &TrainRun) -> TrainRow {
     TrainRow {
         name: run.name.clone(),
         arch: s.map(|s| s.arch.clone()),
+        width: s.and_then(|s| s.width),
+        image_size: run.epochs.last().and_then(|e| e.resolution),
         hardware: s.map(|s| s.device.clone()),
         dataset: s.map(|s| s.dataset.clone()),
+        precision: s.map(|s| s.precision.clone()),
         workers: s.map(|s| s.world_size),
         batch: s.map(|s| s.batch_size),
         global_batch: s.map(|s| s.global_batch),
@@ -534,13 +570,26 @@ pub fn train_row(run: &TrainRun) -> TrainRow {
     }
 }
 
-/// Kempner's table: GPUs, batch, lr, wall-clock time, Acc@1, Acc@5, img/s, and with `efficiency` the time- and
-/// throughput-based scaling efficiency against the run with the fewest workers of the same arch, dataset and
-/// epoch count.
+/// What must be the same for two runs to be compared for scaling: everything but the worker count (and what follows
+/// from it: the global batch and the learning rate scaled to it).
+fn comparable(r: &TrainRow) -> impl PartialEq + '_ {
+    (
+        (&r.arch, r.width, r.image_size, &r.dataset),
+        (&r.hardware, &r.precision, r.batch, r.epochs),
+    )
+}
+
+/// Kempner's table: model (arch, width, image size) and dataset, GPUs, batch, lr, wall-clock time, Acc@1, Acc@5,
+/// img/s, and with `efficiency` the time- and throughput-based scaling efficiency against the run with the fewest
+/// workers among those that differ from it in worker count alone ([`comparable`]).
 pub fn train_table(rows: &[TrainRow], efficiency: bool) -> Table {
     use Align::*;
     let mut columns = vec![
         col("run", "run", Left),
+        col("arch", "arch", Left),
+        col("width", "width", Right),
+        col("image size", "image_size", Right),
+        col("dataset", "dataset", Left),
         col("hardware", "hardware", Left),
         col("GPUs/ranks", "workers", Right),
         col("batch/rank", "batch_per_rank", Right),
@@ -558,7 +607,6 @@ pub fn train_table(rows: &[TrainRow], efficiency: bool) -> Table {
         columns.push(col("eff. T1/(N·TN)", "efficiency_time", Right));
         columns.push(col("eff. X_N/(N·X_1)", "efficiency_throughput", Right));
     }
-    let key = |r: &TrainRow| (r.arch.clone(), r.dataset.clone(), r.epochs);
     let acc = |a: f64| format!("{a:.2}");
     let mut table = Table {
         columns,
@@ -567,6 +615,10 @@ pub fn train_table(rows: &[TrainRow], efficiency: bool) -> Table {
     for r in rows {
         let mut cells = vec![
             Cell::text(&r.name),
+            r.arch.as_deref().map_or_else(Cell::empty, Cell::text),
+            r.width.map_or_else(Cell::empty, int_cell),
+            r.image_size.map_or_else(Cell::empty, int_cell),
+            r.dataset.as_deref().map_or_else(Cell::empty, Cell::text),
             r.hardware.as_deref().map_or_else(Cell::empty, Cell::text),
             r.workers.map_or_else(Cell::empty, int_cell),
             r.batch.map_or_else(Cell::empty, int_cell),
@@ -584,7 +636,7 @@ pub fn train_table(rows: &[TrainRow], efficiency: bool) -> Table {
             // Baseline: fewest workers among the comparable runs (first given on a tie).
             let base = rows
                 .iter()
-                .filter(|b| key(b) == key(r) && b.workers.is_some())
+                .filter(|b| comparable(b) == comparable(r) && b.workers.is_some())
                 .min_by_key(|b| b.workers);
             let (et, ex) = match (base, r.workers) {
                 (Some(b), Some(n)) => {
@@ -639,6 +691,92 @@ mod tests {
         assert_eq!(fmt_decimals(1.5, 3), "1.5");
         assert_eq!(fmt_decimals(100.0, 0), "100");
         assert_eq!(fmt_decimals(-0.0001, 3), "0");
+    }
+
+    fn bench(workers: u64, images_per_sec: f64, channels_last: bool) -> BenchResult {
+        serde_json::from_value(serde_json::json!({
+            "images_per_sec": images_per_sec,
+            "config": {
+                "arch": "resnet50", "batch_size": 32, "image_size": 224, "precision": "bf16",
+                "channels_last": channels_last, "device": "cuda:0", "data": "device", "world_size": workers,
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn throughput_is_compared_only_across_worker_counts() {
+        let rows = [
+            bench_row("1", &bench(1, 100.0, true)),
+            bench_row("2", &bench(2, 190.0, true)),
+            // Another setting at 2 workers: its own baseline, not 75% of the channels_last row's 1 worker.
+            bench_row("2nchw", &bench(2, 150.0, false)),
+        ];
+        let c = compare(&rows);
+        let by = |s: &str| c.iter().find(|r| r.source == s).unwrap();
+        assert_eq!(by("2").baseline_workers, 1);
+        assert!((by("2").efficiency_throughput.unwrap() - 0.95).abs() < 1e-12);
+        assert_eq!(by("2nchw").baseline_workers, 2);
+        assert_eq!(by("2nchw").efficiency_throughput, Some(1.0));
+    }
+
+    fn run(name: &str, workers: u64, image_size: u64, wall_clock_s: f64) -> TrainRow {
+        TrainRow {
+            name: name.into(),
+            arch: Some("resnet50".into()),
+            width: Some(64),
+            image_size: Some(image_size),
+            hardware: Some("NVIDIA A100-SXM4-40GB".into()),
+            dataset: Some("imagenet".into()),
+            precision: Some("bf16".into()),
+            workers: Some(workers),
+            batch: Some(256),
+            global_batch: Some(256 * workers),
+            lr: Some(0.1 * workers as f64),
+            epochs: 5,
+            wall_clock_s,
+            acc1: None,
+            acc5: None,
+            best_acc1: None,
+            images_per_sec: None,
+        }
+    }
+
+    #[test]
+    fn training_runs_show_their_model_and_data_and_compare_across_worker_counts_only() {
+        let rows = [
+            run("one", 1, 224, 1000.0),
+            run("four", 4, 224, 250.0),
+            run("four-small", 4, 128, 100.0),
+        ];
+        let t = train_table(&rows, true);
+        let csv = t.to_csv();
+        let mut lines = csv.lines();
+        assert!(
+            lines
+                .next()
+                .unwrap()
+                .starts_with("run,arch,width,image_size,dataset,hardware,"),
+            "{csv}"
+        );
+        assert!(
+            lines
+                .next()
+                .unwrap()
+                .starts_with("one,resnet50,64,224,imagenet,"),
+            "{csv}"
+        );
+        let eff = t
+            .columns
+            .iter()
+            .position(|c| c.key == "efficiency_time")
+            .unwrap();
+        assert_eq!(
+            t.rows[1][eff].raw, "1",
+            "4 workers, 224 px: 1000 / (4 · 250)"
+        );
+        // 128 px at 4 workers: its own baseline, not 250% of the 224 px run on 1 worker.
+        assert_eq!(t.rows[2][eff].raw, "1");
     }
 
     #[test]

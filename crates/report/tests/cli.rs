@@ -188,5 +188,8 @@ fn scaling_checks_the_numbers_of_a_bench_file() {
         .unwrap()
         .args;
     let e = model_from_args(&p).unwrap_err().to_string();
-    assert!(e.contains("zero-batch.json") && e.contains("batch_size"), "{e}");
+    assert!(
+        e.contains("zero-batch.json") && e.contains("batch_size"),
+        "{e}"
+    );
 }

@@ -912,6 +912,7 @@ impl<'a> Trainer<'a> {
         let run_start = Instant::now();
         let summary = TrainSummary {
             arch: args.arch.to_string(),
+            width: Some(args.width as u64),
             device: match setup.device {
                 tch::Device::Cpu => format!(
                     "{} ({} threads)",
