@@ -94,95 +94,30 @@ struct Reducer {
   std::shared_ptr<Timing> timing;
 };
 
-// ---- SyncBatchNorm ----------------------------------------------------------------------------------------------
-// PyTorch's SyncBatchNorm (torch/nn/modules/_functions.py) in training mode: the batch statistics of every rank's
-// batch together. Forward: each rank's per-channel (mean, sum of squared deviations, count) all-gathered and merged
-// (Chan's parallel formula, which torch.batch_norm_gather_stats_with_counts computes), running statistics updated
-// with the global mean and unbiased variance, then the local batch normalised with the global statistics. Backward:
-// the per-channel sums of dy and dy·(x - mean) all-reduced, and torch.batch_norm_backward_elemt's formula; the
-// weight and bias gradients stay local (DDP averages them). Built from ATen's generic ops, since the kernels
-// PyTorch's version calls (batch_norm_stats, batch_norm_gather_stats_with_counts, batch_norm_elemt,
-// batch_norm_backward_reduce/elemt) exist for CUDA only; statistics and gradients are computed in fp32 whatever the
-// activations' type (as cuDNN's batch norm does under autocast). The collectives are c10d's, in the same order on
-// every rank (forward per layer, backward per layer in reverse), interleaved with DDP's bucket all-reduces as in
-// PyTorch.
-struct SyncBatchNormFn : public torch::autograd::Function<SyncBatchNormFn> {
-  // Per-channel reductions over every dimension but 1 (N, H, W, … of an N×C×… tensor).
-  static std::vector<int64_t> reduce_dims(const at::Tensor& x) {
-    std::vector<int64_t> d;
-    for (int64_t i = 0; i < x.dim(); ++i)
-      if (i != 1) d.push_back(i);
-    return d;
-  }
-  // A per-channel [C] tensor shaped to broadcast against x ([1, C, 1, 1]).
-  static at::Tensor per_channel(const at::Tensor& v, const at::Tensor& x) {
-    std::vector<int64_t> shape(static_cast<size_t>(x.dim()), 1);
-    shape[1] = x.size(1);
-    return v.view(shape);
-  }
-
+// ---- differentiable all-gather ---------------------------------------------------------------------------------
+// torch.distributed.nn.functional.all_gather, stacked: every rank's `x` in rank order ([world, ...x's shape]),
+// recorded for autograd. Backward: this rank's x was copied to every rank, so its gradient is the sum over ranks
+// of the gradient of that copy: the output's gradient all-reduced (summed), this rank's row kept. Every rank must
+// call it in the same order, and run its backward (forward's all-gather, backward's all-reduce).
+struct AllGatherFn : public torch::autograd::Function<AllGatherFn> {
   // `group` is the Group* of the process group, which outlives every forward and backward of the model.
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias, const at::Tensor& running_mean, const at::Tensor& running_var,
-                            double momentum, double eps, int64_t group) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, int64_t group) {
     auto pg = reinterpret_cast<Group*>(group)->pg;
-    const int64_t c = x.size(1);
-    const auto dims = reduce_dims(x);
-    auto xf = x.to(at::kFloat);
-    const double n = static_cast<double>(c > 0 ? x.numel() / c : 0);
-    at::Tensor mean, m2;
-    if (n > 0) {
-      mean = xf.mean(dims);
-      m2 = (xf - per_channel(mean, x)).square().sum(dims);
-    } else {  // an empty batch on this rank adds nothing (count 0)
-      mean = at::zeros({c}, xf.options());
-      m2 = at::zeros({c}, xf.options());
-    }
-    auto local = at::cat({mean, m2, at::full({1}, n, mean.options())});
-    std::vector<at::Tensor> in = {local};
+    std::vector<at::Tensor> in = {x.contiguous()};
     std::vector<std::vector<at::Tensor>> out(1);
-    for (int i = 0; i < pg->getSize(); ++i) out[0].push_back(at::empty_like(local));
+    for (int i = 0; i < pg->getSize(); ++i) out[0].push_back(at::empty_like(in[0]));
     pg->allgather(out, in)->wait();
-    auto all = at::stack(out[0]);  // [world, 2C + 1]
-    auto means = all.narrow(1, 0, c), m2s = all.narrow(1, c, c), counts = all.narrow(1, 2 * c, 1);
-    auto total = counts.sum();
-    auto gmean = (means * counts).sum(0) / total;
-    auto gm2 = (m2s + counts * (means - gmean).square()).sum(0);
-    auto invstd = (gm2 / total + eps).rsqrt();
-    {
-      at::NoGradGuard no_grad;
-      running_mean.mul_(1.0 - momentum).add_(gmean.to(running_mean.scalar_type()), momentum);
-      running_var.mul_(1.0 - momentum).add_((gm2 / (total - 1)).to(running_var.scalar_type()), momentum);
-    }
-    auto scale = weight.to(at::kFloat) * invstd;
-    auto shift = bias.to(at::kFloat) - gmean * scale;
-    auto y = (xf * per_channel(scale, x) + per_channel(shift, x)).to(x.scalar_type());
-    ctx->save_for_backward({x, weight, gmean, invstd, total});
     ctx->saved_data["group"] = group;
-    return y;
+    return at::stack(out[0]);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto saved = ctx->get_saved_variables();
-    const auto &x = saved[0], &weight = saved[1], &mean = saved[2], &invstd = saved[3], &total = saved[4];
     auto pg = reinterpret_cast<Group*>(ctx->saved_data["group"].toInt())->pg;
-    const int64_t c = x.size(1);
-    const auto dims = reduce_dims(x);
-    auto dy = grads[0].to(at::kFloat);
-    auto xmu = x.to(at::kFloat) - per_channel(mean, x);
-    auto sum_dy = dy.sum(dims);
-    auto sum_dy_xmu = (dy * xmu).sum(dims);
-    auto grad_weight = (sum_dy_xmu * invstd).to(weight.scalar_type());
-    auto grad_bias = sum_dy.to(weight.scalar_type());
-    std::vector<at::Tensor> both = {at::cat({sum_dy, sum_dy_xmu})};
-    pg->allreduce(both)->wait();
-    auto g_dy = both[0].narrow(0, 0, c) / total, g_dy_xmu = both[0].narrow(0, c, c) / total;
-    auto w = weight.to(at::kFloat) * invstd;
-    auto dx = ((dy - per_channel(g_dy, x) - xmu * per_channel(invstd * invstd * g_dy_xmu, x)) * per_channel(w, x))
-                  .to(x.scalar_type());
-    // One gradient per forward argument: x, weight, bias, running_mean, running_var, momentum, eps, group.
-    return {dx, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    std::vector<at::Tensor> sum = {grads[0].clone(at::MemoryFormat::Contiguous)};
+    pg->allreduce(sum)->wait();
+    // One gradient per forward argument: x, group.
+    return {sum[0].select(0, pg->getRank()), at::Tensor()};
   }
 };
 }  // namespace
@@ -459,15 +394,9 @@ int rn50d_reducer_backward(void* r, at::Tensor* loss, int sync, int64_t* backwar
   });
 }
 
-// out = SyncBatchNorm(x) in training mode over every rank of group g, recorded for autograd (see SyncBatchNormFn);
-// running_mean/var are updated in place.
-int rn50d_sync_batch_norm(void* g, at::Tensor* x, at::Tensor* weight, at::Tensor* bias, at::Tensor* running_mean,
-                          at::Tensor* running_var, double momentum, double eps, at::Tensor** out) {
-  return guarded([&] {
-    auto group = reinterpret_cast<int64_t>(g);
-    *out = new at::Tensor(
-        SyncBatchNormFn::apply(*x, *weight, *bias, *running_mean, *running_var, momentum, eps, group));
-  });
+// *out = every rank's x stacked in rank order, recorded for autograd (see AllGatherFn).
+int rn50d_allgather_autograd(void* g, at::Tensor* x, at::Tensor** out) {
+  return guarded([&] { *out = new at::Tensor(AllGatherFn::apply(*x, reinterpret_cast<int64_t>(g))); });
 }
 
 void rn50d_reducer_free(void* r) {

@@ -117,16 +117,9 @@ extern "C" {
     ) -> c_int;
     pub fn rn50d_reducer_free(r: *mut c_void);
 
-    #[allow(clippy::too_many_arguments)]
-    pub fn rn50d_sync_batch_norm(
+    pub fn rn50d_allgather_autograd(
         g: *mut c_void,
         x: *mut C_tensor,
-        weight: *mut C_tensor,
-        bias: *mut C_tensor,
-        running_mean: *mut C_tensor,
-        running_var: *mut C_tensor,
-        momentum: f64,
-        eps: f64,
         out: *mut *mut C_tensor,
     ) -> c_int;
 }

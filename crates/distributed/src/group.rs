@@ -548,6 +548,20 @@ impl ProcessGroup {
         Ok(outs)
     }
 
+    /// Every rank's `t` stacked in rank order (`[world, …t's shape]`), recorded for autograd: backward gives `t`
+    /// the sum of the gradients of its copies on every rank (an all-reduce). Every rank must call it in the same
+    /// order and run its backward.
+    pub fn allgather_autograd(&self, t: &Tensor, what: &str) -> Result<Tensor, CommError> {
+        let mut out = std::ptr::null_mut();
+        // SAFETY: live group and tensor handles; on success the shim stores a new heap tensor in `out`.
+        ffi::check(unsafe {
+            ffi::rn50d_allgather_autograd(self.inner.raw, ffi::handle(t), &mut out)
+        })
+        .map_err(|e| self.inner.fail(&format!("all-gather of {what}"), e))?;
+        // SAFETY: on success `out` is a new heap tensor, owned from here on by the returned Tensor.
+        Ok(unsafe { Tensor::from_ptr(out) })
+    }
+
     /// Waits until every rank got here.
     pub fn barrier(&self, what: &str) -> Result<(), CommError> {
         let mut raw = std::ptr::null_mut();

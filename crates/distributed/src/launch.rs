@@ -15,7 +15,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -441,7 +441,7 @@ impl Drop for CloseSignals {
 /// Runs the workers to completion, restarting them after a failure up to --max-restarts times; returns the
 /// launcher's exit code (0, 3 for an orderly checkpoint-and-stop, or the last failed worker's code). Errors only
 /// when the workers cannot be started.
-pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
+pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<ExitCode> {
     if args.nproc_per_node == 0 || args.nnodes == 0 {
         bail!("--nproc-per-node and --nnodes must be at least 1");
     }
@@ -505,8 +505,8 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
     let mut restarts = 0;
     loop {
         match run_attempt(args, exe, restarts, &shared)? {
-            Attempt::Done => return Ok(0),
-            Attempt::Stopped => return Ok(EXIT_REQUEUE),
+            Attempt::Done => return Ok(ExitCode::SUCCESS),
+            Attempt::Stopped => return Ok(ExitCode::from(EXIT_REQUEUE as u8)),
             Attempt::Failed {
                 rank,
                 status,
@@ -539,9 +539,9 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<i32> {
                     "rn50 launch: failed: rank {rank} {}{used}",
                     describe(status)
                 );
-                return Ok(match code_of(status) {
-                    0 => 1,
-                    c => c,
+                return Ok(match u8::try_from(code_of(status)) {
+                    Ok(0) | Err(_) => ExitCode::FAILURE,
+                    Ok(c) => ExitCode::from(c),
                 });
             }
         }

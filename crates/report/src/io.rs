@@ -15,6 +15,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use rn50_util::{lock_unpoisoned, unpoisoned};
 use serde::{Deserialize, Serialize};
 
 use crate::ReportError;
@@ -409,21 +410,18 @@ impl IoMonitor {
             samples: Mutex::new(vec![]),
         });
         let first = sample(started, device.as_ref());
-        lock(&shared.samples).push(first);
+        lock_unpoisoned(&shared.samples).push(first);
         let interval = interval.max(Duration::from_millis(10));
         let (sh, dev) = (Arc::clone(&shared), device.clone());
         let thread = std::thread::Builder::new()
             .name("io-monitor".into())
             .spawn(move || loop {
-                let stop = lock(&sh.stop);
-                let (stop, _) = sh
-                    .wake
-                    .wait_timeout_while(stop, interval, |s| !*s)
-                    .unwrap_or_else(|e| e.into_inner());
+                let stop = lock_unpoisoned(&sh.stop);
+                let (stop, _) = unpoisoned(sh.wake.wait_timeout_while(stop, interval, |s| !*s));
                 let stopping = *stop;
                 drop(stop);
                 let s = sample(started, dev.as_ref());
-                let mut samples = lock(&sh.samples);
+                let mut samples = lock_unpoisoned(&sh.samples);
                 if let (Some((file, _)), Some(prev)) = (log.as_mut(), samples.last()) {
                     if let Ok(line) = serde_json::to_string(&s.delta(prev)) {
                         // A full disk must not stop training: the in-memory series stays complete.
@@ -460,7 +458,7 @@ impl IoMonitor {
 
     /// The samples so far, the first taken at start.
     pub fn samples(&self) -> Vec<IoSample> {
-        lock(&self.shared.samples).clone()
+        lock_unpoisoned(&self.shared.samples).clone()
     }
 
     /// Rates between consecutive samples: the io.jsonl time series.
@@ -491,7 +489,7 @@ impl IoMonitor {
     }
 
     fn halt(&mut self) {
-        *lock(&self.shared.stop) = true;
+        *lock_unpoisoned(&self.shared.stop) = true;
         self.shared.wake.notify_all();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -517,11 +515,6 @@ fn sample(started: Instant, device: Option<&BlockDevice>) -> IoSample {
         process,
         disk,
     }
-}
-
-/// A poisoned lock only means a sampler panicked mid-push; the data is still usable.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

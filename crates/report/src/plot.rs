@@ -114,6 +114,8 @@ pub struct Chart {
     pub y_axis: YAxis,
     /// Start the y axis at zero (throughput, efficiency) rather than at the data's minimum (loss).
     pub y_from_zero: bool,
+    /// The y axis ends here at most (accuracy: 100%), whatever room the margins and the legend would take.
+    pub y_max: Option<f64>,
     pub legend: Legend,
     pub width: u32,
     pub height: u32,
@@ -133,6 +135,7 @@ impl Chart {
             x_axis: XAxis::Linear,
             y_axis: YAxis::Linear,
             y_from_zero: false,
+            y_max: None,
             legend: Legend::UpperRight,
             width: 1000,
             height: 640,
@@ -186,9 +189,45 @@ fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
     out
 }
 
+/// Length in pixels of a legend entry's line, and the space between it and the entry's text (plotters starts the
+/// text right where its legend area ends).
+const LEGEND_LINE: i32 = 30;
+const LEGEND_GAP: i32 = 12;
+
 /// Legend entries: every series with a name.
 fn legend_entries(chart: &Chart) -> usize {
     chart.series.iter().filter(|s| !s.name.is_empty()).count()
+}
+
+/// The y axis' ends for values `ys` (in axis units): the data's range (from zero with `y_from_zero`), a margin,
+/// room at the top for the legend (about 28 px per entry out of the ~500 px plot, so that lines never run under
+/// it), and no higher than `y_max`.
+fn y_range(chart: &Chart, ys: impl Iterator<Item = f64>) -> (f64, f64) {
+    let log10 = chart.y_axis == YAxis::Log10;
+    let (mut y0, mut y1) = range(ys).unwrap_or((0.0, 1.0));
+    if chart.y_from_zero && !log10 {
+        y0 = y0.min(0.0);
+    }
+    if y1 - y0 < 1e-12 {
+        let d = if y0.abs() > 0.0 { y0.abs() * 0.1 } else { 1.0 };
+        y0 -= d;
+        y1 += d;
+    }
+    // A margin around the data (none below a zero baseline), then room at the top for the legend.
+    let pad = (y1 - y0) * 0.06;
+    y1 += pad;
+    if !(chart.y_from_zero && y0 == 0.0) {
+        y0 -= pad;
+    }
+    let entries = legend_entries(chart);
+    if entries > 0 {
+        let f = ((entries as f64 * 28.0 + 24.0) / (chart.height as f64 - 180.0)).min(0.6);
+        y1 = y0 + (y1 - y0) / (1.0 - f);
+    }
+    if let Some(max) = chart.y_max.filter(|m| *m > y0) {
+        y1 = y1.min(if log10 { max.log10() } else { max });
+    }
+    (y0, y1)
 }
 
 /// Renders `chart` to a PNG at `path`.
@@ -236,30 +275,11 @@ pub fn render(chart: &Chart, path: &Path) -> Result<(), ReportError> {
         .collect();
     let all = || series.iter().flat_map(|(_, _, p)| p.iter());
     let (mut x0, mut x1) = range(all().map(|p| p.0)).unwrap_or((0.0, 1.0));
-    let (mut y0, mut y1) = range(all().map(|p| p.1)).unwrap_or((0.0, 1.0));
-    if chart.y_from_zero && !log10 {
-        y0 = y0.min(0.0);
-    }
+    let (y0, y1) = y_range(chart, all().map(|p| p.1));
+    let entries = legend_entries(chart);
     if x1 - x0 < 1e-12 {
         x0 -= 1.0;
         x1 += 1.0;
-    }
-    if y1 - y0 < 1e-12 {
-        let d = if y0.abs() > 0.0 { y0.abs() * 0.1 } else { 1.0 };
-        y0 -= d;
-        y1 += d;
-    }
-    // A margin around the data (none below a zero baseline), then room at the top for the legend: about
-    // 28 px per entry out of the ~500 px plot, so lines never run under it.
-    let pad = (y1 - y0) * 0.06;
-    y1 += pad;
-    if !(chart.y_from_zero && y0 == 0.0) {
-        y0 -= pad;
-    }
-    let entries = legend_entries(chart);
-    if entries > 0 {
-        let f = ((entries as f64 * 28.0 + 24.0) / (chart.height as f64 - 180.0)).min(0.6);
-        y1 = y0 + (y1 - y0) / (1.0 - f);
     }
     if log2 {
         x0 -= 0.25;
@@ -364,13 +384,17 @@ pub fn render(chart: &Chart, path: &Path) -> Result<(), ReportError> {
             let a = drawn.label(s.name.clone());
             if s.style == LineStyle::Dashed {
                 a.legend(move |(x, y)| {
+                    let dash = LEGEND_LINE * 3 / 8;
                     EmptyElement::at((x, y))
-                        + PathElement::new(vec![(0, 0), (11, 0)], c.stroke_width(width))
-                        + PathElement::new(vec![(19, 0), (30, 0)], c.stroke_width(width))
+                        + PathElement::new(vec![(0, 0), (dash, 0)], c.stroke_width(width))
+                        + PathElement::new(
+                            vec![(LEGEND_LINE - dash, 0), (LEGEND_LINE, 0)],
+                            c.stroke_width(width),
+                        )
                 });
             } else {
                 a.legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 30, y)], c.stroke_width(width))
+                    PathElement::new(vec![(x, y), (x + LEGEND_LINE, y)], c.stroke_width(width))
                 });
             }
         }
@@ -389,6 +413,7 @@ pub fn render(chart: &Chart, path: &Path) -> Result<(), ReportError> {
         ctx.configure_series_labels()
             .position(pos)
             .label_font((FAMILY, 20))
+            .legend_area_size(LEGEND_LINE + LEGEND_GAP)
             .background_style(WHITE.mix(0.85))
             .border_style(RGBColor(180, 180, 180))
             .draw()
@@ -416,6 +441,26 @@ mod tests {
         assert_eq!(tick_label(2.5, 4.0), "2.5");
         assert_eq!(tick_label(0.05, 0.1), "0.050");
         assert_eq!(tick_label(0.0001, 0.0004), "1.0e-4");
+    }
+
+    #[test]
+    fn the_y_axis_stops_at_its_maximum() {
+        let mut c = Chart::new("accuracy", "epoch", "%");
+        c.series
+            .push(Series::new("Acc@1", vec![(0.0, 20.0), (1.0, 99.5)]));
+        c.series
+            .push(Series::new("Acc@5", vec![(0.0, 60.0), (1.0, 99.9)]));
+        let ys = || c.series.iter().flat_map(|s| s.points.iter().map(|p| p.1));
+        let (_, free) = y_range(&c, ys());
+        assert!(
+            free > 100.0,
+            "margins and legend room go above the data: {free}"
+        );
+        let mut capped = c.clone();
+        capped.y_max = Some(100.0);
+        let (y0, y1) = y_range(&capped, ys());
+        assert_eq!(y1, 100.0);
+        assert!(y0 < 20.0);
     }
 
     #[test]

@@ -11,8 +11,8 @@ use crate::plot::{self, Chart, Legend, Series, XAxis, YAxis};
 use crate::run_report::{accuracy_chart, loss_chart, write_atomic};
 use crate::schema::{read_inputs, Input, TrainRun};
 use crate::table::{
-    bench_row, grouped_throughput, row_efficiency, sweep_rows, throughput_table, train_row,
-    train_table, ThroughputRow, TrainRow,
+    bench_row, compare, grouped_throughput, row_efficiency, sweep_rows, throughput_table,
+    train_row, train_table, ThroughputRow, TrainRow,
 };
 
 #[derive(clap::Args, Clone, Debug)]
@@ -30,29 +30,12 @@ pub struct ReportArgs {
 }
 
 #[derive(Clone, Debug, Serialize)]
-pub struct ThroughputEntry {
-    pub source: String,
-    pub hardware: String,
-    pub config: String,
-    pub workers: u64,
-    pub batch_per_worker: u64,
-    pub global_batch: u64,
-    pub lr: Option<f64>,
-    pub images_per_sec: f64,
-    pub spread_lo: Option<f64>,
-    pub spread_hi: Option<f64>,
-    pub repeats: Option<usize>,
-    pub baseline_workers: u64,
-    pub speedup: Option<f64>,
-    pub efficiency_throughput: Option<f64>,
-    pub efficiency_time: Option<f64>,
-    pub data_wait_share: Option<f64>,
-    pub allreduce_ms: Option<f64>,
-}
-
-#[derive(Clone, Debug, Serialize)]
 pub struct TrainEntry {
     pub run: String,
+    pub arch: Option<String>,
+    pub width: Option<u64>,
+    pub image_size: Option<u64>,
+    pub dataset: Option<String>,
     pub hardware: Option<String>,
     pub workers: Option<u64>,
     pub batch_per_rank: Option<u64>,
@@ -68,7 +51,7 @@ pub struct TrainEntry {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct ReportJson {
-    pub throughput: Vec<ThroughputEntry>,
+    pub throughput: Vec<ThroughputRow>,
     pub train: Vec<TrainEntry>,
     pub files: Vec<PathBuf>,
 }
@@ -110,9 +93,10 @@ pub fn markdown(c: &Collected) -> String {
         s.push_str(&throughput_table(&c.throughput).to_markdown());
         s.push_str(
             "\nimg/s: median over steps (bench) or over repeats (sweep), all workers together; spread: \
-             p10–p90 of the steps, or min–max of n repeats. Efficiency against the fewest workers with the same \
-             hardware, config and batch per worker: X_N/(N·X_1) from img/s, T1/(N·TN) from the time a fixed \
-             number of images takes (median step time / global batch). lr is the effective rate.\n",
+             p10–p90 of the steps, or min–max of n repeats. Efficiency against the fewest workers among the rows \
+             that differ in worker count alone (hardware, config, batch per worker and the bench's other \
+             settings): X_N/(N·X_1) from img/s, T1/(N·TN) from the time a fixed number of images takes (median \
+             step time / global batch). lr is the effective rate.\n",
         );
     }
     if !c.runs.is_empty() {
@@ -121,42 +105,16 @@ pub fn markdown(c: &Collected) -> String {
         s.push_str(&train_table(&rows, true).to_markdown());
         s.push_str(
             "\nWall-clock: training and evaluation of all epochs. Acc@1/Acc@5: last epoch, percent. Efficiency \
-             against the run with the fewest GPUs/ranks of the same arch, dataset and epochs: T1/(N·TN) from \
-             wall-clock time, X_N/(N·X_1) from mean img/s.\n",
+             against the run with the fewest GPUs/ranks among those that differ in worker count alone (arch, \
+             width, image size, dataset, hardware, precision, batch per rank and epochs the same): T1/(N·TN) \
+             from wall-clock time, X_N/(N·X_1) from mean img/s.\n",
         );
     }
     s
 }
 
 pub fn json(c: &Collected, files: Vec<PathBuf>) -> ReportJson {
-    let mut throughput = vec![];
-    for (base, group) in grouped_throughput(&c.throughput) {
-        for r in group {
-            let (ex, et) = row_efficiency(&base, &r);
-            throughput.push(ThroughputEntry {
-                speedup: crate::efficiency::speedup_throughput(
-                    base.images_per_sec,
-                    r.images_per_sec,
-                ),
-                baseline_workers: base.workers,
-                efficiency_throughput: ex,
-                efficiency_time: et,
-                source: r.source,
-                hardware: r.hardware,
-                config: r.config,
-                workers: r.workers,
-                batch_per_worker: r.batch,
-                global_batch: r.global_batch,
-                lr: r.lr,
-                images_per_sec: r.images_per_sec,
-                spread_lo: r.lo,
-                spread_hi: r.hi,
-                repeats: r.repeats,
-                data_wait_share: r.data_wait_share,
-                allreduce_ms: r.allreduce_ms,
-            });
-        }
-    }
+    let throughput = compare(&c.throughput);
     let train = c
         .runs
         .iter()
@@ -164,6 +122,10 @@ pub fn json(c: &Collected, files: Vec<PathBuf>) -> ReportJson {
             let r = train_row(run);
             TrainEntry {
                 run: r.name,
+                arch: r.arch,
+                width: r.width,
+                image_size: r.image_size,
+                dataset: r.dataset,
                 hardware: r.hardware,
                 workers: r.workers,
                 batch_per_rank: r.batch,

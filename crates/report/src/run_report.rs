@@ -115,11 +115,11 @@ fn all_metrics_table(epochs: &[EpochMetrics]) -> Table {
     }
 }
 
-/// Epoch numbers on the x axis count finished epochs (1 = after the first), as the sites plot them.
+/// Epochs on the x axis are numbered as in the logs, metrics.jsonl and metrics.csv: from 0.
 fn curve(epochs: &[EpochMetrics], f: impl Fn(&EpochMetrics) -> Option<f64>) -> Vec<(f64, f64)> {
     epochs
         .iter()
-        .filter_map(|e| f(e).map(|y| ((e.epoch + 1) as f64, y)))
+        .filter_map(|e| f(e).map(|y| (e.epoch as f64, y)))
         .collect()
 }
 
@@ -137,6 +137,7 @@ pub fn loss_chart(runs: &[&TrainRun]) -> Chart {
 pub fn accuracy_chart(runs: &[&TrainRun]) -> Chart {
     let mut c = Chart::new("Validation accuracy", "epoch", "accuracy (%)");
     c.legend = Legend::UpperLeft;
+    c.y_max = Some(100.0);
     for (i, r) in runs.iter().enumerate() {
         let (n1, n5) = if runs.len() == 1 {
             ("Acc@1 (top-1)".to_string(), "Acc@5 (top-5)".to_string())
@@ -221,4 +222,42 @@ pub fn summary_markdown(run: &TrainRun) -> String {
 pub fn summary_text(run_dir: &Path) -> Result<String, ReportError> {
     let run = read_train_run(run_dir)?;
     Ok(train_table(&[train_row(&run)], false).to_text())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(epochs: &[(u64, f64)]) -> TrainRun {
+        TrainRun {
+            dir: PathBuf::from("r"),
+            name: "r".into(),
+            epochs: epochs
+                .iter()
+                .map(|&(epoch, acc)| EpochMetrics {
+                    epoch,
+                    acc1: Some(acc),
+                    acc5: Some(acc),
+                    train_loss: Some(1.0),
+                    ..Default::default()
+                })
+                .collect(),
+            summary: None,
+        }
+    }
+
+    #[test]
+    fn plots_number_epochs_as_the_logs_do() {
+        // metrics.jsonl's epoch 0 is the logs' "epoch 0" and metrics.csv's 0: the plots' 0 too.
+        let r = run(&[(0, 40.0), (1, 60.0)]);
+        for chart in [loss_chart(&[&r]), accuracy_chart(&[&r]), lr_chart(&[&r])] {
+            let xs: Vec<f64> = chart.series[0].points.iter().map(|p| p.0).collect();
+            assert!(xs.is_empty() || xs == [0.0, 1.0], "{}: {xs:?}", chart.title);
+        }
+    }
+
+    #[test]
+    fn accuracy_axis_ends_at_100_percent() {
+        assert_eq!(accuracy_chart(&[&run(&[(0, 99.0)])]).y_max, Some(100.0));
+    }
 }

@@ -280,45 +280,48 @@ impl Model {
     }
 }
 
-fn positive(name: &str, x: f64) -> anyhow::Result<f64> {
-    if x.is_finite() && x > 0.0 {
-        Ok(x)
-    } else {
-        bail!("{name} must be a positive number, got {x}")
+/// One worker's step time (ms), batch and arch from a `rn50 bench --json` result. The file's numbers did not come
+/// through the command line's range checks, so they are checked here.
+fn bench_speed(path: &std::path::Path) -> anyhow::Result<(f64, u64, String)> {
+    let b: BenchResult = read_json(path)?;
+    let c = &b.config;
+    if c.world_size() != 1 {
+        bail!(
+            "{}: a {}-worker result; predict needs one worker's",
+            path.display(),
+            c.world_size()
+        );
     }
+    if c.batch_size == 0 {
+        bail!("{}: batch_size is 0", path.display());
+    }
+    let step_ms = match b.step_ms {
+        Some(ms) => ms,
+        None => c.batch_size as f64 * 1000.0 / b.images_per_sec,
+    };
+    if !(step_ms.is_finite() && step_ms > 0.0) {
+        bail!(
+            "{}: no positive step time (step_ms {step_ms})",
+            path.display()
+        );
+    }
+    Ok((step_ms, c.batch_size, c.arch.clone()))
 }
 
-/// Resolves the command line into a model.
+/// Resolves the command line into a model. Its numbers are in range already (clap's value parsers); those of a
+/// `--bench` file are checked by [`bench_speed`].
 pub fn model_from_args(a: &ScalingArgs) -> anyhow::Result<Model> {
-    let mut batch = a.batch;
-    let mut arch = a.arch.clone();
-    let step_ms = if let Some(path) = &a.bench {
-        let b: BenchResult = read_json(path)?;
-        batch = b.config.batch_size;
-        arch = b.config.arch.clone();
-        if b.config.world_size() != 1 {
-            bail!(
-                "{}: a {}-worker result; predict needs one worker's",
-                path.display(),
-                b.config.world_size()
-            );
-        }
-        match b.step_ms {
-            Some(ms) => ms,
-            None => b.config.batch_size as f64 * 1000.0 / b.images_per_sec,
-        }
+    let (step_ms, batch, arch) = if let Some(path) = &a.bench {
+        bench_speed(path)?
     } else if let Some(ms) = a.step_ms {
-        ms
+        (ms, a.batch, a.arch.clone())
     } else if let Some(x) = a.images_per_sec {
-        batch as f64 * 1000.0 / positive("--images-per-sec", x)?
+        (a.batch as f64 * 1000.0 / x, a.batch, a.arch.clone())
     } else {
         bail!(
             "give the single-worker speed: --step-ms, --images-per-sec (with -b) or --bench FILE"
         );
     };
-    if batch == 0 {
-        bail!("--batch must be at least 1");
-    }
     let grad_bytes = match a.grad_bytes {
         Some(g) => g,
         None => param_count(&arch)
@@ -330,24 +333,18 @@ pub fn model_from_args(a: &ScalingArgs) -> anyhow::Result<Model> {
     let (bw, lat) = a.interconnect.figures();
     let (ibw, ilat) = a.intra.figures();
     Ok(Model {
-        step_ms: positive("step time", step_ms)?,
+        step_ms,
         batch,
-        global_batch: match a.global_batch {
-            Some(0) => bail!("--global-batch must be at least 1"),
-            g => g,
-        },
+        global_batch: a.global_batch,
         grad_bytes,
-        bucket_bytes: (positive("--bucket-mb", a.bucket_mb)? * 1024.0 * 1024.0) as u64,
-        overlap: a.overlap.clamp(0.0, 1.0),
-        backward_fraction: a.backward_fraction.clamp(0.0, 1.0),
-        gpus_per_node: a.gpus_per_node.max(1),
-        inter_gbs: positive("--bandwidth-gbs", a.bandwidth_gbs.unwrap_or(bw))?,
-        inter_latency_us: a.latency_us.unwrap_or(lat).max(0.0),
-        intra_gbs: positive(
-            "--intra-bandwidth-gbs",
-            a.intra_bandwidth_gbs.unwrap_or(ibw),
-        )?,
-        intra_latency_us: a.intra_latency_us.unwrap_or(ilat).max(0.0),
+        bucket_bytes: (a.bucket_mb * 1024.0 * 1024.0) as u64,
+        overlap: a.overlap,
+        backward_fraction: a.backward_fraction,
+        gpus_per_node: a.gpus_per_node,
+        inter_gbs: a.bandwidth_gbs.unwrap_or(bw),
+        inter_latency_us: a.latency_us.unwrap_or(lat),
+        intra_gbs: a.intra_bandwidth_gbs.unwrap_or(ibw),
+        intra_latency_us: a.intra_latency_us.unwrap_or(ilat),
     })
 }
 
@@ -404,9 +401,6 @@ struct PredictJson<'a> {
 /// `rn50 scaling`: the model's inputs, the prediction table, and `--json`.
 pub fn run(args: &ScalingArgs) -> anyhow::Result<()> {
     let model = model_from_args(args)?;
-    if args.gpus.is_empty() {
-        bail!("--gpus: give at least one worker count");
-    }
     let ps = model.predict(&args.gpus);
     println!(
         "one worker: {:.1} ms/step at batch {} ({} img/s); gradients {:.1} MB in {} bucket(s) of {:.1} MiB; \

@@ -365,6 +365,8 @@ pub struct EpochMetrics {
 #[serde(default)]
 pub struct TrainSummary {
     pub arch: String,
+    /// Channels of the first stage (`--width`; 64 for torchvision's ResNets); absent in older summaries.
+    pub width: Option<u64>,
     /// What ran it, e.g. "NVIDIA A100-SXM4-40GB" or "Intel Xeon (2 threads)".
     pub device: String,
     pub world_size: u64,

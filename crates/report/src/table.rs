@@ -5,8 +5,10 @@
 
 use std::collections::BTreeMap;
 
+use serde::Serialize;
+
 use crate::efficiency::{speedup_throughput, throughput_efficiency_from, time_efficiency_from};
-use crate::schema::{hardware_name, BenchResult, SweepResult, TrainRun, TrainSummary};
+use crate::schema::{hardware_name, BenchConfig, BenchResult, SweepResult, TrainRun, TrainSummary};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Cell {
@@ -262,8 +264,9 @@ fn int_cell(x: u64) -> Cell {
     Cell::num(group_thousands(x as i64), Some(x as f64))
 }
 
-/// One throughput measurement: a bench result or a sweep point.
-#[derive(Clone, Debug, PartialEq)]
+/// One throughput measurement (a bench result or a sweep point) and how it compares with its group's baseline:
+/// a row of the throughput table, and an entry of `rn50 report --json` (under these names, in this order).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ThroughputRow {
     /// The file it came from.
     pub source: String,
@@ -272,19 +275,31 @@ pub struct ThroughputRow {
     pub config: String,
     pub workers: u64,
     /// Per worker.
+    #[serde(rename = "batch_per_worker")]
     pub batch: u64,
     pub global_batch: u64,
     pub lr: Option<f64>,
     /// Median, all workers together.
     pub images_per_sec: f64,
     /// p10/p90 of a bench, min/max of a sweep point's repeats.
+    #[serde(rename = "spread_lo")]
     pub lo: Option<f64>,
+    #[serde(rename = "spread_hi")]
     pub hi: Option<f64>,
     pub repeats: Option<usize>,
-    pub step_ms: Option<f64>,
-    pub compute_images_per_sec: Option<f64>,
+    /// The comparison with the group's baseline, filled in by [`compare`] (0 and `None` before).
+    pub baseline_workers: u64,
+    pub speedup: Option<f64>,
+    pub efficiency_throughput: Option<f64>,
+    pub efficiency_time: Option<f64>,
     pub data_wait_share: Option<f64>,
     pub allreduce_ms: Option<f64>,
+    #[serde(skip)]
+    pub step_ms: Option<f64>,
+    /// The measurement's other settings (channels_last, fused kernels, TF32, dataset folder, optimizer), which
+    /// must match too for rows to be compared.
+    #[serde(skip)]
+    pub settings: String,
 }
 
 impl ThroughputRow {
@@ -311,6 +326,23 @@ fn config_label(
     parts.join(" ")
 }
 
+/// [`ThroughputRow::settings`] of a bench configuration: what it records beyond the config label, the batch and
+/// what follows from the worker count (global batch, scaled lr, threads and loader workers per rank), the seed
+/// and the measurement's length.
+fn settings(c: &BenchConfig) -> String {
+    format!(
+        "{:?}",
+        (
+            c.channels_last,
+            c.fused_bn,
+            c.fused_block,
+            c.tf32,
+            &c.data_dir,
+            &c.optimizer,
+        )
+    )
+}
+
 pub fn bench_row(source: &str, b: &BenchResult) -> ThroughputRow {
     let c = &b.config;
     ThroughputRow {
@@ -330,10 +362,11 @@ pub fn bench_row(source: &str, b: &BenchResult) -> ThroughputRow {
         lo: b.images_per_sec_p10,
         hi: b.images_per_sec_p90,
         repeats: None,
-        step_ms: b.step_ms,
-        compute_images_per_sec: b.compute_images_per_sec,
         data_wait_share: b.data_wait_share,
         allreduce_ms: b.allreduce_ms,
+        step_ms: b.step_ms,
+        settings: settings(c),
+        ..Default::default()
     }
 }
 
@@ -359,22 +392,27 @@ pub fn sweep_rows(source: &str, s: &SweepResult) -> Vec<ThroughputRow> {
             lo: Some(p.min),
             hi: Some(p.max),
             repeats: Some(p.images_per_sec.len()),
-            step_ms: None,
-            compute_images_per_sec: None,
-            data_wait_share: None,
             allreduce_ms: p.allreduce_ms,
+            settings: p.config.as_ref().map(settings).unwrap_or_default(),
+            ..Default::default()
         })
         .collect()
 }
 
-/// Rows compared for scaling: same hardware, model config and per-worker batch (weak scaling, as the sites run).
-fn group_key(r: &ThroughputRow) -> (String, String, u64) {
-    (r.hardware.clone(), r.config.clone(), r.batch)
+/// Rows compared for scaling: those that differ in worker count alone (same hardware, model config, per-worker
+/// batch and other settings: weak scaling, as the sites run).
+fn group_key(r: &ThroughputRow) -> (String, String, u64, String) {
+    (
+        r.hardware.clone(),
+        r.config.clone(),
+        r.batch,
+        r.settings.clone(),
+    )
 }
 
 /// Rows sorted into their comparison groups, with each group's baseline (fewest workers; first given on a tie).
 pub fn grouped_throughput(rows: &[ThroughputRow]) -> Vec<(ThroughputRow, Vec<ThroughputRow>)> {
-    let mut groups: BTreeMap<(String, String, u64), Vec<ThroughputRow>> = BTreeMap::new();
+    let mut groups: BTreeMap<_, Vec<ThroughputRow>> = BTreeMap::new();
     for r in rows {
         groups.entry(group_key(r)).or_default().push(r.clone());
     }
@@ -405,6 +443,21 @@ pub fn row_efficiency(base: &ThroughputRow, r: &ThroughputRow) -> (Option<f64>, 
     )
 }
 
+/// The rows sorted into their comparison groups, each compared with its group's baseline: speedup and both
+/// efficiencies.
+pub fn compare(rows: &[ThroughputRow]) -> Vec<ThroughputRow> {
+    let mut out = vec![];
+    for (base, group) in grouped_throughput(rows) {
+        for mut r in group {
+            (r.efficiency_throughput, r.efficiency_time) = row_efficiency(&base, &r);
+            r.speedup = speedup_throughput(base.images_per_sec, r.images_per_sec);
+            r.baseline_workers = base.workers;
+            out.push(r);
+        }
+    }
+    out
+}
+
 /// Hardware × workers × img/s, with both efficiencies against each group's smallest worker count.
 pub fn throughput_table(rows: &[ThroughputRow]) -> Table {
     use Align::*;
@@ -431,44 +484,38 @@ pub fn throughput_table(rows: &[ThroughputRow]) -> Table {
         columns,
         rows: vec![],
     };
-    for (base, group) in grouped_throughput(rows) {
-        for r in &group {
-            let (eff_x, eff_t) = row_efficiency(&base, r);
-            let spread = match (r.lo, r.hi) {
-                (Some(lo), Some(hi)) => {
-                    let n = r.repeats.map(|n| format!(" (n={n})")).unwrap_or_default();
-                    Cell {
-                        display: format!("{}–{}{n}", fmt_rate(lo), fmt_rate(hi)),
-                        raw: lo.to_string(),
-                    }
-                }
-                _ => Cell::empty(),
-            };
-            out.rows.push(vec![
-                Cell::text(&r.hardware),
-                Cell::text(&r.config),
-                int_cell(r.workers),
-                int_cell(r.batch),
-                int_cell(r.global_batch),
-                opt_cell(r.lr, fmt_lr),
-                Cell::num(fmt_rate(r.images_per_sec), Some(r.images_per_sec)),
-                spread,
+    for r in &compare(rows) {
+        let spread = match (r.lo, r.hi) {
+            (Some(lo), Some(hi)) => {
+                let n = r.repeats.map(|n| format!(" (n={n})")).unwrap_or_default();
                 Cell {
-                    display: String::new(),
-                    raw: r.hi.map(|x| x.to_string()).unwrap_or_default(),
-                },
-                opt_cell(Some(r.images_per_sec / r.workers as f64), fmt_rate),
-                opt_cell(
-                    speedup_throughput(base.images_per_sec, r.images_per_sec),
-                    |s| format!("{s:.2}x"),
-                ),
-                opt_cell(eff_x, fmt_pct),
-                opt_cell(eff_t, fmt_pct),
-                opt_cell(r.data_wait_share, fmt_pct),
-                opt_cell(r.allreduce_ms, |m| format!("{m:.1}")),
-                Cell::text(&r.source),
-            ]);
-        }
+                    display: format!("{}–{}{n}", fmt_rate(lo), fmt_rate(hi)),
+                    raw: lo.to_string(),
+                }
+            }
+            _ => Cell::empty(),
+        };
+        out.rows.push(vec![
+            Cell::text(&r.hardware),
+            Cell::text(&r.config),
+            int_cell(r.workers),
+            int_cell(r.batch),
+            int_cell(r.global_batch),
+            opt_cell(r.lr, fmt_lr),
+            Cell::num(fmt_rate(r.images_per_sec), Some(r.images_per_sec)),
+            spread,
+            Cell {
+                display: String::new(),
+                raw: r.hi.map(|x| x.to_string()).unwrap_or_default(),
+            },
+            opt_cell(Some(r.images_per_sec / r.workers as f64), fmt_rate),
+            opt_cell(r.speedup, |s| format!("{s:.2}x")),
+            opt_cell(r.efficiency_throughput, fmt_pct),
+            opt_cell(r.efficiency_time, fmt_pct),
+            opt_cell(r.data_wait_share, fmt_pct),
+            opt_cell(r.allreduce_ms, |m| format!("{m:.1}")),
+            Cell::text(&r.source),
+        ]);
     }
     out
 }
@@ -478,8 +525,12 @@ pub fn throughput_table(rows: &[ThroughputRow]) -> Table {
 pub struct TrainRow {
     pub name: String,
     pub arch: Option<String>,
+    pub width: Option<u64>,
+    /// Training resolution of the last epoch (metrics.jsonl's `resolution`).
+    pub image_size: Option<u64>,
     pub hardware: Option<String>,
     pub dataset: Option<String>,
+    pub precision: Option<String>,
     pub workers: Option<u64>,
     pub batch: Option<u64>,
     pub global_batch: Option<u64>,
@@ -501,8 +552,11 @@ pub fn train_row(run: &TrainRun) -> TrainRow {
     TrainRow {
         name: run.name.clone(),
         arch: s.map(|s| s.arch.clone()),
+        width: s.and_then(|s| s.width),
+        image_size: run.epochs.last().and_then(|e| e.resolution),
         hardware: s.map(|s| s.device.clone()),
         dataset: s.map(|s| s.dataset.clone()),
+        precision: s.map(|s| s.precision.clone()),
         workers: s.map(|s| s.world_size),
         batch: s.map(|s| s.batch_size),
         global_batch: s.map(|s| s.global_batch),
@@ -516,13 +570,26 @@ pub fn train_row(run: &TrainRun) -> TrainRow {
     }
 }
 
-/// Kempner's table: GPUs, batch, lr, wall-clock time, Acc@1, Acc@5, img/s, and with `efficiency` the time- and
-/// throughput-based scaling efficiency against the run with the fewest workers of the same arch, dataset and
-/// epoch count.
+/// What must be the same for two runs to be compared for scaling: everything but the worker count (and what follows
+/// from it: the global batch and the learning rate scaled to it).
+fn comparable(r: &TrainRow) -> impl PartialEq + '_ {
+    (
+        (&r.arch, r.width, r.image_size, &r.dataset),
+        (&r.hardware, &r.precision, r.batch, r.epochs),
+    )
+}
+
+/// Kempner's table: model (arch, width, image size) and dataset, GPUs, batch, lr, wall-clock time, Acc@1, Acc@5,
+/// img/s, and with `efficiency` the time- and throughput-based scaling efficiency against the run with the fewest
+/// workers among those that differ from it in worker count alone ([`comparable`]).
 pub fn train_table(rows: &[TrainRow], efficiency: bool) -> Table {
     use Align::*;
     let mut columns = vec![
         col("run", "run", Left),
+        col("arch", "arch", Left),
+        col("width", "width", Right),
+        col("image size", "image_size", Right),
+        col("dataset", "dataset", Left),
         col("hardware", "hardware", Left),
         col("GPUs/ranks", "workers", Right),
         col("batch/rank", "batch_per_rank", Right),
@@ -540,7 +607,6 @@ pub fn train_table(rows: &[TrainRow], efficiency: bool) -> Table {
         columns.push(col("eff. T1/(N·TN)", "efficiency_time", Right));
         columns.push(col("eff. X_N/(N·X_1)", "efficiency_throughput", Right));
     }
-    let key = |r: &TrainRow| (r.arch.clone(), r.dataset.clone(), r.epochs);
     let acc = |a: f64| format!("{a:.2}");
     let mut table = Table {
         columns,
@@ -549,6 +615,10 @@ pub fn train_table(rows: &[TrainRow], efficiency: bool) -> Table {
     for r in rows {
         let mut cells = vec![
             Cell::text(&r.name),
+            r.arch.as_deref().map_or_else(Cell::empty, Cell::text),
+            r.width.map_or_else(Cell::empty, int_cell),
+            r.image_size.map_or_else(Cell::empty, int_cell),
+            r.dataset.as_deref().map_or_else(Cell::empty, Cell::text),
             r.hardware.as_deref().map_or_else(Cell::empty, Cell::text),
             r.workers.map_or_else(Cell::empty, int_cell),
             r.batch.map_or_else(Cell::empty, int_cell),
@@ -566,7 +636,7 @@ pub fn train_table(rows: &[TrainRow], efficiency: bool) -> Table {
             // Baseline: fewest workers among the comparable runs (first given on a tie).
             let base = rows
                 .iter()
-                .filter(|b| key(b) == key(r) && b.workers.is_some())
+                .filter(|b| comparable(b) == comparable(r) && b.workers.is_some())
                 .min_by_key(|b| b.workers);
             let (et, ex) = match (base, r.workers) {
                 (Some(b), Some(n)) => {
@@ -621,6 +691,92 @@ mod tests {
         assert_eq!(fmt_decimals(1.5, 3), "1.5");
         assert_eq!(fmt_decimals(100.0, 0), "100");
         assert_eq!(fmt_decimals(-0.0001, 3), "0");
+    }
+
+    fn bench(workers: u64, images_per_sec: f64, channels_last: bool) -> BenchResult {
+        serde_json::from_value(serde_json::json!({
+            "images_per_sec": images_per_sec,
+            "config": {
+                "arch": "resnet50", "batch_size": 32, "image_size": 224, "precision": "bf16",
+                "channels_last": channels_last, "device": "cuda:0", "data": "device", "world_size": workers,
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn throughput_is_compared_only_across_worker_counts() {
+        let rows = [
+            bench_row("1", &bench(1, 100.0, true)),
+            bench_row("2", &bench(2, 190.0, true)),
+            // Another setting at 2 workers: its own baseline, not 75% of the channels_last row's 1 worker.
+            bench_row("2nchw", &bench(2, 150.0, false)),
+        ];
+        let c = compare(&rows);
+        let by = |s: &str| c.iter().find(|r| r.source == s).unwrap();
+        assert_eq!(by("2").baseline_workers, 1);
+        assert!((by("2").efficiency_throughput.unwrap() - 0.95).abs() < 1e-12);
+        assert_eq!(by("2nchw").baseline_workers, 2);
+        assert_eq!(by("2nchw").efficiency_throughput, Some(1.0));
+    }
+
+    fn run(name: &str, workers: u64, image_size: u64, wall_clock_s: f64) -> TrainRow {
+        TrainRow {
+            name: name.into(),
+            arch: Some("resnet50".into()),
+            width: Some(64),
+            image_size: Some(image_size),
+            hardware: Some("NVIDIA A100-SXM4-40GB".into()),
+            dataset: Some("imagenet".into()),
+            precision: Some("bf16".into()),
+            workers: Some(workers),
+            batch: Some(256),
+            global_batch: Some(256 * workers),
+            lr: Some(0.1 * workers as f64),
+            epochs: 5,
+            wall_clock_s,
+            acc1: None,
+            acc5: None,
+            best_acc1: None,
+            images_per_sec: None,
+        }
+    }
+
+    #[test]
+    fn training_runs_show_their_model_and_data_and_compare_across_worker_counts_only() {
+        let rows = [
+            run("one", 1, 224, 1000.0),
+            run("four", 4, 224, 250.0),
+            run("four-small", 4, 128, 100.0),
+        ];
+        let t = train_table(&rows, true);
+        let csv = t.to_csv();
+        let mut lines = csv.lines();
+        assert!(
+            lines
+                .next()
+                .unwrap()
+                .starts_with("run,arch,width,image_size,dataset,hardware,"),
+            "{csv}"
+        );
+        assert!(
+            lines
+                .next()
+                .unwrap()
+                .starts_with("one,resnet50,64,224,imagenet,"),
+            "{csv}"
+        );
+        let eff = t
+            .columns
+            .iter()
+            .position(|c| c.key == "efficiency_time")
+            .unwrap();
+        assert_eq!(
+            t.rows[1][eff].raw, "1",
+            "4 workers, 224 px: 1000 / (4 · 250)"
+        );
+        // 128 px at 4 workers: its own baseline, not 250% of the 224 px run on 1 worker.
+        assert_eq!(t.rows[2][eff].raw, "1");
     }
 
     #[test]

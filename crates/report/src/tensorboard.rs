@@ -39,7 +39,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -195,18 +195,15 @@ impl EventWriter {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Buffered> {
-        self.out.lock().unwrap_or_else(PoisonError::into_inner)
+        rn50_util::lock_unpoisoned(&self.out)
     }
 
     /// The flushing thread: writes the buffer to the file every `every` until the writer closes.
     fn flush_every(&self, every: Duration) {
         let mut out = self.lock();
         loop {
-            out = self
-                .closing
-                .wait_timeout_while(out, every, |o| !o.closed)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            out =
+                rn50_util::unpoisoned(self.closing.wait_timeout_while(out, every, |o| !o.closed)).0;
             if out.closed {
                 return;
             }

@@ -174,3 +174,22 @@ fn report_end_to_end() {
     assert!(e.contains("malformed.json:3:"), "{e}");
     assert!(!out2.exists());
 }
+
+#[test]
+fn scaling_checks_the_numbers_of_a_bench_file() {
+    // The command line's numbers are clap's to check; a bench file's are checked when it is read.
+    let dir = tempfile::tempdir().unwrap();
+    let text = fs::read_to_string(fixtures().join("bench-fixture-a100-1gpu.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["config"]["batch_size"] = 0.into();
+    let bad = dir.path().join("zero-batch.json");
+    fs::write(&bad, v.to_string()).unwrap();
+    let p = Scaling::try_parse_from(["scaling", "--bench", bad.to_str().unwrap()])
+        .unwrap()
+        .args;
+    let e = model_from_args(&p).unwrap_err().to_string();
+    assert!(
+        e.contains("zero-batch.json") && e.contains("batch_size"),
+        "{e}"
+    );
+}

@@ -140,12 +140,7 @@ fn run(cmd: &Command) -> anyhow::Result<ExitCode> {
         Command::Export(a) => rn50::export::run(a)?,
         Command::BenchLoader(a) => rn50_pipeline::cli::bench_loader::run(a)?,
         Command::Doctor(a) => rn50::doctor::run(a)?,
-        Command::Launch(a) => {
-            let code = rn50_distributed::launch::run(a, &std::env::current_exe()?)?;
-            if code != 0 {
-                std::process::exit(code)
-            }
-        }
+        Command::Launch(a) => return rn50_distributed::launch::run(a, &std::env::current_exe()?),
         Command::Report(a) => rn50_report::report::run(a)?,
         Command::Scaling(a) => rn50_report::scaling::run(a)?,
     }

@@ -41,7 +41,7 @@ const PORT: u16 = 29500;
 /// One multi-process test at a time: on a 2-core machine, several jobs at once only make each slow.
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+    rn50_util::lock_unpoisoned(&LOCK)
 }
 
 /// The namespaces, or None after saying why the test is skipped.

@@ -40,7 +40,7 @@ fn repo() -> PathBuf {
 /// One test at a time: each runs 2 ranks (or 4) on what may be 2 cores.
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+    rn50_util::lock_unpoisoned(&LOCK)
 }
 
 /// `train` flags after the data argument (all of them but --out and --resume): synthetic data, every step

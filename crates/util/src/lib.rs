@@ -6,6 +6,7 @@
 //! - [`lock`]: one process at a time per folder ([`try_lock_pid`]: `flock` + the holder's PID for the message);
 //! - [`progress`]: progress bars on stderr in one style, drawn only on a terminal ([`progress_bar`]);
 //! - [`log`]: log lines on stderr with a UTC time stamp, the level and `[rank N]` ([`log::init`]; `RUST_LOG`);
+//! - [`sync`]: mutexes whose data stays usable after a panic ([`lock_unpoisoned`], [`unpoisoned`]);
 //! - [`stats`]: quantile (numpy's default interpolation), median and mean of measurements;
 //! - [`tmpfs`]: for tests, a real full disk (a small tmpfs mounted for the test's time).
 //!
@@ -15,8 +16,10 @@ pub mod lock;
 pub mod log;
 pub mod progress;
 pub mod stats;
+pub mod sync;
 pub mod tmpfs;
 
 pub use atomic::{atomic_symlink, atomic_write, atomic_write_with, remove_stale_temps};
 pub use lock::{lock_holder, try_lock_pid, Locked, PidLock};
 pub use progress::{progress_bar, progress_target};
+pub use sync::{lock_unpoisoned, unpoisoned};

@@ -19,6 +19,7 @@ use rn50_distributed::{
 };
 use std::io::Write;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 use tch::nn::Module;
 use tch::{nn, Device, Kind, Tensor};
@@ -461,7 +462,7 @@ fn sync_bn(rows: Vec<i64>, channels_last: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn main() {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     rn50_util::log::init(None);
     let code = match cli.cmd {
@@ -488,15 +489,20 @@ fn main() {
             rows,
             channels_last,
         } => sync_bn(rows, channels_last).map(|()| 0),
-        Cmd::Launch(args) => std::env::current_exe()
-            .context("current_exe")
-            .and_then(|exe| launch::run(&args, &exe)),
-    };
-    match code {
-        Ok(c) => std::process::exit(c),
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::exit(1);
+        Cmd::Launch(args) => {
+            return exit_code(
+                std::env::current_exe()
+                    .context("current_exe")
+                    .and_then(|exe| launch::run(&args, &exe)),
+            )
         }
-    }
+    };
+    exit_code(code.map(|c| ExitCode::from(c as u8)))
+}
+
+fn exit_code(code: anyhow::Result<ExitCode>) -> ExitCode {
+    code.unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        ExitCode::FAILURE
+    })
 }

@@ -10,7 +10,7 @@ pub const WORKER: &str = env!("CARGO_BIN_EXE_rn50-dist-worker");
 /// Multi-process tests run one at a time: on a 2-core machine, several jobs at once only make them slow.
 pub fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+    rn50_util::lock_unpoisoned(&LOCK)
 }
 
 /// A port that was free a moment ago.

@@ -9,6 +9,7 @@
 use std::sync::Mutex;
 
 use rn50_distributed::{BatchNormState, CommError, ProcessGroup};
+use rn50_util::lock_unpoisoned;
 use tch::nn::BatchNorm;
 use tch::Tensor;
 
@@ -17,30 +18,30 @@ static FAILURE: Mutex<Option<CommError>> = Mutex::new(None);
 
 /// Batch norm in training over `group`'s ranks from now on.
 pub fn enable(group: &ProcessGroup) {
-    *GROUP.lock().unwrap_or_else(|e| e.into_inner()) = Some(group.clone());
+    *lock_unpoisoned(&GROUP) = Some(group.clone());
 }
 
 /// Back to each rank's own statistics (and the process group released).
 pub fn disable() {
-    *GROUP.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    *lock_unpoisoned(&GROUP) = None;
 }
 
 pub fn enabled() -> bool {
-    GROUP.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    lock_unpoisoned(&GROUP).is_some()
 }
 
 /// The first collective that failed in a forward since the last call, if any.
 pub fn take_failure() -> Option<CommError> {
-    FAILURE.lock().unwrap_or_else(|e| e.into_inner()).take()
+    lock_unpoisoned(&FAILURE).take()
 }
 
 /// `bn(x)` in training mode over all ranks, or `None` when the switch is off.
 pub(crate) fn batch_norm(x: &Tensor, bn: &BatchNorm, momentum: f64, eps: f64) -> Option<Tensor> {
-    let group = GROUP.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
+    let group = lock_unpoisoned(&GROUP).clone()?;
     let (Some(weight), Some(bias)) = (bn.ws.as_ref(), bn.bs.as_ref()) else {
         return None;
     };
-    let mut failure = FAILURE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut failure = lock_unpoisoned(&FAILURE);
     if failure.is_some() {
         return Some(x.zeros_like());
     }

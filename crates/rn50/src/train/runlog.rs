@@ -173,6 +173,7 @@ impl RunLog {
         };
         let summary = TrainSummary {
             arch: args.arch.to_string(),
+            width: Some(args.width as u64),
             device: match run.compute.device {
                 tch::Device::Cpu => format!(
                     "{} ({} threads)",
