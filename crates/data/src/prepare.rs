@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
+use crate::extract::ArchiveStats;
 use crate::extract::ExtractOptions;
 use crate::labels::ValLabels;
 use crate::lock::lock_output;
@@ -15,7 +16,7 @@ use crate::output::{
 };
 use crate::progress::Progress;
 use crate::summary::{Summary, VerifiedArchive};
-use crate::train::{extract_train, ArchiveStats};
+use crate::train::extract_train;
 use crate::tree::{audit_train, audit_val, list_some, Audit};
 use crate::val::extract_val;
 

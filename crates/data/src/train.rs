@@ -7,104 +7,25 @@
 //! redone from scratch. `prepare` checks the marked ones against their manifest first and
 //! drops the markers of those the disk no longer matches, so they are redone too.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::io::Read;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 
 use crate::archive::{classify, is_plain_component, Input, Member};
 use crate::chunks::{ChunkReader, Msg, Pool};
-use crate::extract::{read_member, spawn_named, store_image, ExtractOptions, Shared};
+use crate::extract::{
+    read_member, spawn_named, store_image, ArchiveStats, ExtractOptions, Extraction, Shared, Start,
+};
 use crate::output::{
     create_dir_all, read_json, remove_dir_all, remove_file_if_any, write_file, write_json_atomic,
-    ArchiveMarker, ClassMarker, Layout, Manifest, OddRecord,
+    ClassMarker, Layout, Manifest,
 };
-use crate::progress::{rate_message, Progress};
-use crate::verify::check_md5;
-
-/// What extracting one archive did.
-#[derive(Debug, Clone, Default)]
-pub struct ArchiveStats {
-    /// Images per class in the output (this run's and earlier runs').
-    pub classes: BTreeMap<String, u64>,
-    pub odd: Vec<OddRecord>,
-    /// Classes extracted by this run (the rest were already complete).
-    pub extracted_classes: u64,
-    /// Classes found complete from an earlier run and skipped.
-    pub skipped_classes: u64,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    /// MD5 when verified.
-    pub md5: Option<String>,
-    /// The whole archive was already done: nothing was read.
-    pub already_done: bool,
-}
-
-impl ArchiveStats {
-    pub fn images(&self) -> u64 {
-        self.classes.values().sum()
-    }
-
-    pub(crate) fn from_marker(m: ArchiveMarker) -> ArchiveStats {
-        ArchiveStats {
-            classes: m.classes,
-            odd: m.odd,
-            md5: m.md5,
-            already_done: true,
-            ..Default::default()
-        }
-    }
-}
-
-/// Name and size identify the archive a done-marker was written for.
-pub(crate) fn file_name(path: &Path) -> String {
-    path.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
-/// Returns the done-marker if it matches this archive (and carries an MD5 when verifying) and
-/// every class folder it lists still exists. With `--verify` and a marker from an unverified
-/// run, the archive is hashed now, without extracting anything again. A class folder deleted
-/// since is redone: `on_missing` is called with its name (train drops its class marker).
-pub(crate) fn finished_marker(
-    archive: &Path,
-    marker_path: &Path,
-    class_root: &Path,
-    opts: &ExtractOptions,
-    on_missing: &dyn Fn(&str) -> Result<()>,
-) -> Result<Option<ArchiveMarker>> {
-    let Some(mut m) = read_json::<ArchiveMarker>(marker_path)? else {
-        return Ok(None);
-    };
-    let size = std::fs::metadata(archive)
-        .with_context(|| format!("reading the size of {}", archive.display()))?
-        .len();
-    if m.archive != file_name(archive) || m.size != size {
-        return Ok(None);
-    }
-    let mut complete = true;
-    for wnid in m.classes.keys() {
-        if !class_root.join(wnid).is_dir() {
-            on_missing(wnid)?;
-            complete = false;
-        }
-    }
-    if !complete {
-        return Ok(None);
-    }
-    if opts.verify && m.md5.is_none() {
-        let v = crate::verify::verify_files(&[archive.to_path_buf()], &opts.table, 1)?;
-        m.md5 = Some(v[0].md5.clone());
-        write_json_atomic(marker_path, &m)?;
-    }
-    Ok(Some(m))
-}
+use crate::progress::Progress;
 
 struct Job {
     wnid: String,
@@ -118,34 +39,28 @@ pub fn extract_train(
     opts: &ExtractOptions,
     progress: &Progress,
 ) -> Result<ArchiveStats> {
-    let expected = if opts.verify {
-        Some(opts.table.check_size(archive)?.clone())
-    } else {
-        None
-    };
     let drop_marker = |wnid: &str| remove_file_if_any(&layout.class_marker(wnid));
-    let done = finished_marker(
+    let make_room = || {
+        create_dir_all(&layout.train())?;
+        create_dir_all(&layout.class_markers())
+    };
+    let (run, input) = match Extraction::start(
         archive,
-        &layout.train_done(),
-        &layout.train(),
+        "train",
+        (&layout.train_done(), &layout.train()),
         opts,
+        progress,
         &drop_marker,
-    )?;
-    if let Some(m) = done {
-        return Ok(ArchiveStats::from_marker(m));
-    }
-    create_dir_all(&layout.train())?;
-    create_dir_all(&layout.class_markers())?;
-
-    let input = Input::open(archive, opts.verify)?;
-    let bar = progress.bytes_bar("train", input.len());
-    let pos = input.progress();
-    let shared = Shared::default();
+        make_room,
+    )? {
+        Start::Done(stats) => return Ok(stats),
+        Start::Reading(run, input) => (run, input),
+    };
+    let shared = &run.shared;
     let pool = Pool::new(
         opts.buffer_bytes / opts.chunk_bytes.max(1),
         opts.chunk_bytes,
     );
-    let start = Instant::now();
     let threads = opts.threads.max(1);
     // The real archive holds 1,000 classes; for others the count is unknown until the end.
     let official = crate::verify::ArchiveTable::builtin();
@@ -159,7 +74,6 @@ pub fn extract_train(
     let (input, skipped) = std::thread::scope(|s| {
         for i in 0..threads {
             let job_rx = job_rx.clone();
-            let shared = &shared;
             spawn_named(s, format!("train-{i}"), shared, move || {
                 for job in job_rx {
                     let wnid = job.wnid.clone();
@@ -181,33 +95,18 @@ pub fn extract_train(
             job_tx,
             &pool,
             layout,
-            &shared,
+            shared,
             &mut input_back,
             &mut seen,
-            &|| {
-                bar.set_position(pos.load(Ordering::Relaxed));
-                bar.set_message(rate_message(
-                    start,
-                    Some(shared.classes.load(Ordering::Relaxed)),
-                    class_total,
-                    shared.images.load(Ordering::Relaxed),
-                ));
-            },
+            &|| run.tick(Some(shared.classes.load(Ordering::Relaxed)), class_total),
         );
         (input_back, r)
     });
-    bar.finish_and_clear();
-    if let Some(e) = shared.take_error() {
-        return Err(e);
-    }
-    let input = input.ok_or_else(|| anyhow!("internal error: the archive reader vanished"))?;
-    let (bytes_read, md5) = input.finish()?;
-    if let (Some(expected), Some(md5)) = (&expected, &md5) {
-        check_md5(archive, expected, md5).context(
-            "the archive is corrupt: its classes were extracted but the tree cannot be trusted; \
-             download it again and rerun with a fresh --out",
-        )?;
-    }
+    let (bytes_read, md5) = run.finish(
+        input,
+        "the archive is corrupt: its classes were extracted but the tree cannot be trusted; \
+         download it again and rerun with a fresh --out",
+    )?;
 
     // Totals from the markers of this archive's classes: this run's and earlier runs'.
     let mut stats = ArchiveStats {
@@ -225,15 +124,13 @@ pub fn extract_train(
         stats.classes.insert(wnid, m.images);
         stats.odd.extend(m.odd);
     }
-    let marker = ArchiveMarker {
-        archive: file_name(archive),
-        size: std::fs::metadata(archive)?.len(),
+    // The files are in the class markers.
+    let marker = run.marker(
         md5,
-        images: stats.images(),
-        classes: stats.classes.clone(),
-        odd: stats.odd.clone(),
-        files: Default::default(), // in the class markers
-    };
+        stats.classes.clone(),
+        stats.odd.clone(),
+        Default::default(),
+    )?;
     write_json_atomic(&layout.train_done(), &marker)?;
     Ok(stats)
 }

@@ -8,21 +8,20 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
-use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use crossbeam_channel::bounded;
 
 use crate::archive::{classify, Input, Member};
-use crate::extract::{read_member, spawn_named, store_image, ExtractOptions, Shared};
+use crate::extract::{
+    read_member, spawn_named, store_image, ArchiveStats, ExtractOptions, Extraction, Shared, Start,
+};
 use crate::labels::ValLabels;
 use crate::output::{
-    create_dir_all, remove_dir_all, remove_file_if_any, write_file, write_json_atomic,
-    ArchiveMarker, FileRecord, Layout, Manifest, OddRecord,
+    create_dir_all, remove_dir_all, remove_file_if_any, write_file, write_json_atomic, FileRecord,
+    Layout, Manifest, OddRecord,
 };
-use crate::progress::{rate_message, Progress};
-use crate::train::{file_name, finished_marker, ArchiveStats};
-use crate::verify::check_md5;
+use crate::progress::Progress;
 
 struct Item {
     wnid: String,
@@ -38,33 +37,27 @@ pub fn extract_val(
     opts: &ExtractOptions,
     progress: &Progress,
 ) -> Result<ArchiveStats> {
-    let expected = if opts.verify {
-        Some(opts.table.check_size(archive)?.clone())
-    } else {
-        None
+    let make_room = || {
+        create_dir_all(&layout.state())?;
+        // Recorded before val/ is touched, so that what an interruption leaves there is known as
+        // prepare's partial work, not taken for a user's.
+        write_file(&layout.val_started(), b"")?;
+        remove_dir_all(&layout.val())?; // whatever an interrupted run left
+        create_dir_all(&layout.val())
     };
-    let done = finished_marker(
+    let (run, input) = match Extraction::start(
         archive,
-        &layout.val_done(),
-        &layout.val(),
+        "val",
+        (&layout.val_done(), &layout.val()),
         opts,
+        progress,
         &|_| Ok(()),
-    )?;
-    if let Some(m) = done {
-        return Ok(ArchiveStats::from_marker(m));
-    }
-    create_dir_all(&layout.state())?;
-    // Recorded before val/ is touched, so that what an interruption leaves there is known as
-    // prepare's partial work, not taken for a user's.
-    write_file(&layout.val_started(), b"")?;
-    remove_dir_all(&layout.val())?; // whatever an interrupted run left
-    create_dir_all(&layout.val())?;
-
-    let input = Input::open(archive, opts.verify)?;
-    let bar = progress.bytes_bar("val", input.len());
-    let pos = input.progress();
-    let shared = Shared::default();
-    let start = Instant::now();
+        make_room,
+    )? {
+        Start::Done(stats) => return Ok(stats),
+        Start::Reading(run, input) => (run, input),
+    };
+    let shared = &run.shared;
     let threads = opts.threads.max(1);
     let per_class: Mutex<BTreeMap<String, Manifest>> = Mutex::default();
     let odd: Mutex<Vec<OddRecord>> = Mutex::default();
@@ -74,7 +67,7 @@ pub fn extract_val(
     let input = std::thread::scope(|s| {
         for i in 0..threads {
             let rx = rx.clone();
-            let (shared, per_class, odd) = (&shared, &per_class, &odd);
+            let (per_class, odd) = (&per_class, &odd);
             spawn_named(s, format!("val-{i}"), shared, move || {
                 let mut made = HashSet::new();
                 for item in rx {
@@ -99,28 +92,14 @@ pub fn extract_val(
             });
         }
         drop(rx);
-        let r = read_val(input, labels, &tx, &shared, &|| {
-            bar.set_position(pos.load(Ordering::Relaxed));
-            bar.set_message(rate_message(
-                start,
-                None,
-                None,
-                shared.images.load(Ordering::Relaxed),
-            ));
-        });
+        let r = read_val(input, labels, &tx, shared, &|| run.tick(None, None));
         drop(tx);
         r.map_err(|e| shared.fail(e)).ok()
     });
-    bar.finish_and_clear();
-    if let Some(e) = shared.take_error() {
-        return Err(e);
-    }
-    let input = input.ok_or_else(|| anyhow!("internal error: the archive reader vanished"))?;
-    let (bytes_read, md5) = input.finish()?;
-    if let (Some(expected), Some(md5)) = (&expected, &md5) {
-        check_md5(archive, expected, md5)
-            .context("the archive is corrupt: download it again and rerun with a fresh --out")?;
-    }
+    let (bytes_read, md5) = run.finish(
+        input,
+        "the archive is corrupt: download it again and rerun with a fresh --out",
+    )?;
     let mut odd = odd.into_inner().unwrap_or_else(|p| p.into_inner());
     odd.sort_by(|a, b| a.file.cmp(&b.file));
     let files = per_class.into_inner().unwrap_or_else(|p| p.into_inner());
@@ -146,16 +125,7 @@ pub fn extract_val(
         .iter()
         .map(|(w, m)| (w.clone(), m.len() as u64))
         .collect();
-    let images: u64 = classes.values().sum();
-    let marker = ArchiveMarker {
-        archive: file_name(archive),
-        size: std::fs::metadata(archive)?.len(),
-        md5: md5.clone(),
-        images,
-        classes: classes.clone(),
-        odd: odd.clone(),
-        files,
-    };
+    let marker = run.marker(md5.clone(), classes.clone(), odd.clone(), files)?;
     write_json_atomic(&layout.val_done(), &marker)?;
     remove_file_if_any(&layout.val_started())?;
     Ok(ArchiveStats {

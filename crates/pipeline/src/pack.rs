@@ -9,7 +9,9 @@
 //! The shard directory's manifest ([`crate::source::shards::MANIFEST`]) is written last, after
 //! every shard is finished and on disk: a pack killed or failed before then leaves shards that
 //! look complete, and the manifest's absence is what marks them as not a dataset. A class whose
-//! images are all bad fails the pack, as it would make a dataset that opening refuses.
+//! images are all bad fails the pack, as it would make a dataset that opening refuses; a class the dataset
+//! has no image of at all (a WebDataset or parquet split holding some of the ImageNet classes) is listed
+//! in the manifest as empty, which opening accepts.
 
 use std::path::{Path, PathBuf};
 
@@ -163,24 +165,36 @@ pub fn pack(dataset: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<Pac
     if report.records == 0 {
         bail!("no loadable images in {}", dataset.description());
     }
-    let empty: Vec<&str> = dataset
+    // Classes with images in the dataset and none packed; those it has none of (a WebDataset or parquet split
+    // holds what it holds of the ImageNet classes) stay empty, and the manifest says so.
+    let mut source_images = vec![0u64; dataset.classes().len()];
+    for i in 0..dataset.len() {
+        source_images[dataset.label(i) as usize] += 1;
+    }
+    let classes = dataset
         .classes()
         .iter()
-        .zip(&class_images)
-        .filter(|(_, &n)| n == 0)
+        .zip(class_images.iter().zip(&source_images));
+    let lost: Vec<&str> = classes
+        .clone()
+        .filter(|(_, (&packed, &had))| packed == 0 && had > 0)
         .map(|(c, _)| c.as_str())
         .collect();
-    if !empty.is_empty() {
+    if !lost.is_empty() {
         bail!(
             "no loadable images for the classes {} of {}: all of their images are bad (the first \
              bad images: {}); {} is left unfinished, not a dataset",
-            empty.join(", "),
+            lost.join(", "),
             dataset.description(),
             report.bad_examples.join("; "),
             out_dir.display()
         );
     }
-    write_manifest(out_dir, &report.shards)?;
+    let empty = classes
+        .filter(|(_, (_, &had))| had == 0)
+        .map(|(c, _)| c.clone())
+        .collect();
+    write_manifest(out_dir, &report.shards, empty)?;
     Ok(report)
 }
 

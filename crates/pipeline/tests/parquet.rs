@@ -2,7 +2,7 @@
 //! JPEG bytes, `to_parquet`) from the shared ImageNet photos: read by rn50 they are the same (image, class)
 //! samples as the ImageFolder of the same photos, with the Hub's human-readable class names or WordNet ids;
 //! files of another schema, unlabelled rows and non-parquet files are refused naming the file; a damaged
-//! image in a row is a bad image like any other.
+//! image in a row is a bad image like any other; packed, they are the same samples again.
 
 mod common;
 
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use rn50_pipeline::source::parquet::ParquetSet;
-use rn50_pipeline::source::{TRAIN_SPLIT, VAL_SPLIT};
+use rn50_pipeline::source::{Split, TRAIN_SPLIT, VAL_SPLIT};
 use rn50_pipeline::Dataset;
 use serde_json::json;
 
@@ -124,6 +124,36 @@ fn parquet_written_by_datasets_is_the_imagefolders_samples() {
         assert_eq!(ds.label(i), folder.label(i));
         assert_eq!(ds.read(i, &mut a).unwrap(), folder.read(i, &mut b).unwrap());
     }
+}
+
+#[test]
+fn packed_from_parquet_the_splits_are_the_same_samples_and_other_names_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rows = labelled(&jpeg_files("imagenet"));
+    let names = json!({"names": hub_names()});
+    let repo = tmp.path().join("repo");
+    // Splits the usual names do not find: data/trn-*.parquet, data/valid-*.parquet.
+    let (train, val) = (&rows[..12], &rows[100..105]);
+    for (split, rows) in [("trn", train), ("valid", val)] {
+        let file = repo.join(format!("data/{split}-00000-of-00001.parquet"));
+        to_parquet(&file, 4, rows, names.clone());
+    }
+    assert!(Dataset::open_split(&repo, TRAIN_SPLIT).unwrap().is_none());
+    assert!(Dataset::open_split(&repo, VAL_SPLIT).unwrap().is_none());
+    let out = tmp.path().join("packed");
+    let p = |p: &Path| p.to_str().unwrap().to_string();
+    let split_flags = ["--train-split", "trn", "--val-split", "valid"];
+    pack_command(&[&[p(&repo).as_str(), &p(&out)][..], &split_flags].concat()).unwrap();
+    for (packed, named) in [(TRAIN_SPLIT, "trn"), (VAL_SPLIT, "valid")] {
+        let packed = Dataset::open_required_split(&out, packed).unwrap();
+        let parquet = Dataset::open_required_split(&repo, Split::Named(named)).unwrap();
+        assert!(packed.description().starts_with("shards"), "{packed:?}");
+        assert_eq!(packed.classes(), rn50_pipeline::imagenet::wnids());
+        assert!(samples(&packed) == samples(&parquet));
+        let labels = |d: &Dataset| (0..d.len()).map(|i| d.label(i)).collect::<Vec<_>>();
+        assert_eq!(labels(&packed), labels(&parquet), "in the same order");
+    }
+    assert_eq!(Dataset::open(out.join("val")).unwrap().len(), 5);
 }
 
 /// The error of opening `file` alone (no cache), one line naming it.

@@ -630,7 +630,7 @@ fn a_shard_directory_with_an_empty_class_is_refused() {
         w.push(&std::fs::read(f).unwrap(), 1).unwrap();
     }
     w.finish().unwrap();
-    write_manifest(tmp.path(), &[path]).unwrap();
+    write_manifest(tmp.path(), &[path], Vec::new()).unwrap();
     let err = format!("{:#}", Dataset::open(tmp.path()).unwrap_err());
     assert!(
         err.contains(&format!(

@@ -2,7 +2,7 @@
 //! rn50 they are the same (image, class) samples as the ImageFolder of the same photos, through a
 //! directory, a brace pattern or a split of a dataset repository; the per-tar index is cached and made
 //! again when the tar changes; bad shards are refused with an error naming the file, and a damaged image
-//! inside one is a bad image like any other.
+//! inside one is a bad image like any other; packed, they are the same samples again.
 
 mod common;
 
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use rn50_pipeline::source::wds::{expand_braces, split_of, WebDataset};
-use rn50_pipeline::source::{Source, TRAIN_SPLIT, VAL_SPLIT};
+use rn50_pipeline::source::{Source, Split, TRAIN_SPLIT, VAL_SPLIT};
 use rn50_pipeline::Dataset;
 use serde_json::json;
 
@@ -49,6 +49,7 @@ fn photo_samples(photos: &[PathBuf]) -> serde_json::Value {
 #[test]
 fn shards_written_by_webdataset_are_the_imagefolders_samples() {
     let tmp = tempfile::tempdir().unwrap();
+    let cache = temp_cache();
     let folder = Dataset::open(imagenet_folder(tmp.path())).unwrap();
     let photos = jpeg_files("imagenet");
     let repo = tmp.path().join("repo");
@@ -78,6 +79,9 @@ fn shards_written_by_webdataset_are_the_imagefolders_samples() {
     let val = Dataset::open_split(&repo, VAL_SPLIT).unwrap().unwrap();
     assert_eq!(val.len(), 10);
     assert_eq!(val.classes(), train.classes());
+    // The tars' indexes went to RN50_CACHE_DIR, the test's own folder.
+    let indexes = std::fs::read_dir(cache.dir.path().join("wds-index")).unwrap();
+    assert_eq!(indexes.count(), 4 + 1);
 
     // webdataset's brace pattern names the same shards, in the same order.
     let pattern = repo.join("imagenet1k-train-{0000..0003}.tar");
@@ -104,6 +108,78 @@ fn shards_written_by_webdataset_are_the_imagefolders_samples() {
 
     // The loader decodes the same pixels for each image, whatever the source.
     assert!(decoded_samples(train) == decoded_samples(folder));
+}
+
+/// Two shards, `<dir>/mini-<split>-0000.tar` for each of `splits`, of 6 and 3 photos.
+fn two_splits(dir: &Path, splits: [&str; 2]) -> Vec<PathBuf> {
+    let photos = jpeg_files("imagenet");
+    for (split, n) in splits.into_iter().zip([6, 3]) {
+        let pattern = dir.join(format!("mini-{split}-%04d.tar"));
+        shard_writer(&pattern, 100, photo_samples(&photos[..n]));
+    }
+    photos
+}
+
+#[test]
+fn splits_of_other_names_are_found_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let _cache = temp_cache();
+    let repo = tmp.path().join("repo");
+    two_splits(&repo, ["trn", "valid"]);
+    assert!(Dataset::open_split(&repo, TRAIN_SPLIT).unwrap().is_none());
+    assert!(Dataset::open_split(&repo, VAL_SPLIT).unwrap().is_none());
+    let train = Dataset::open_split(&repo, Split::Named("trn")).unwrap();
+    assert_eq!(train.unwrap().len(), 6);
+    let val = Dataset::open_split_or_whole(&repo, Split::Named("valid")).unwrap();
+    assert_eq!(val.len(), 3);
+    // Without the split, train's error says what it looked for; a split named and not there is no whole DATA.
+    let err = format!(
+        "{:#}",
+        Dataset::open_required_split(&repo, TRAIN_SPLIT).unwrap_err()
+    );
+    assert!(
+        err.contains(
+            "has no train/ folder, nor WebDataset shards *-train-NNNN.tar, nor parquet files"
+        ),
+        "{err}"
+    );
+    let err = format!(
+        "{:#}",
+        Dataset::open_split_or_whole(&repo, Split::Named("val")).unwrap_err()
+    );
+    assert!(err.contains("has no val/ folder"), "{err}");
+}
+
+#[test]
+fn packed_from_webdataset_shards_the_splits_are_the_same_samples() {
+    let tmp = tempfile::tempdir().unwrap();
+    let _cache = temp_cache();
+    let repo = tmp.path().join("repo");
+    two_splits(&repo, ["train", "validation"]);
+    let out = tmp.path().join("packed");
+    let p = |p: &Path| p.to_str().unwrap().to_string();
+    // The repository's two splits become out/train and out/val, which train and eval read; 6 and 3 of the 1000
+    // classes have images, the others are empty in the WebDataset as in the shards.
+    pack_command(&[&p(&repo), &p(&out)]).unwrap();
+    for split in [TRAIN_SPLIT, VAL_SPLIT] {
+        let packed = Dataset::open_required_split(&out, split).unwrap();
+        let shards = Dataset::open_required_split(&repo, split).unwrap();
+        assert!(packed.description().starts_with("shards"), "{packed:?}");
+        assert_eq!(packed.classes(), shards.classes());
+        assert!(samples(&packed) == samples(&shards));
+        let labels = |d: &Dataset| (0..d.len()).map(|i| d.label(i)).collect::<Vec<_>>();
+        assert_eq!(labels(&packed), labels(&shards), "in the same order");
+    }
+    // Other names, named; one split alone is packed into OUT itself.
+    let other = tmp.path().join("other");
+    two_splits(&other, ["trn", "valid"]);
+    let one = tmp.path().join("one");
+    pack_command(&[&p(&other), &p(&one), "--val-split", "valid"]).unwrap();
+    assert_eq!(Dataset::open(&one).unwrap().len(), 3);
+    let err =
+        pack_command(&[&p(&other), &p(&tmp.path().join("x")), "--val-split", "val"]).unwrap_err();
+    assert!(format!("{err:#}").contains("has no val/ folder"), "{err:#}");
+    assert!(!tmp.path().join("x").exists());
 }
 
 #[test]
@@ -226,6 +302,32 @@ fn bad_shards_are_refused_naming_the_file() {
         json!({"key": "x", "image": photos[0], "ext": "txt", "cls": 3}),
     );
     assert!(e.contains("sample \"x\" has no image"), "{e}");
+    // Shards of another class order: the name (a key as ImageNet's train files are named, or the json's
+    // filename) says another class than the label's in ImageNet-1k's order.
+    let e = bad(
+        "order",
+        json!({"key": "n01443537_1234", "image": photos[0], "cls": 0}),
+    );
+    assert!(
+        e.contains(
+            "label 0 is n01440764 in ImageNet-1k's class order, but its name says n01443537"
+        ),
+        "{e}"
+    );
+    let filename = json!({"label": 2, "filename": "n01443537/n01443537_1234.JPEG"});
+    let e = bad(
+        "orderjson",
+        json!({"key": "x", "image": photos[0], "json": filename}),
+    );
+    assert!(e.contains("its name says n01443537"), "{e}");
+    // Named as its label's class, it is read.
+    shard_writer(
+        &tmp.path().join("named-%06d.tar"),
+        1000,
+        json!([{"key": "n01443537_1234", "image": photos[0], "cls": 1}]),
+    );
+    let named = WebDataset::open(&[tmp.path().join("named-000000.tar")], None).unwrap();
+    assert_eq!(named.label(0), 1);
     // A shard of other splits' names does not change any of this: each tar's verdict is its own.
     assert!(WebDataset::open(std::slice::from_ref(&good), None).is_ok());
     assert!(WebDataset::open(&[good, cut], None).is_err());
@@ -234,6 +336,7 @@ fn bad_shards_are_refused_naming_the_file() {
 #[test]
 fn a_damaged_image_in_a_shard_is_a_bad_image_skipped_and_counted() {
     let tmp = tempfile::tempdir().unwrap();
+    let _cache = temp_cache();
     let photos = jpeg_files("imagenet");
     let truncated = shared_data().join("jpeg/edge/truncated_jpeg.jpg");
     let mut spec = photo_samples(&photos[..6]);

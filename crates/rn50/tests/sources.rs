@@ -2,7 +2,8 @@
 //! WebDataset shards named as timm's (written by webdataset's ShardWriter) and as the Hub's parquet files
 //! (written by `datasets`), in the same order: `rn50 train DATA` on each gives the same losses step by step, the
 //! weights record the WordNet ids whatever the source, and `rn50 eval` of weights trained on one source against
-//! another's data gives the same result.
+//! another's data gives the same result. So do the WebDataset shards packed by `rn50 pack` (its two splits), and the
+//! parquet files with splits of other names, named with `--train-split` and `--val-split`.
 mod common;
 
 use std::os::unix::fs::symlink;
@@ -98,65 +99,94 @@ fn step_losses(run: &Path) -> Vec<((u64, u64), u64)> {
         .collect()
 }
 
+/// `rn50 ARGS` with the WebDataset index cache in `cache`, which must succeed.
+fn rn50_ok(args: &[&str], cache: &Path) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rn50"))
+        .args(args)
+        .env("RN50_CACHE_DIR", cache)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn every_source_trains_to_the_same_losses_and_evaluates_the_same() {
     let dir = tempfile::tempdir().unwrap();
-    let sources = three_sources(dir.path());
+    let [folder, wds, hub] = three_sources(dir.path());
     let cache = dir.path().join("cache");
+    // The WebDataset repository packed: its two splits become packed/train and packed/val.
+    let packed = dir.path().join("packed");
+    rn50_ok(
+        &[
+            "pack",
+            wds.to_str().unwrap(),
+            packed.to_str().unwrap(),
+            "-j",
+            "2",
+            "--quiet",
+        ],
+        &cache,
+    );
+    // The parquet files with splits the usual names do not find.
+    let renamed = dir.path().join("renamed/data");
+    std::fs::create_dir_all(&renamed).unwrap();
+    for (from, to) in [("train", "trn"), ("validation", "valid")] {
+        std::fs::copy(
+            hub.join(format!("data/{from}-00000-of-00001.parquet")),
+            renamed.join(format!("{to}-00000-of-00001.parquet")),
+        )
+        .unwrap();
+    }
+    let renamed = renamed.parent().unwrap().to_path_buf();
+    let split_flags = ["--train-split", "trn", "--val-split", "valid"];
+    let out = rn50(&["train", renamed.to_str().unwrap(), "--device", "cpu"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("has no train/ folder"),
+        "{err}"
+    );
+    let sources = [folder, wds, hub, packed, renamed];
+    // The split flags each source needs: train's, and eval's (--val-split).
+    let no_flags: &[&str] = &[];
+    let flags = |i: usize| if i == 4 { &split_flags[..] } else { no_flags };
+    let val_flags = |i: usize| if i == 4 { &split_flags[2..] } else { no_flags };
     let mut losses = Vec::new();
     let mut evals = Vec::new();
     for (i, data) in sources.iter().enumerate() {
         let run = dir.path().join(format!("run{i}"));
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rn50"))
-            .args([
-                "train",
-                data.to_str().unwrap(),
-                "--out",
-                run.to_str().unwrap(),
-            ])
-            .args(
-                "-a resnet18 -b 4 -j 2 --image-size 32 --val-resize 36 --val-crop 32 --epochs 1 \
-                 --steps-per-epoch 3 -p 1 --device cpu --precision fp32"
-                    .split_whitespace(),
-            )
-            .env("RN50_CACHE_DIR", &cache)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            data.display(),
-            String::from_utf8_lossy(&out.stderr)
+        let (data, run_dir) = (data.to_str().unwrap(), run.to_str().unwrap());
+        let tiny =
+            "-a resnet18 -b 4 -j 2 --image-size 32 --val-resize 36 --val-crop 32 --epochs 1 \
+                    --steps-per-epoch 3 -p 1 --device cpu --precision fp32";
+        let tiny: Vec<&str> = tiny.split_whitespace().collect();
+        rn50_ok(
+            &[&["train", data, "--out", run_dir], &tiny[..], flags(i)].concat(),
+            &cache,
         );
         losses.push(step_losses(&run));
     }
-    // The weights trained on each source, evaluated on the next one's validation split: the class names recorded
+    // The weights trained on each source, evaluated on another one's validation split: the class names recorded
     // (WordNet ids, whatever the source) are those eval checks the data's against.
     for (i, data) in sources.iter().enumerate() {
         let weights = dir
             .path()
-            .join(format!("run{}/final.safetensors", (i + 2) % 3));
+            .join(format!("run{}/final.safetensors", (i + 2) % sources.len()));
         let json = dir.path().join(format!("eval{i}.json"));
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rn50"))
-            .args([
-                "eval",
-                "-a",
-                "resnet18",
-                "--weights",
-                weights.to_str().unwrap(),
-            ])
-            .args(
-                "-b 50 -j 2 --resize 36 --crop 32 --device cpu --precision fp32".split_whitespace(),
-            )
-            .args(["--json", json.to_str().unwrap(), data.to_str().unwrap()])
-            .env("RN50_CACHE_DIR", &cache)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "eval on {}: {}",
-            data.display(),
-            String::from_utf8_lossy(&out.stderr)
+        let (weights, json_file) = (weights.to_str().unwrap(), json.to_str().unwrap());
+        let eval = "-a resnet18 -b 50 -j 2 --resize 36 --crop 32 --device cpu --precision fp32";
+        let eval: Vec<&str> = eval.split_whitespace().collect();
+        let args = [
+            &["eval", "--weights", weights, "--json", json_file],
+            &eval[..],
+        ]
+        .concat();
+        rn50_ok(
+            &[&args[..], &[data.to_str().unwrap()], val_flags(i)].concat(),
+            &cache,
         );
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
         assert_eq!(v["images"], 1000, "{v}");
@@ -165,8 +195,11 @@ fn every_source_trains_to_the_same_losses_and_evaluates_the_same() {
     assert_eq!(losses[0].len(), 3);
     assert_eq!(losses[1], losses[0], "WebDataset shards");
     assert_eq!(losses[2], losses[0], "parquet");
-    assert_eq!(evals[1], evals[0]);
-    assert_eq!(evals[2], evals[0]);
+    assert_eq!(losses[3], losses[0], "the WebDataset shards packed");
+    assert_eq!(losses[4], losses[0], "parquet splits named with flags");
+    for (i, e) in evals.iter().enumerate() {
+        assert_eq!(e, &evals[0], "{}", sources[i].display());
+    }
     // Data of other classes is refused as for any ImageFolder.
     let other = dir.path().join("other/val/n01440764");
     std::fs::create_dir_all(&other).unwrap();

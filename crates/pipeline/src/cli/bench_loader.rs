@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use rn50_args::{check_batch_bytes, usize_in, UsageError, MAX_BATCH, MAX_IMAGE_SIZE, MAX_THREADS};
 
-use super::{default_workers, write_json, AugmentArgs, PixelLimit};
+use super::{default_workers, write_json, AugmentArgs, PixelLimit, TrainSplitArg, ValSplitArg};
 use crate::loader::{BadImagePolicy, LoaderConfig};
-use crate::source::{Dataset, TRAIN_SPLIT, VAL_SPLIT};
+use crate::source::Dataset;
 use crate::synthetic::{self, SyntheticConfig};
 use crate::transform::Transform;
 
@@ -24,6 +24,10 @@ pub struct BenchLoaderArgs {
     /// shards (*-train-NNNN.tar, *-validation-NNNN.tar).
     #[arg(required_unless_present = "synthetic")]
     pub data: Option<PathBuf>,
+    #[command(flatten)]
+    pub train_split: TrainSplitArg,
+    #[command(flatten)]
+    pub val_split: ValSplitArg,
     /// Benchmark N synthetic JPEGs with ImageNet's size distribution (generated in memory), 1 to
     /// 100000.
     #[arg(long, value_name = "N", conflicts_with = "data", value_parser = usize_in(1..=rn50_args::MAX_SYNTHETIC_IMAGES))]
@@ -84,6 +88,16 @@ pub fn run(cmd: &BenchLoaderArgs) -> Result<()> {
             cmd.size, cmd.val_resize
         )));
     }
+    if cmd.val && cmd.train_split.train_split.is_some() {
+        bail!(UsageError::new(
+            "--train-split is for the training split: not with --val"
+        ));
+    }
+    if !cmd.val && cmd.val_split.val_split.is_some() {
+        bail!(UsageError::new(
+            "--val-split is for the validation split: with --val"
+        ));
+    }
     cmd.augment.check()?;
     let augment = cmd.augment.train_augment();
     if cmd.val && !augment.is_none() {
@@ -100,7 +114,12 @@ pub fn run(cmd: &BenchLoaderArgs) -> Result<()> {
     let dataset = match (&cmd.data, cmd.synthetic) {
         // A dataset repository's split (--val: its validation split), or DATA itself.
         (Some(path), _) => {
-            Dataset::open_split_or_whole(path, if cmd.val { VAL_SPLIT } else { TRAIN_SPLIT })?
+            let split = if cmd.val {
+                cmd.val_split.split()
+            } else {
+                cmd.train_split.split()
+            };
+            Dataset::open_split_or_whole(path, split)?
         }
         (None, Some(n)) => {
             let cfg = SyntheticConfig {

@@ -1,13 +1,14 @@
 //! Command-line surfaces for the `rn50` binary, one module per command, each an `XxxArgs` and a
 //! `run(&XxxArgs)`: [`pack`] (`rn50 pack`) and [`bench_loader`] (`rn50 bench-loader`); and the
-//! flags the commands that decode images share ([`PixelLimit`]) and those that train
-//! ([`AugmentArgs`]).
+//! flags the commands that decode images share ([`PixelLimit`]), those that train ([`AugmentArgs`]), and
+//! those that read a split of a dataset repository ([`TrainSplitArg`], [`ValSplitArg`]).
 
 use anyhow::{Context, Result};
 use rn50_args::{finite_in, usize_in};
 
 use crate::autoaugment::Policy;
 use crate::decode::MAX_IMAGE_PIXELS;
+use crate::source::{Split, TRAIN_SPLIT, VAL_SPLIT};
 use crate::transform::TrainAugment;
 
 pub mod bench_loader;
@@ -27,6 +28,56 @@ pub struct PixelLimit {
     #[arg(long, value_name = "PIXELS", default_value_t = MAX_IMAGE_PIXELS,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_image_pixels: u64,
+}
+
+/// `--train-split NAME`, for the commands that read a dataset repository's training split (train,
+/// bench-loader, pack).
+#[derive(clap::Args, Debug, Clone, Default, serde::Serialize)]
+pub struct TrainSplitArg {
+    /// The training split's name in DATA (timm's --train-split): the folder DATA/NAME/, the WebDataset shards
+    /// DATA/*-NAME-NNNN.tar or the parquet files DATA/data/NAME-*.parquet. Letters, digits and _, up to 64
+    /// [default: train].
+    #[arg(long, value_name = "NAME", value_parser = split_name)]
+    pub train_split: Option<String>,
+}
+
+impl TrainSplitArg {
+    pub fn split(&self) -> Split<'_> {
+        self.train_split
+            .as_deref()
+            .map_or(TRAIN_SPLIT, Split::Named)
+    }
+}
+
+/// `--val-split NAME`, for the commands that read a dataset repository's validation split (train, eval,
+/// bench-loader --val, pack).
+#[derive(clap::Args, Debug, Clone, Default, serde::Serialize)]
+pub struct ValSplitArg {
+    /// The validation split's name in DATA (timm's --val-split), found as --train-split's is. Letters, digits
+    /// and _, up to 64 [default: val, validation or test, the first found].
+    #[arg(long, value_name = "NAME", value_parser = split_name)]
+    pub val_split: Option<String>,
+}
+
+impl ValSplitArg {
+    pub fn split(&self) -> Split<'_> {
+        self.val_split.as_deref().map_or(VAL_SPLIT, Split::Named)
+    }
+}
+
+/// A split's name: a folder's name and the middle of a shard's (`imagenet1k-NAME-0000.tar`, whose name parts
+/// `-` separates), so letters, digits and `_` only.
+fn split_name(name: &str) -> Result<String, String> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    {
+        return Err(
+            "a split's name is 1 to 64 letters, digits and _ (such as train, val, validation)"
+                .into(),
+        );
+    }
+    Ok(name.to_string())
 }
 
 /// `--auto-augment`, `--ra-magnitude`, `--random-erase`: the training augmentations of
@@ -96,7 +147,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::cli::{bench_loader::BenchLoaderArgs, pack::PackArgs};
+    use crate::cli::{bench_loader, bench_loader::BenchLoaderArgs, pack::PackArgs};
 
     #[derive(clap::Parser)]
     enum Cli {
@@ -121,6 +172,44 @@ mod tests {
             let with = |v: &str| max_image_pixels(&[cmd, &["--max-image-pixels", v]].concat());
             assert_eq!(with("1000").unwrap(), 1000);
             assert!(with("0").is_err() && with("-1").is_err());
+        }
+    }
+
+    #[test]
+    fn split_flags_name_a_split_and_refuse_other_names() {
+        let parse = |args: &[&str]| match Cli::try_parse_from(
+            [&["rn50", "pack", "in", "out"], args].concat(),
+        ) {
+            Ok(Cli::Pack(c)) => Ok((c.train_split.split(), c.val_split.split())),
+            Ok(_) => unreachable!(),
+            Err(e) => Err(e.exit_code()),
+        };
+        assert_eq!(parse(&[]), Ok((TRAIN_SPLIT, VAL_SPLIT)));
+        assert_eq!(
+            parse(&["--train-split", "trn", "--val-split", "valid_2"]),
+            Ok((Split::Named("trn"), Split::Named("valid_2")))
+        );
+        let long = "a".repeat(65);
+        for bad in ["", "val-2", "../val", "a/b", "v{0..1}", "val.tar", &long] {
+            assert_eq!(parse(&["--val-split", bad]), Err(2), "{bad:?}");
+            assert_eq!(parse(&["--train-split", bad]), Err(2), "{bad:?}");
+        }
+        // bench-loader reads one split: the other's flag is refused (exit 2) before anything is opened.
+        for (args, flag) in [
+            (&["--val", "--train-split", "trn"][..], "--train-split"),
+            (&["--val-split", "valid"], "--val-split"),
+        ] {
+            let Ok(Cli::BenchLoader(c)) =
+                Cli::try_parse_from([&["rn50", "bench-loader", "/nowhere"], args].concat())
+            else {
+                panic!("{args:?}")
+            };
+            let err = bench_loader::run(&c).unwrap_err();
+            assert!(
+                err.downcast_ref::<rn50_args::UsageError>().is_some(),
+                "{err:#}"
+            );
+            assert!(format!("{err}").contains(flag), "{err:#}");
         }
     }
 

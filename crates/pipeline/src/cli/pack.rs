@@ -5,12 +5,16 @@ use std::path::PathBuf;
 use anyhow::Result;
 use rn50_args::{usize_in, MAX_THREADS};
 
-use super::{default_workers, write_json, PixelLimit};
+use super::{default_workers, write_json, PixelLimit, TrainSplitArg, ValSplitArg};
 use crate::loader::BadImagePolicy;
-use crate::pack::{pack, PackOptions};
-use crate::source::Dataset;
+use crate::pack::{pack, PackOptions, PackReport};
+use crate::source::{Dataset, Split};
 
 /// Pack an ImageFolder dataset into a few large shard files for fast sequential reading.
+///
+/// DATA holding both a training and a validation split (train/ and val/, timm's WebDataset shards
+/// *-train-NNNN.tar and *-validation-NNNN.tar, the Hub's data/train-*.parquet and data/validation-*.parquet)
+/// is packed split by split into OUT/train and OUT/val, a DATA for `rn50 train` and `rn50 eval`.
 ///
 /// Every image is decoded once to validate it; undecodable ones and those over
 /// --max-image-pixels are skipped and counted (or abort with --on-bad-image fail). Without
@@ -24,6 +28,10 @@ pub struct PackArgs {
     pub data: PathBuf,
     /// Output directory for the shard files (created; must not already hold shards).
     pub out: PathBuf,
+    #[command(flatten)]
+    pub train_split: TrainSplitArg,
+    #[command(flatten)]
+    pub val_split: ValSplitArg,
     /// Shrink images whose shorter side exceeds this many pixels (1 to 65535, JPEG's largest side)
     /// and re-encode them as JPEG (e.g. 256-512, like FFCV's max_resolution). Default: store
     /// original bytes.
@@ -43,7 +51,8 @@ pub struct PackArgs {
     pub on_bad_image: BadImagePolicy,
     #[command(flatten)]
     pub pixel_limit: PixelLimit,
-    /// Also write the pack report (records, bad images, bytes) as JSON to this file.
+    /// Also write the pack report (records, bad images, bytes) as JSON to this file; for a DATA with splits,
+    /// an object of one report per split ("train", "val").
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// No progress bar.
@@ -53,7 +62,37 @@ pub struct PackArgs {
 
 /// `rn50 pack`.
 pub fn run(cmd: &PackArgs) -> Result<()> {
-    let dataset = Dataset::open(&cmd.data)?;
+    let (train, val) = (cmd.train_split.split(), cmd.val_split.split());
+    let named = [train, val].iter().any(|s| matches!(s, Split::Named(_)));
+    // A split named with --train-split or --val-split must be there; the usual names may not be.
+    let open = |split: Split| match split {
+        Split::Named(_) => Dataset::open_required_split(&cmd.data, split).map(Some),
+        Split::Usual(_) => Dataset::open_split(&cmd.data, split),
+    };
+    let jobs = match [open(train)?, open(val)?] {
+        [Some(train), Some(val)] => vec![
+            ("train", train, cmd.out.join("train")),
+            ("val", val, cmd.out.join("val")),
+        ],
+        [Some(one), None] | [None, Some(one)] if named => vec![("split", one, cmd.out.clone())],
+        // One dataset (one split's, or DATA without splits).
+        _ => vec![("data", Dataset::open(&cmd.data)?, cmd.out.clone())],
+    };
+    let mut reports = std::collections::BTreeMap::new();
+    for (name, dataset, out) in &jobs {
+        reports.insert(*name, pack_one(cmd, dataset, out)?);
+    }
+    if let Some(path) = &cmd.json {
+        match reports.len() {
+            1 => write_json(path, reports.values().next().expect("one"))?,
+            _ => write_json(path, &reports)?,
+        }
+    }
+    Ok(())
+}
+
+/// Packs `dataset` into `out` and says what it did.
+fn pack_one(cmd: &PackArgs, dataset: &Dataset, out: &std::path::Path) -> Result<PackReport> {
     tracing::info!(
         "packing {} images, {} classes from {}",
         dataset.len(),
@@ -61,8 +100,8 @@ pub fn run(cmd: &PackArgs) -> Result<()> {
         dataset.description()
     );
     let report = pack(
-        &dataset,
-        &cmd.out,
+        dataset,
+        out,
         &PackOptions {
             max_side: cmd.max_side,
             quality: cmd.quality,
@@ -77,7 +116,7 @@ pub fn run(cmd: &PackArgs) -> Result<()> {
         "packed {} images into {} shard(s) in {} ({:.1} MB -> {:.1} MB, {} re-encoded, {} bad)",
         report.records,
         report.shards.len(),
-        cmd.out.display(),
+        out.display(),
         report.input_bytes as f64 / 1e6,
         report.output_bytes as f64 / 1e6,
         report.reencoded,
@@ -86,8 +125,5 @@ pub fn run(cmd: &PackArgs) -> Result<()> {
     for b in &report.bad_examples {
         tracing::warn!("skipped {b}");
     }
-    if let Some(path) = &cmd.json {
-        write_json(path, &report)?;
-    }
-    Ok(())
+    Ok(report)
 }

@@ -11,11 +11,42 @@ pub mod parquet;
 pub mod shards;
 pub mod wds;
 
-/// The names the training split goes by in a dataset repository ([`Dataset::open_split`]).
-pub const TRAIN_SPLIT: &[&str] = &["train"];
-/// The names the validation split goes by: ImageFolder trees' `val`, timm's and the Hub's `validation`,
-/// CIFAR-style trees' `test`.
-pub const VAL_SPLIT: &[&str] = &["val", "validation", "test"];
+/// Which split of a dataset repository to read ([`Dataset::open_split`]): one a user named (`--train-split`,
+/// `--val-split`, timm's flags), or the first found of the names a split usually goes by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split<'a> {
+    Named(&'a str),
+    Usual(&'static [&'static str]),
+}
+
+/// The training split: `train`.
+pub const TRAIN_SPLIT: Split<'static> = Split::Usual(&["train"]);
+/// The validation split: ImageFolder trees' `val`, timm's and the Hub's `validation`, CIFAR-style trees' `test`.
+pub const VAL_SPLIT: Split<'static> = Split::Usual(&["val", "validation", "test"]);
+
+impl<'a> Split<'a> {
+    /// The names looked for, in order.
+    pub fn names(&self) -> &[&'a str] {
+        match self {
+            Split::Named(name) => std::slice::from_ref(name),
+            Split::Usual(names) => names,
+        }
+    }
+
+    /// The error for a repository `data` without this split: what was looked for.
+    fn missing(&self, data: &Path) -> anyhow::Error {
+        let names = self.names();
+        let folders: Vec<String> = names.iter().map(|n| format!("{n}/")).collect();
+        anyhow::anyhow!(
+            "{} has no {} folder, nor WebDataset shards *-{}-NNNN.tar, nor parquet files data/{}-*.parquet \
+             (--train-split and --val-split name other splits)",
+            data.display(),
+            folders.join(" or "),
+            names[0],
+            names[0]
+        )
+    }
+}
 
 /// Random access to encoded samples. Implementations must be cheap to share between threads.
 pub trait Source: Send + Sync {
@@ -156,12 +187,12 @@ impl Dataset {
         }
     }
 
-    /// The split that goes by one of `names` ([`TRAIN_SPLIT`], [`VAL_SPLIT`], or a user's) in the dataset
-    /// repository `data`, if it has one: the subdirectory `data/<name>/` (an ImageFolder, shards, tars), or
-    /// the WebDataset shards in `data` named for it as timm's are (`imagenet1k-<name>-0000.tar`), or the
-    /// Hub's parquet files (`data/<name>-00000-of-00014.parquet`, also directly in `data`). The first
-    /// name found wins.
-    pub fn open_split(data: &Path, names: &[&str]) -> Result<Option<Dataset>> {
+    /// The split `split` of the dataset repository `data`, if it has one: the subdirectory `data/<name>/` (an
+    /// ImageFolder, shards, tars), or the WebDataset shards in `data` named for it as timm's are
+    /// (`imagenet1k-<name>-0000.tar`), or the Hub's parquet files (`data/<name>-00000-of-00014.parquet`, also
+    /// directly in `data`). The first of its names found wins.
+    pub fn open_split(data: &Path, split: Split) -> Result<Option<Dataset>> {
+        let names = split.names();
         for name in names {
             let dir = data.join(name);
             if dir.is_dir() {
@@ -196,11 +227,18 @@ impl Dataset {
         Ok(None)
     }
 
-    /// The split `names` of `data` if it has one ([`Dataset::open_split`]), else `data` itself: what
-    /// `eval`, `bench` and `bench-loader` read.
-    pub fn open_split_or_whole(data: &Path, names: &[&str]) -> Result<Dataset> {
-        match Dataset::open_split(data, names)? {
+    /// The split `split` of `data` ([`Dataset::open_split`]), or an error saying what was looked for: what
+    /// `train` reads.
+    pub fn open_required_split(data: &Path, split: Split) -> Result<Dataset> {
+        Dataset::open_split(data, split)?.ok_or_else(|| split.missing(data))
+    }
+
+    /// The split `split` of `data` if it has one ([`Dataset::open_split`]), else `data` itself: what `eval`,
+    /// `bench` and `bench-loader` read. A split a user named must be there.
+    pub fn open_split_or_whole(data: &Path, split: Split) -> Result<Dataset> {
+        match Dataset::open_split(data, split)? {
             Some(d) => Ok(d),
+            None if matches!(split, Split::Named(_)) => Err(split.missing(data)),
             None => Dataset::open(data).with_context(|| format!("opening {}", data.display())),
         }
     }

@@ -89,6 +89,11 @@ pub struct Manifest {
     pub class_images: Vec<u64>,
     /// The shards, in dataset order.
     pub shards: Vec<ManifestShard>,
+    /// The classes without images in the dataset packed (a WebDataset or parquet split holding some of the
+    /// ImageNet classes, which are its class list whatever it holds): opening accepts these empty, and only these,
+    /// as an ImageFolder's classes are its folders and an empty one is an incomplete copy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub empty_classes: Vec<String>,
 }
 
 /// One shard of a [`Manifest`].
@@ -296,7 +301,14 @@ impl ShardSet {
             set.entries.len(),
             manifest.images
         );
-        refuse_empty_classes(dir, set.classes(), &counts, " in its shards")?;
+        let (classes, counts): (Vec<String>, Vec<u64>) = set
+            .classes()
+            .iter()
+            .cloned()
+            .zip(counts)
+            .filter(|(c, _)| !manifest.empty_classes.contains(c))
+            .unzip();
+        refuse_empty_classes(dir, &classes, &counts, " in its shards")?;
         Ok(set)
     }
 
@@ -450,8 +462,13 @@ impl Source for ShardSet {
 /// Writes `dir`'s [`MANIFEST`] for the shard files `files` (in `dir`, in dataset order), atomically
 /// and durably ([`rn50_util::atomic_write`]): the last step of `rn50 pack`, once every shard is
 /// finished and on disk, so that a pack killed at any moment before it leaves a directory that is
-/// refused. The shards are read back and checked first; the totals are what they hold.
-pub fn write_manifest(dir: &Path, files: &[PathBuf]) -> Result<Manifest> {
+/// refused. The shards are read back and checked first; the totals are what they hold. `empty_classes`: the
+/// classes the packed dataset itself has no image of ([`Manifest::empty_classes`]).
+pub fn write_manifest(
+    dir: &Path,
+    files: &[PathBuf],
+    empty_classes: Vec<String>,
+) -> Result<Manifest> {
     let mut set = ShardSet::empty();
     let mut shards = Vec::with_capacity(files.len());
     for path in files {
@@ -481,6 +498,7 @@ pub fn write_manifest(dir: &Path, files: &[PathBuf]) -> Result<Manifest> {
         images: set.entries.len() as u64,
         class_images: set.class_images(),
         shards,
+        empty_classes,
     };
     let text = serde_json::to_string_pretty(&manifest)? + "\n";
     let path = dir.join(MANIFEST);

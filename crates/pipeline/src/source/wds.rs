@@ -8,7 +8,10 @@
 //! the `label` of its `json` member. A label is an index into the 1,000 ILSVRC2012 classes
 //! ([`crate::imagenet`]), the order timm's and the Hub's ImageNet count in: the dataset's classes are their
 //! WordNet ids, whichever of them the shards hold (no class is refused for being empty, unlike an
-//! ImageFolder's, whose classes are its folders).
+//! ImageFolder's, whose classes are its folders). Shards carry no class list, so those of another dataset
+//! cannot be read right: a label past 999 is refused, and so is a sample whose name says its class (a key
+//! or the `json`'s `filename` starting with a WordNet id, as ImageNet's train files are named,
+//! `n01440764_10026`) when that is not its label's class in this order.
 //!
 //! Each tar's members are indexed once, at open (the image's offset and length, the label), in parallel, and
 //! the index is kept in a cache directory ([`default_cache_dir`]), used again while the tar's size and mtime
@@ -36,7 +39,7 @@ pub const EXTENSION: &str = "tar";
 /// Image members, in the order one is chosen when a sample has several.
 pub const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "webp"];
 /// The format of the cached indexes.
-const INDEX_VERSION: u32 = 1;
+const INDEX_VERSION: u32 = 2;
 const BLOCK: u64 = 512;
 
 /// Where tar indexes are kept unless told otherwise: `$RN50_CACHE_DIR`, else `$XDG_CACHE_HOME/rn50`, else
@@ -70,6 +73,9 @@ struct IndexedSample {
     offset: u64,
     len: u64,
     label: u64,
+    /// The WordNet id the sample's name gives ([`wnid_in_name`]), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    wnid: Option<String>,
 }
 
 /// The size and mtime (ns since the epoch) an index is checked against.
@@ -96,6 +102,8 @@ struct Pending {
     /// (extension, member name, offset, length)
     members: Vec<(String, String, u64, u64)>,
     label: Option<u64>,
+    /// The `json` member's `filename`.
+    filename: Option<String>,
 }
 
 impl Pending {
@@ -121,26 +129,35 @@ impl Pending {
                 self.key
             );
         };
+        let wnid = [Some(self.key.as_str()), self.filename.as_deref()]
+            .into_iter()
+            .flatten()
+            .find_map(wnid_in_name);
         out.push(IndexedSample {
             member: member.clone(),
             offset: *offset,
             len: *len,
             label,
+            wnid: wnid.map(String::from),
         });
         Ok(())
     }
 }
 
-/// The label in a `cls` member (an integer, as webdataset writes it) or a `json` member (its `label`).
-fn parse_label(ext: &str, text: &[u8]) -> Option<u64> {
-    if ext == "cls" {
-        std::str::from_utf8(text).ok()?.trim().parse().ok()
-    } else {
-        serde_json::from_slice::<serde_json::Value>(text)
-            .ok()?
-            .get("label")?
-            .as_u64()
-    }
+/// The label in a `cls` member (an integer, as webdataset writes it).
+fn parse_cls(text: &[u8]) -> Option<u64> {
+    std::str::from_utf8(text).ok()?.trim().parse().ok()
+}
+
+/// The WordNet id a sample's name starts with, in any of its path's parts: `n01440764_10026` (a key as
+/// ImageNet's train files are named), `n01440764/n01440764_10026.JPEG` (a `json`'s `filename`).
+fn wnid_in_name(name: &str) -> Option<&str> {
+    name.split('/').find_map(|part| {
+        let wnid = part.get(..9)?;
+        let rest = &part[9..];
+        (crate::imagenet::is_wnid(wnid) && (rest.is_empty() || rest.starts_with(['_', '.'])))
+            .then_some(wnid)
+    })
 }
 
 /// Reads `path`'s members and groups them into samples.
@@ -191,22 +208,23 @@ fn index_tar(path: &Path, size: u64, mtime_ns: u64) -> Result<TarIndex> {
             "{}: sample {key:?} has two .{ext} members",
             path.display()
         );
-        if (ext == "cls" || (ext == "json" && pending.label.is_none())) && len <= 1 << 20 {
+        if (ext == "cls" || ext == "json") && len <= 1 << 20 {
             let mut text = Vec::with_capacity(len as usize);
             entry
                 .read_to_end(&mut text)
                 .with_context(|| format!("cannot read {name} in {}", path.display()))?;
-            let label = parse_label(&ext, &text);
             if ext == "cls" {
-                pending.label = Some(label.with_context(|| {
+                pending.label = Some(parse_cls(&text).with_context(|| {
                     format!(
                         "{}: {name} holds {:?}, not a class index",
                         path.display(),
                         String::from_utf8_lossy(&text[..text.len().min(40)])
                     )
                 })?);
-            } else {
-                pending.label = label;
+            } else if let Ok(json) = serde_json::from_slice::<serde_json::Value>(&text) {
+                let field = |key| json.get(key);
+                pending.label = pending.label.or(field("label").and_then(|l| l.as_u64()));
+                pending.filename = field("filename").and_then(|f| f.as_str()).map(String::from);
             }
         }
         pending.members.push((ext, name, offset, len));
@@ -325,13 +343,25 @@ impl WebDataset {
             for s in index.samples {
                 ensure!(
                     s.label < set.classes.len() as u64,
-                    "{}: {}'s label {} is outside the {} ImageNet classes (0 to {})",
+                    "{}: {}'s label {} is outside the {} ImageNet classes (0 to {}): rn50 reads WebDataset \
+                     labels as ImageNet-1k's class indices",
                     index.path.display(),
                     s.member,
                     s.label,
                     set.classes.len(),
                     set.classes.len() - 1
                 );
+                let class = &set.classes[s.label as usize];
+                if let Some(wnid) = s.wnid.as_ref().filter(|w| *w != class) {
+                    bail!(
+                        "{}: {}'s label {} is {class} in ImageNet-1k's class order, but its name says \
+                         {wnid}: rn50 reads WebDataset labels as ImageNet-1k's class indices, and these \
+                         shards count their classes otherwise",
+                        index.path.display(),
+                        s.member,
+                        s.label
+                    );
+                }
                 set.entries.push(Entry {
                     file: i as u32,
                     offset: s.offset,

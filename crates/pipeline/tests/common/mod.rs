@@ -310,3 +310,41 @@ pub fn mkfifo(path: &Path) {
     let status = Command::new("mkfifo").arg(path).status().unwrap();
     assert!(status.success(), "mkfifo {} failed", path.display());
 }
+
+/// `RN50_CACHE_DIR`, where opening WebDataset shards keeps their indexes ([`rn50_pipeline::source::wds`]),
+/// pointed at a fresh folder while this lives, then unset and the folder removed: the tests leave nothing in
+/// `~/.cache/rn50`. The variable is the process's, so the tests that hold one run one at a time.
+pub struct TempCache {
+    pub dir: tempfile::TempDir,
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
+}
+
+pub fn temp_cache() -> TempCache {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A test that failed holding it poisons it; the next one may still run.
+    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    std::env::set_var("RN50_CACHE_DIR", dir.path());
+    TempCache {
+        dir,
+        _one_at_a_time: guard,
+    }
+}
+
+impl Drop for TempCache {
+    fn drop(&mut self) {
+        std::env::remove_var("RN50_CACHE_DIR");
+    }
+}
+
+/// Runs `rn50 pack ARGS` as the binary would.
+pub fn pack_command(args: &[&str]) -> anyhow::Result<()> {
+    use clap::Parser;
+    #[derive(clap::Parser)]
+    struct Pack {
+        #[command(flatten)]
+        args: rn50_pipeline::cli::pack::PackArgs,
+    }
+    let cmd = Pack::try_parse_from([&["pack", "--quiet"], args].concat())?;
+    rn50_pipeline::cli::pack::run(&cmd.args)
+}

@@ -59,6 +59,12 @@ pub struct TrainArgs {
     /// data/validation-*.parquet).
     #[arg(required_unless_present = "dummy")]
     pub data: Option<PathBuf>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub train_split: rn50_pipeline::cli::TrainSplitArg,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub val_split: rn50_pipeline::cli::ValSplitArg,
     /// Model architecture.
     #[arg(short = 'a', long = "arch", alias = "model", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
     pub arch: Arch,

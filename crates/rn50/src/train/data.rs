@@ -10,28 +10,9 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use anyhow::{bail, Context, Result};
-use rn50_pipeline::source::{TRAIN_SPLIT, VAL_SPLIT};
 use rn50_pipeline::{Dataset, Epoch, Loader, LoaderConfig, Transform};
 
 use crate::train::args::{Augment, TrainArgs};
-
-/// One split of DATA ([`Dataset::open_split`]): `train/`, `val/` (or `validation/`, `test/`), or WebDataset
-/// shards named for it.
-fn open_split(root: &Path, names: &[&str]) -> Result<Dataset> {
-    match Dataset::open_split(root, names)? {
-        Some(d) => Ok(d),
-        None => {
-            let folders: Vec<String> = names.iter().map(|n| format!("{n}/")).collect();
-            bail!(
-                "{} has no {} folder, nor WebDataset shards *-{}-NNNN.tar: expected DATA/train and \
-                 DATA/val",
-                root.display(),
-                folders.join(" or "),
-                names[0]
-            )
-        }
-    }
-}
 
 /// The training recipe's transforms at training resolution `res`.
 fn train_transform(args: &TrainArgs, res: usize) -> Transform {
@@ -73,8 +54,8 @@ impl RealData {
         rank: usize,
         world: usize,
     ) -> Result<Self> {
-        let train = open_split(root, TRAIN_SPLIT)?;
-        let val = open_split(root, VAL_SPLIT)?;
+        let train = Dataset::open_required_split(root, args.train_split.split())?;
+        let val = Dataset::open_required_split(root, args.val_split.split())?;
         if train.classes() != val.classes() {
             bail!(
                 "{} has {} classes and {} {}, or their names differ: they must be the same set",

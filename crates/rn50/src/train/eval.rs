@@ -6,7 +6,6 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rn50_args::{check_batch_bytes, usize_in, UsageError};
-use rn50_pipeline::source::VAL_SPLIT;
 use rn50_pipeline::{Dataset, Epoch, Loader, LoaderConfig, Transform};
 use serde::Serialize;
 use tch::Tensor;
@@ -112,6 +111,8 @@ pub struct EvalArgs {
     /// shards), timm's `*-validation-NNNN.tar` or the Hub's `data/validation-*.parquet`, or the validation
     /// data itself.
     pub data: PathBuf,
+    #[command(flatten)]
+    pub val_split: rn50_pipeline::cli::ValSplitArg,
     /// Weights to evaluate: safetensors with torchvision's keys (from `rn50 train`) or a torch.save file
     /// (torchvision's .pth, pytorch/examples' checkpoint.pth.tar), told apart by content.
     #[arg(long)]
@@ -204,7 +205,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         args.crop as u64,
     )?;
     // The validation split of DATA (val/, validation/, test/, or WebDataset shards named for it), else DATA.
-    let dataset = Dataset::open_split_or_whole(&args.data, VAL_SPLIT)?;
+    let dataset = Dataset::open_split_or_whole(&args.data, args.val_split.split())?;
     let file = WeightsFile::read(&args.weights)?;
     let what = dataset.description().to_string();
     check_classes(&file, dataset.classes(), &what)?;
