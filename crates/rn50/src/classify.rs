@@ -1,6 +1,7 @@
 //! `rn50 classify`: the top classes of a few images under saved weights, with their names (the class folder names
 //! rn50 recorded with the weights, or ImageNet's WordNet names): the image resized and center-cropped as
-//! `rn50 eval` does, normalised with ImageNet's mean and std, BN in eval mode.
+//! `rn50 eval` does (the sizes, mean and std recorded with the weights unless the flags say others), BN in eval
+//! mode.
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -15,7 +16,7 @@ use crate::device::{Compute, ComputeArgs};
 use crate::model::weights::{printable, WeightsFile};
 use crate::model::Arch;
 use crate::step::Normalizer;
-use crate::train::eval::{check_crop, load_for_inference};
+use crate::train::eval::{load_for_inference, Inference, ValSizeArgs};
 
 /// Print the top classes of images under saved weights.
 #[derive(Args, Debug, Clone)]
@@ -23,22 +24,18 @@ pub struct ClassifyArgs {
     /// Images to classify (JPEG or PNG).
     #[arg(required = true, value_name = "IMG")]
     pub images: Vec<PathBuf>,
-    /// Weights: safetensors with torchvision's keys (from `rn50 train`) or a torch.save file (torchvision's .pth,
-    /// pytorch/examples' checkpoint.pth.tar), told apart by content.
+    /// Weights: safetensors with torchvision's keys (from `rn50 train`: best/final.safetensors or a checkpoint)
+    /// or a torch.save file (torchvision's .pth, pytorch/examples' checkpoint.pth.tar), told apart by content.
     #[arg(long)]
     pub weights: PathBuf,
-    /// Model architecture.
-    #[arg(short = 'a', long = "arch", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
-    pub arch: Arch,
+    /// Model architecture [default: the one recorded with the weights, else resnet50].
+    #[arg(short = 'a', long = "arch", value_parser = clap::value_parser!(Arch))]
+    pub arch: Option<Arch>,
     /// Classes printed per image, 1 to 1000.
     #[arg(long, default_value_t = 5, value_parser = usize_in(1..=1000))]
     pub top: usize,
-    /// Resize the shorter side to this, 1 to 4096 pixels, then center-crop `--crop`.
-    #[arg(long, default_value_t = 256, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
-    pub resize: usize,
-    /// Center crop, 1 to --resize pixels.
-    #[arg(long, default_value_t = 224, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
-    pub crop: usize,
+    #[command(flatten)]
+    pub sizes: ValSizeArgs,
     #[command(flatten)]
     pub compute: ComputeArgs,
 }
@@ -66,10 +63,12 @@ fn class_names(recorded: Option<&[String]>, classes: usize) -> Vec<String> {
 }
 
 pub fn run(args: &ClassifyArgs) -> Result<()> {
-    check_crop(args.resize, args.crop)?;
+    args.sizes.check(None)?;
     let file = WeightsFile::read(&args.weights)?;
+    let run = Inference::new(&file, args.arch, &args.sizes)?;
     let classes = file.shape()?.num_classes as usize;
     let names = class_names(file.classes(), classes);
+    tracing::info!("rn50 classify: {}", run.used);
     let (
         model,
         Compute {
@@ -78,12 +77,13 @@ pub fn run(args: &ClassifyArgs) -> Result<()> {
             channels_last,
             ..
         },
-    ) = load_for_inference(args.arch, &file, &args.compute)?;
+    ) = load_for_inference(run.arch, &file, &args.compute)?;
     drop(file);
-    let mut norm = Normalizer::new(device, channels_last);
+    let t = run.transform;
+    let mut norm = Normalizer::with_stats(device, channels_last, t.mean, t.std);
     // Full-resolution decoding (no DCT downscale): the pixels torchvision's Resize would see.
-    let mut augment = Augmenter::new(Transform::val(args.resize, args.crop), false)?;
-    let crop = args.crop;
+    let mut augment = Augmenter::new(Transform::val(t.resize, t.crop), false)?;
+    let crop = t.crop;
     let mut pixels = vec![0u8; crop * crop * 3];
     let top = args.top.min(classes);
     for path in &args.images {

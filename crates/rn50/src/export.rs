@@ -5,7 +5,9 @@
 //! normalised NCHW float batch (ImageNet's mean and std, as `rn50 eval` and `rn50 classify` apply them outside
 //! the model), and returns the logits. Tracing records the operations, not the example's shape: the module runs
 //! on any batch size and image size (tests/export.rs checks both against torchvision). The weights are frozen
-//! into the graph as constants, so the module has no trainable parameters.
+//! into the graph as constants, so the module has no trainable parameters. The network is `-a`'s, else the one
+//! the weights record, else ResNet-50; `--json` says how to make the module's input from an image (the resize,
+//! crop, mean and std the weights record, else torchvision's).
 //!
 //! Before any work, --out's (and --json's) folder is checked to take a new file: a missing or read-only folder is
 //! a one-line error naming the path, not libtorch's C++ stack after the tracing. An export killed mid-write
@@ -19,10 +21,10 @@ use rn50_args::UsageError;
 use tch::{CModule, Device, Kind, Tensor};
 
 use crate::device::ComputeArgs;
-use crate::model::weights::WeightsFile;
+use crate::model::weights::{EvalTransform, WeightsFile};
 use crate::model::Arch;
 use crate::step::Precision;
-use crate::train::eval::load_for_inference;
+use crate::train::eval::{load_for_inference, Inference, ValSizeArgs};
 
 /// The side of the example image the model is traced on; any other works as well.
 const TRACE_SIZE: i64 = 224;
@@ -30,20 +32,21 @@ const TRACE_SIZE: i64 = 224;
 /// Write saved weights as a TorchScript module (for PyTorch, C++ and ONNX).
 #[derive(Args, Debug, Clone)]
 pub struct ExportArgs {
-    /// Weights: safetensors with torchvision's keys (from `rn50 train`) or a torch.save file (torchvision's .pth,
-    /// pytorch/examples' checkpoint.pth.tar), told apart by content.
+    /// Weights: safetensors with torchvision's keys (from `rn50 train`: best/final.safetensors or a checkpoint)
+    /// or a torch.save file (torchvision's .pth, pytorch/examples' checkpoint.pth.tar), told apart by content.
     #[arg(long)]
     pub weights: PathBuf,
-    /// Model architecture.
-    #[arg(short = 'a', long = "arch", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
-    pub arch: Arch,
+    /// Model architecture [default: the one recorded with the weights, else resnet50].
+    #[arg(short = 'a', long = "arch", value_parser = clap::value_parser!(Arch))]
+    pub arch: Option<Arch>,
     /// The TorchScript file to write (written whole or not at all).
     #[arg(long)]
     pub out: PathBuf,
     /// Replace --out if it exists.
     #[arg(long)]
     pub overwrite: bool,
-    /// Also write what was exported (arch, classes and their names, parameters, bytes) as JSON to this file.
+    /// Also write what was exported (arch, classes and their names, the input the module expects, parameters,
+    /// bytes) as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
 }
@@ -56,6 +59,11 @@ pub struct Exported {
     pub num_classes: i64,
     /// The class names recorded with the weights (null without): the module does not carry them.
     pub class_names: Option<Vec<String>>,
+    /// How to make the module's input from an image (resize, center crop, interpolation, mean, std): what the
+    /// weights record, else torchvision's 256 → 224 with ImageNet's mean and std.
+    pub eval_transform: EvalTransform,
+    /// The side of the images the weights were trained on (null where not recorded).
+    pub image_size: Option<usize>,
     pub parameters: i64,
     pub bytes: u64,
 }
@@ -90,7 +98,9 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         fused_block: false,
     };
     let file = WeightsFile::read(&args.weights)?;
-    let (mut model, _) = load_for_inference(args.arch, &file, &compute)?;
+    let run = Inference::new(&file, args.arch, &ValSizeArgs::default())?;
+    tracing::info!("rn50 export: {}", run.used);
+    let (mut model, _) = load_for_inference(run.arch, &file, &compute)?;
     let class_names = file.classes().map(<[String]>::to_vec);
     drop(file);
     let parameters = model.num_parameters();
@@ -109,9 +119,11 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         .with_context(|| format!("writing {}", args.out.display()))?;
     let exported = Exported {
         out: args.out.clone(),
-        arch: args.arch,
+        arch: run.arch,
         num_classes: model.net.config.num_classes,
         class_names,
+        eval_transform: run.transform,
+        image_size: run.image_size,
         parameters,
         bytes: std::fs::metadata(&args.out)?.len(),
     };

@@ -152,3 +152,145 @@ fn eval_rejects_data_whose_class_names_differ_from_the_weights() {
         "{err}"
     );
 }
+
+/// The stderr and stdout of a successful `rn50` run.
+fn ok(args: &[&str]) -> (String, String) {
+    let out = rn50(args);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "{args:?}: {stderr}");
+    (stdout, stderr)
+}
+
+/// The number after "Acc@1" in eval's result line.
+fn acc1(stdout: &str) -> String {
+    let words: Vec<&str> = stdout.split_whitespace().collect();
+    let i = words.iter().position(|w| *w == "Acc@1").expect(stdout);
+    words[i + 1].to_string()
+}
+
+/// Issue 38, item 3: weights describe themselves. A ResNet-18 of width 8 trained at 64 px (evaluated 72 → 64)
+/// records it: `eval`, `classify` and `export` run it without `-a` or size flags, say so, and a flag overrides;
+/// its training checkpoint is accepted as weights; weights made elsewhere keep torchvision's 256 → 224.
+#[test]
+fn weights_record_their_network_and_evaluation_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    image_tree(&data, "train", 3, 2);
+    image_tree(&data, "val", 3, 1);
+    let run = dir.path().join("run");
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let (d, r) = (s(&data), s(&run));
+    let mut train = vec!["train", &d, "--out", &r];
+    train.extend(
+        "-a resnet18 --width 8 -b 3 -j 1 --steps-per-epoch 1 --epochs 1 --image-size 64 --val-resize 72 \
+         --val-crop 64 --device cpu --precision fp32"
+            .split_whitespace(),
+    );
+    ok(&train);
+    let (final_w, ckpt) = (
+        s(&run.join("final.safetensors")),
+        s(&run.join("checkpoint.safetensors")),
+    );
+    let eval = |weights: &str, extra: &[&str]| {
+        let mut a = vec![
+            "eval",
+            &d,
+            "--weights",
+            weights,
+            "--device",
+            "cpu",
+            "-b",
+            "3",
+        ];
+        a.extend_from_slice(extra);
+        ok(&a)
+    };
+    let (out, log) = eval(&final_w, &[]);
+    assert!(
+        log.contains("rn50 eval: resnet18 (recorded; width 8, ImageNet stem, 3 classes)")
+            && log.contains("resize 72 (recorded) then center crop 64 (recorded)")
+            && log.contains("trained at 64 px"),
+        "{log}"
+    );
+    let recorded_acc = acc1(&out);
+    // A flag overrides what is recorded, under train's name or eval's older one.
+    for flag in ["--val-crop", "--crop"] {
+        let (_, log) = eval(&final_w, &[flag, "56"]);
+        assert!(
+            log.contains("resize 72 (recorded) then center crop 56 (--val-crop)"),
+            "{log}"
+        );
+    }
+    let (_, log) = eval(&final_w, &["--val-resize", "64", "-a", "resnet18"]);
+    assert!(
+        log.contains("resnet18 (-a;") && log.contains("resize 64 (--val-resize)"),
+        "{log}"
+    );
+    // A crop larger than the recorded resize names where each came from (exit 2).
+    let out = rn50(&[
+        "eval",
+        &d,
+        "--weights",
+        &final_w,
+        "--device",
+        "cpu",
+        "--val-crop",
+        "80",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--val-crop 80 is larger than the recorded resize 72"),
+        "{err}"
+    );
+
+    // The run's checkpoint is weights too: the model's, recorded the same way.
+    let (out, log) = eval(&ckpt, &[]);
+    assert!(log.contains("center crop 64 (recorded)"), "{log}");
+    assert_eq!(acc1(&out), recorded_acc);
+    let photo = common::imagenet_photos()[0].clone();
+    let (out, log) = ok(&[
+        "classify",
+        photo.to_str().unwrap(),
+        "--weights",
+        &ckpt,
+        "--device",
+        "cpu",
+    ]);
+    assert!(
+        log.contains("rn50 classify: resnet18 (recorded;")
+            && log.contains("center crop 64 (recorded)"),
+        "{log}"
+    );
+    assert_eq!(out.lines().count(), 4, "{out}");
+    let (model, json) = (dir.path().join("m.pt"), dir.path().join("m.json"));
+    ok(&[
+        "export",
+        "--weights",
+        &ckpt,
+        "--out",
+        model.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["arch"], "resnet18");
+    assert_eq!(v["image_size"], 64);
+    assert_eq!(v["eval_transform"]["resize"], 72);
+    assert_eq!(v["eval_transform"]["crop"], 64);
+    assert_eq!(v["eval_transform"]["interpolation"], "bilinear");
+
+    // Weights made elsewhere record none of it: torchvision's defaults, said as such.
+    let foreign = dir.path().join("foreign.safetensors");
+    constant_weights(&foreign, 3, 0);
+    let (_, log) = eval(foreign.to_str().unwrap(), &["-a", "resnet18"]);
+    assert!(
+        log.contains("resize 256 (default) then center crop 224 (default)")
+            && !log.contains("trained at"),
+        "{log}"
+    );
+}

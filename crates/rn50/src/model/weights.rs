@@ -2,7 +2,10 @@
 //! PyTorch (`safetensors.torch.load_file` + `model.load_state_dict`), with the training set's class names in the
 //! header's metadata ([`CLASSES_KEY`]). It reads safetensors and torch.save files alike, told apart by their
 //! first bytes, not their names: torchvision's `.pth` (a state_dict), pytorch/examples' `checkpoint.pth.tar` /
-//! `model_best.pth.tar` (the state_dict under `state_dict`, with DDP's `module.` prefixes), timm's checkpoints.
+//! `model_best.pth.tar` (the state_dict under `state_dict`, with DDP's `module.` prefixes), timm's checkpoints,
+//! and rn50's own training checkpoints (the model's weights under `model.`). What rn50 records with its weights
+//! (the network, the class names, the training and evaluation sizes: [`Recorded`]) is how `rn50 eval`,
+//! `classify` and `export` run them without repeating the training's flags.
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
@@ -12,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use safetensors::tensor::{Dtype, View};
 use tch::{Device, Kind, Tensor};
 
-use super::{Model, ResNetConfig, Stem};
+use super::{Arch, Model, ResNetConfig, Stem};
 
 /// The safetensors metadata key of the class names, in label order, as a JSON list of strings
 /// (`{"classes": "[\"airplane\", \"automobile\", ...]"}`): the folder names of the data the weights were trained on
@@ -21,32 +24,139 @@ pub const CLASSES_KEY: &str = "classes";
 
 /// What rn50 records beside the tensors, in the safetensors header's metadata, of weights files
 /// (best/final.safetensors) and training checkpoints alike: one schema, written ([`Recorded::metadata`]) and read
-/// ([`Recorded::from_metadata`]) here only, one metadata key per field.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// ([`Recorded::from_metadata`]) here only, one metadata key per field. Names are written as they are
+/// (`"arch": "resnet50"`), numbers and lists as JSON (`"width": "64"`, `"mean": "[0.485,0.456,0.406]"`), so that
+/// Python reads them with `safetensors.safe_open(path, "pt").metadata()` and `json.loads`:
+///
+/// | key | what |
+/// |---|---|
+/// | `classes` | the class folder names, in label order ([`CLASSES_KEY`]) |
+/// | `arch`, `width`, `stem`, `num_classes` | the network ([`RecordedNet`]) |
+/// | `image_size` | the side of the training images (the last one, with progressive resizing) |
+/// | `eval_resize`, `eval_crop`, `interpolation`, `mean`, `std` | how to evaluate ([`EvalTransform`]) |
+///
+/// `rn50 eval`, `classify` and `export` run the network and the transform recorded unless a flag says otherwise.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Recorded {
     /// The training set's class folder names in label order ([`CLASSES_KEY`]); None for weights made elsewhere
     /// (torchvision's) or trained without a dataset (--dummy).
     pub classes: Option<Vec<String>>,
+    /// The network the weights are for; None for weights made elsewhere or by rn50 before it recorded it.
+    pub net: Option<RecordedNet>,
+    /// The side of the training images; None as `net`.
+    pub image_size: Option<usize>,
+    /// The evaluation the run used; None as `net`.
+    pub eval: Option<EvalTransform>,
 }
+
+/// The network weights are for: what `rn50 eval` builds without `-a`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordedNet {
+    pub arch: Arch,
+    /// Classes, width and stem, which the tensors say as well ([`WeightsFile::shape`]); a file whose metadata
+    /// disagrees with its tensors is refused.
+    pub shape: WeightsShape,
+}
+
+/// How images are fed to the network for evaluation: torchvision's `Resize(resize)` (shorter side) then
+/// `CenterCrop(crop)`, then `Normalize(mean, std)` of the [0, 1] pixels.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct EvalTransform {
+    pub resize: usize,
+    pub crop: usize,
+    pub interpolation: Interpolation,
+    pub mean: [f64; 3],
+    pub std: [f64; 3],
+}
+
+/// The resize filter, as torchvision's `InterpolationMode` names it. rn50 has one: bilinear with antialiasing
+/// (Pillow's filter, which torchvision uses on PIL images); a file recording another is refused rather than
+/// evaluated with the wrong one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Interpolation {
+    #[default]
+    Bilinear,
+}
+
+/// The metadata keys of [`Recorded`]'s fields besides the class names.
+const ARCH_KEY: &str = "arch";
+const WIDTH_KEY: &str = "width";
+const STEM_KEY: &str = "stem";
+const NUM_CLASSES_KEY: &str = "num_classes";
+const IMAGE_SIZE_KEY: &str = "image_size";
+const EVAL_RESIZE_KEY: &str = "eval_resize";
+const EVAL_CROP_KEY: &str = "eval_crop";
+const INTERPOLATION_KEY: &str = "interpolation";
+const MEAN_KEY: &str = "mean";
+const STD_KEY: &str = "std";
 
 impl Recorded {
     /// What a run on a dataset with these class names records.
     pub fn with_classes(classes: Option<&[String]>) -> Self {
         Self {
             classes: classes.map(<[String]>::to_vec),
+            ..Self::default()
+        }
+    }
+
+    /// What a run of the network `net` records: its class names (None with --dummy), the side of its training
+    /// images and the evaluation transform it used.
+    pub fn of_run(
+        net: &ResNetConfig,
+        classes: Option<&[String]>,
+        image_size: usize,
+        eval: EvalTransform,
+    ) -> Self {
+        Self {
+            net: Some(RecordedNet {
+                arch: net.arch,
+                shape: WeightsShape {
+                    num_classes: net.num_classes,
+                    width: net.width,
+                    stem: net.stem,
+                },
+            }),
+            image_size: Some(image_size),
+            eval: Some(eval),
+            ..Self::with_classes(classes)
         }
     }
 
     /// The metadata entries (none for fields that are None).
     pub fn metadata(&self) -> Result<HashMap<String, String>> {
         let mut metadata = HashMap::new();
+        let mut put = |key: &str, value: serde_json::Value| {
+            let text = match value {
+                serde_json::Value::String(s) => s,
+                v => v.to_string(),
+            };
+            metadata.insert(key.to_string(), text);
+        };
         if let Some(names) = &self.classes {
-            metadata.insert(CLASSES_KEY.to_string(), serde_json::to_string(names)?);
+            put(CLASSES_KEY, serde_json::to_string(names)?.into());
+        }
+        if let Some(net) = &self.net {
+            put(ARCH_KEY, serde_json::to_value(net.arch)?);
+            put(WIDTH_KEY, net.shape.width.into());
+            put(STEM_KEY, serde_json::to_value(net.shape.stem)?);
+            put(NUM_CLASSES_KEY, net.shape.num_classes.into());
+        }
+        if let Some(side) = self.image_size {
+            put(IMAGE_SIZE_KEY, side.into());
+        }
+        if let Some(e) = &self.eval {
+            put(EVAL_RESIZE_KEY, e.resize.into());
+            put(EVAL_CROP_KEY, e.crop.into());
+            put(INTERPOLATION_KEY, serde_json::to_value(e.interpolation)?);
+            put(MEAN_KEY, serde_json::to_value(e.mean)?);
+            put(STD_KEY, serde_json::to_value(e.std)?);
         }
         Ok(metadata)
     }
 
-    /// Read back from the metadata of the file `path` (named in errors).
+    /// Read back from the metadata of the file `path` (named in errors). The keys of the network, and those of
+    /// the evaluation transform, are there all or none.
     pub fn from_metadata(metadata: &HashMap<String, String>, path: &Path) -> Result<Self> {
         let classes = match metadata.get(CLASSES_KEY) {
             None => None,
@@ -57,8 +167,84 @@ impl Recorded {
                 )
             })?),
         };
-        Ok(Self { classes })
+        let part = |keys: &[&str]| {
+            anyhow::anyhow!(
+                "{}: its metadata records some of {} but not all",
+                path.display(),
+                keys.join(", ")
+            )
+        };
+        let net = match (
+            field(metadata, ARCH_KEY, path)?,
+            field(metadata, WIDTH_KEY, path)?,
+            field(metadata, STEM_KEY, path)?,
+            field(metadata, NUM_CLASSES_KEY, path)?,
+        ) {
+            (Some(arch), Some(width), Some(stem), Some(num_classes)) => Some(RecordedNet {
+                arch,
+                shape: WeightsShape {
+                    num_classes,
+                    width,
+                    stem,
+                },
+            }),
+            (None, None, None, None) => None,
+            _ => return Err(part(&[ARCH_KEY, WIDTH_KEY, STEM_KEY, NUM_CLASSES_KEY])),
+        };
+        let eval = match (
+            field(metadata, EVAL_RESIZE_KEY, path)?,
+            field(metadata, EVAL_CROP_KEY, path)?,
+            field(metadata, INTERPOLATION_KEY, path)?,
+            field(metadata, MEAN_KEY, path)?,
+            field(metadata, STD_KEY, path)?,
+        ) {
+            (Some(resize), Some(crop), Some(interpolation), Some(mean), Some(std)) => {
+                Some(EvalTransform {
+                    resize,
+                    crop,
+                    interpolation,
+                    mean,
+                    std,
+                })
+            }
+            (None, None, None, None, None) => None,
+            _ => {
+                return Err(part(&[
+                    EVAL_RESIZE_KEY,
+                    EVAL_CROP_KEY,
+                    INTERPOLATION_KEY,
+                    MEAN_KEY,
+                    STD_KEY,
+                ]))
+            }
+        };
+        Ok(Self {
+            classes,
+            net,
+            image_size: field(metadata, IMAGE_SIZE_KEY, path)?,
+            eval,
+        })
     }
+}
+
+/// The metadata value of `key` of the file `path`, if there is one: as JSON, or as a string where it is no JSON
+/// (names are written as they are).
+fn field<T: serde::de::DeserializeOwned>(
+    metadata: &HashMap<String, String>,
+    key: &str,
+    path: &Path,
+) -> Result<Option<T>> {
+    let Some(text) = metadata.get(key) else {
+        return Ok(None);
+    };
+    let value = serde_json::from_str(text).unwrap_or(serde_json::Value::String(text.clone()));
+    let parsed = serde_json::from_value(value).with_context(|| {
+        format!(
+            "{}: the metadata's {key:?} is {text:?}, which this rn50 does not read",
+            path.display()
+        )
+    })?;
+    Ok(Some(parsed))
 }
 
 /// `names` to print in a message, as a list (`["cat", "dog"]`): each quoted with its control characters escaped
@@ -286,7 +472,7 @@ impl WeightsFile {
                 let recorded = recorded(path)?;
                 let tensors = Tensor::read_safetensors(path)
                     .with_context(|| format!("reading weights {}", path.display()))?;
-                (tensors.into_iter().collect(), recorded)
+                (checkpoint_model(tensors), recorded)
             }
             Format::TorchZip => (read_torch(path)?, Recorded::default()),
             Format::TorchLegacy => bail!(
@@ -311,11 +497,28 @@ impl WeightsFile {
                 );
             }
         }
-        Ok(Self {
+        let file = Self {
             path: path.to_path_buf(),
             tensors,
             recorded,
-        })
+        };
+        if let Some(net) = &file.recorded.net {
+            let shape = file.shape()?;
+            if net.shape != shape {
+                bail!(
+                    "{}: its metadata records {} classes, width {} and the {:?} stem but its tensors are for {} \
+                     classes, width {} and the {:?} stem",
+                    path.display(),
+                    net.shape.num_classes,
+                    net.shape.width,
+                    net.shape.stem,
+                    shape.num_classes,
+                    shape.width,
+                    shape.stem
+                );
+            }
+        }
+        Ok(file)
     }
 
     /// The file the weights were read from.
@@ -347,6 +550,11 @@ impl WeightsFile {
     /// (torchvision's, PyTorch's).
     pub fn classes(&self) -> Option<&[String]> {
         self.recorded.classes.as_deref()
+    }
+
+    /// Everything recorded with the weights ([`Recorded`]); all None for files made elsewhere.
+    pub fn recorded(&self) -> &Recorded {
+        &self.recorded
     }
 
     /// Copies the weights into the model. Every model tensor must be present with the same shape; extra keys
@@ -394,6 +602,25 @@ impl WeightsFile {
             )
         })
     }
+}
+
+/// The prefix of the model's tensors in rn50's training checkpoints (beside `optim.`, `scaler.` and `ema.`).
+pub const CHECKPOINT_MODEL_PREFIX: &str = "model.";
+
+/// The weights among the tensors of a safetensors file: all of them in a weights file; the model's, without their
+/// [`CHECKPOINT_MODEL_PREFIX`], in an rn50 training checkpoint (one without `fc.bias` but with `model.fc.bias`),
+/// not its optimizer's state nor its EMA.
+fn checkpoint_model(tensors: Vec<(String, Tensor)>) -> HashMap<String, Tensor> {
+    let prefixed = |k: &str| format!("{CHECKPOINT_MODEL_PREFIX}{k}");
+    let names: HashSet<&str> = tensors.iter().map(|(k, _)| k.as_str()).collect();
+    let checkpoint = !names.contains("fc.bias") && names.contains(prefixed("fc.bias").as_str());
+    if !checkpoint {
+        return tensors.into_iter().collect();
+    }
+    tensors
+        .into_iter()
+        .filter_map(|(k, t)| Some((k.strip_prefix(CHECKPOINT_MODEL_PREFIX)?.to_string(), t)))
+        .collect()
 }
 
 /// Where the legacy-format `path` converted to torch.save's current format goes: beside it, `.zip` added.
@@ -665,6 +892,69 @@ mod tests {
             format!("{err:#}").contains("metadata names 2 classes but fc.bias has shape [3]"),
             "{err:#}"
         );
+    }
+
+    /// What a run records comes back whole (one key per field, names as they are); part of a group, or a
+    /// network that the tensors contradict, is refused; a checkpoint's `model.` tensors load as weights.
+    #[test]
+    fn the_network_and_evaluation_round_trip_through_the_metadata() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = ResNetConfig::new(Arch::ResNet18);
+        cfg.width = 8;
+        cfg.num_classes = 3;
+        cfg.stem = Stem::Cifar;
+        let model = Model::new(cfg.clone(), Device::Cpu);
+        let eval = EvalTransform {
+            resize: 73,
+            crop: 64,
+            interpolation: Interpolation::Bilinear,
+            mean: [0.5, 0.25, 0.125],
+            std: [0.2, 0.3, 0.4],
+        };
+        let recorded = Recorded::of_run(&cfg, None, 64, eval);
+        let metadata = recorded.metadata().unwrap();
+        assert_eq!(metadata["arch"], "resnet18");
+        assert_eq!(metadata["stem"], "cifar");
+        assert_eq!(metadata["width"], "8");
+        assert_eq!(metadata["mean"], "[0.5,0.25,0.125]");
+        let path = dir.path().join("w.safetensors");
+        save(&model, &path, &recorded).unwrap();
+        let file = WeightsFile::read(&path).unwrap();
+        assert_eq!(file.recorded(), &recorded);
+
+        let mut part = metadata.clone();
+        part.remove("eval_crop");
+        let err = Recorded::from_metadata(&part, &path).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("some of eval_resize"),
+            "{err:#}"
+        );
+        let mut other = metadata.clone();
+        other.insert("interpolation".into(), "bicubic".into());
+        let err = Recorded::from_metadata(&other, &path).unwrap_err();
+        assert!(format!("{err:#}").contains("\"bicubic\""), "{err:#}");
+
+        let mut wide = cfg.clone();
+        wide.width = 16;
+        let lying = dir.path().join("lying.safetensors");
+        save(&model, &lying, &Recorded::of_run(&wide, None, 64, eval)).unwrap();
+        let err = WeightsFile::read(&lying).err().unwrap();
+        assert!(format!("{err:#}").contains("width 16"), "{err:#}");
+
+        let ckpt = dir.path().join("checkpoint.safetensors");
+        let mut tensors: Vec<(String, Tensor)> = model
+            .state()
+            .into_iter()
+            .map(|(k, t)| (format!("{CHECKPOINT_MODEL_PREFIX}{k}"), t))
+            .collect();
+        tensors.push((
+            "optim.fc.bias".into(),
+            Tensor::zeros([3], (Kind::Float, Device::Cpu)),
+        ));
+        write_safetensors(&ckpt, &tensors, recorded.metadata().unwrap()).unwrap();
+        let file = WeightsFile::read(&ckpt).unwrap();
+        assert_eq!(file.shape().unwrap().width, 8);
+        file.load(&Model::new(cfg, Device::Cpu)).unwrap();
     }
 
     /// The format is read from the first bytes, whatever the name: safetensors named `.pth` loads; torch.save's

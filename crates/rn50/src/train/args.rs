@@ -156,7 +156,7 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value_t = Augment::Imagenet)]
     pub augment: Augment,
     /// Training crop size (the final one with progressive resizing), 32 to 4096 pixels.
-    #[arg(long, aliases = ["img-size", "train-crop-size"], default_value_t = 224, value_parser = usize_in(32..=rn50_args::MAX_IMAGE_SIZE))]
+    #[arg(long, alias = "train-crop-size", default_value_t = 224, value_parser = usize_in(32..=rn50_args::MAX_IMAGE_SIZE))]
     pub image_size: usize,
     /// Zero padding of the cifar RandomCrop, 0 to 1024 pixels.
     #[arg(long, default_value_t = 4, value_parser = usize_in(0..=1024))]

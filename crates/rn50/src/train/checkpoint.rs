@@ -1,9 +1,10 @@
-//! Training checkpoints: one safetensors file holding the model state (torchvision keys under `model.`),
-//! the SGD momentum buffers (`optim.<param>`), the loss scaler (`scaler.*`), the weight EMA (`ema.*`,
-//! when kept), and in the header's metadata the
-//! position (epoch, batch within epoch) and the run's configuration as JSON, beside what weights files record
-//! ([`Recorded`]: the class names, which a resume must train on again). Written atomically (temporary
-//! file, fsync, rename): a crash mid-write leaves the previous checkpoint as it was.
+//! Training checkpoints: one safetensors file holding the model state (torchvision keys under `model.`, which
+//! `rn50 eval`, `classify`, `export` and `train --init-weights` read as weights), the SGD momentum buffers
+//! (`optim.<param>`), the loss scaler (`scaler.*`), the weight EMA (`ema.*`, when kept), and in the header's
+//! metadata the position (epoch, batch within epoch) and the run's configuration as JSON, beside what weights
+//! files record ([`Recorded`]: the class names, which a resume must train on again; the network; the training and
+//! evaluation sizes). Written atomically (temporary file, fsync, rename): a crash mid-write leaves the previous
+//! checkpoint as it was.
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -11,7 +12,9 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
-use crate::model::weights::{copy_into, names_list, write_safetensors, Recorded};
+use crate::model::weights::{
+    copy_into, names_list, write_safetensors, Recorded, CHECKPOINT_MODEL_PREFIX,
+};
 use crate::step::TrainStep;
 use crate::train::ema::Ema;
 
@@ -74,7 +77,7 @@ fn state_tensors(step: &TrainStep) -> Vec<(String, Tensor)> {
         .model
         .state()
         .into_iter()
-        .map(|(k, t)| (format!("model.{k}"), t))
+        .map(|(k, t)| (format!("{CHECKPOINT_MODEL_PREFIX}{k}"), t))
         .collect();
     for g in &step.opt.groups {
         for (name, buf) in g.names.iter().zip(&g.momentum_buffers) {

@@ -23,10 +23,16 @@ fn train_transform(args: &TrainArgs, res: usize) -> Transform {
 }
 
 fn val_transform(args: &TrainArgs) -> Transform {
+    let (resize, crop) = val_sizes(args);
+    Transform::val(resize, crop)
+}
+
+/// The resize and center crop the run evaluates with (and records with its weights).
+pub(crate) fn val_sizes(args: &TrainArgs) -> (usize, usize) {
     match args.augment {
-        Augment::Imagenet => Transform::val(args.val_resize, args.val_crop),
+        Augment::Imagenet => (args.val_resize, args.val_crop),
         // CIFAR evaluates on the images as they are.
-        Augment::Cifar => Transform::val(args.image_size, args.image_size),
+        Augment::Cifar => (args.image_size, args.image_size),
     }
 }
 

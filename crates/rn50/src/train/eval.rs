@@ -12,8 +12,9 @@ use tch::Tensor;
 
 use crate::device::{device_name, Compute, ComputeArgs};
 use crate::input::DeviceBatch;
-use crate::model::weights::WeightsFile;
+use crate::model::weights::{EvalTransform, Interpolation, WeightsFile};
 use crate::model::{Arch, Model, ResNetConfig};
+use crate::step::input::{IMAGENET_MEAN, IMAGENET_STD};
 use crate::step::{Normalizer, Precision};
 use crate::train::metrics::Accuracy;
 use crate::train::progress::EvalProgress;
@@ -58,16 +59,27 @@ impl EvalResult {
 }
 
 /// Runs `model` over `pass`, one pass of a loader (queued beforehand, so it may already be decoding), shown
-/// as `progress`; its unreadable images are counted.
+/// as `progress`; its unreadable images are counted. The images are normalised with ImageNet's mean and std.
 pub fn evaluate(
     model: &Model,
     pass: Epoch,
     precision: Precision,
     channels_last: bool,
+    progress: EvalProgress,
+) -> Result<EvalResult> {
+    let norm = Normalizer::new(model.device(), channels_last);
+    evaluate_with(model, pass, precision, norm, progress)
+}
+
+/// [`evaluate`], the images normalised by `norm`.
+pub fn evaluate_with(
+    model: &Model,
+    pass: Epoch,
+    precision: Precision,
+    mut norm: Normalizer,
     mut progress: EvalProgress,
 ) -> Result<EvalResult> {
     let device = model.device();
-    let mut norm = Normalizer::new(device, channels_last);
     let mut acc = Accuracy::new(device);
     let start = Instant::now();
     let mut bad_images = 0;
@@ -113,13 +125,14 @@ pub struct EvalArgs {
     pub data: PathBuf,
     #[command(flatten)]
     pub val_split: rn50_pipeline::cli::ValSplitArg,
-    /// Weights to evaluate: safetensors with torchvision's keys (from `rn50 train`) or a torch.save file
-    /// (torchvision's .pth, pytorch/examples' checkpoint.pth.tar), told apart by content.
+    /// Weights to evaluate: safetensors with torchvision's keys (from `rn50 train`: best/final.safetensors or a
+    /// checkpoint) or a torch.save file (torchvision's .pth, pytorch/examples' checkpoint.pth.tar), told apart by
+    /// content.
     #[arg(long)]
     pub weights: PathBuf,
-    /// Model architecture.
-    #[arg(short = 'a', long = "arch", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
-    pub arch: Arch,
+    /// Model architecture [default: the one recorded with the weights, else resnet50].
+    #[arg(short = 'a', long = "arch", value_parser = clap::value_parser!(Arch))]
+    pub arch: Option<Arch>,
     /// Batch size, 1 to 65536; batch x crop² x 3 bytes at most 16 GiB.
     #[arg(short = 'b', long = "batch-size", default_value_t = 64, value_parser = usize_in(1..=rn50_args::MAX_BATCH))]
     pub batch_size: usize,
@@ -128,12 +141,8 @@ pub struct EvalArgs {
     pub workers: Option<usize>,
     #[command(flatten)]
     pub pixel_limit: rn50_pipeline::cli::PixelLimit,
-    /// Resize the shorter side to this, 1 to 4096 pixels, then center-crop `--crop`.
-    #[arg(long, default_value_t = 256, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
-    pub resize: usize,
-    /// Center crop, 1 to --resize pixels.
-    #[arg(long, default_value_t = 224, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
-    pub crop: usize,
+    #[command(flatten)]
+    pub sizes: ValSizeArgs,
     #[command(flatten)]
     pub compute: ComputeArgs,
     /// Progress: a line every N batches (at least 1) when stderr is not a terminal (a bar when it is).
@@ -144,14 +153,190 @@ pub struct EvalArgs {
     pub json: Option<PathBuf>,
 }
 
-/// `--resize` then a center crop of `--crop`: the crop must fit (exit 2 otherwise).
-pub(crate) fn check_crop(resize: usize, crop: usize) -> Result<(), UsageError> {
+/// The evaluation transform's sizes of `rn50 eval` and `rn50 classify`, named as `rn50 train` names them
+/// (`--resize`/`--crop` and torchvision's `--val-resize-size`/`--val-crop-size` say the same). Without them, the
+/// sizes the weights record, else torchvision's 256 → 224.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ValSizeArgs {
+    /// Resize the shorter side to this, 1 to 4096 pixels, then center-crop --val-crop [default: the size recorded
+    /// with the weights, else 256].
+    #[arg(long, aliases = ["resize", "val-resize-size"], value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
+    pub val_resize: Option<usize>,
+    /// Center crop, 1 to --val-resize pixels [default: the size recorded with the weights, else 224].
+    #[arg(long, aliases = ["crop", "val-crop-size"], value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
+    pub val_crop: Option<usize>,
+}
+
+/// The evaluation sizes of weights that record none: torchvision's (and `rn50 train`'s defaults).
+const DEFAULT_RESIZE: usize = 256;
+const DEFAULT_CROP: usize = 224;
+
+/// The evaluation transform `rn50 train` records with its weights: `resize` then `crop`, ImageNet's mean and
+/// std, as its loader and [`Normalizer`] apply them.
+pub fn imagenet_transform(resize: usize, crop: usize) -> EvalTransform {
+    EvalTransform {
+        resize,
+        crop,
+        interpolation: Interpolation::Bilinear,
+        mean: IMAGENET_MEAN,
+        std: IMAGENET_STD,
+    }
+}
+
+/// Where a setting of `eval`, `classify` or `export` came from, as their first line says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    /// The flag given.
+    Flag(&'static str),
+    /// The weights' metadata.
+    Recorded,
+    Default,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Flag(flag) => f.write_str(flag),
+            Origin::Recorded => f.write_str("recorded"),
+            Origin::Default => f.write_str("default"),
+        }
+    }
+}
+
+/// A size and where it came from.
+type Size = (usize, Origin);
+
+/// The flag's value, else the recorded one, else the default.
+fn pick<T>(flag: Option<T>, name: &'static str, recorded: Option<T>, default: T) -> (T, Origin) {
+    match (flag, recorded) {
+        (Some(v), _) => (v, Origin::Flag(name)),
+        (None, Some(v)) => (v, Origin::Recorded),
+        (None, None) => (default, Origin::Default),
+    }
+}
+
+impl ValSizeArgs {
+    /// What the flags alone say is wrong, before any file is read (exit 2): a crop larger than its resize, and
+    /// for `rn50 eval` a batch of `batch_size` crops too large.
+    pub(crate) fn check(&self, batch_size: Option<usize>) -> Result<(), UsageError> {
+        let resize = self.val_resize.map(|v| (v, Origin::Flag("--val-resize")));
+        let crop = self.val_crop.map(|v| (v, Origin::Flag("--val-crop")));
+        if let (Some(resize), Some(crop)) = (resize, crop) {
+            check_crop(resize, crop)?;
+        }
+        match (batch_size, crop) {
+            (Some(b), Some(crop)) => check_batch(b, crop),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// `resize` then a center crop of `crop`: the crop must fit (exit 2 otherwise).
+fn check_crop((resize, resize_from): Size, (crop, crop_from): Size) -> Result<(), UsageError> {
     if crop > resize {
         return Err(UsageError::new(format!(
-            "--crop {crop} is larger than --resize {resize}: the crop is taken from the resized image"
+            "{} {crop} is larger than {} {resize}: the crop is taken from the resized image",
+            size_name("crop", crop_from),
+            size_name("resize", resize_from)
         )));
     }
     Ok(())
+}
+
+/// `rn50 eval`'s batch of `batch_size` crops fits in memory (exit 2 otherwise).
+fn check_batch(batch_size: usize, (crop, from): Size) -> Result<(), UsageError> {
+    check_batch_bytes(
+        "--batch-size",
+        batch_size as u64,
+        &size_name("crop", from),
+        crop as u64,
+    )
+}
+
+/// A size as an error names it: its flag, or "the recorded crop".
+fn size_name(what: &str, from: Origin) -> String {
+    match from {
+        Origin::Flag(flag) => flag.to_string(),
+        Origin::Recorded => format!("the recorded {what}"),
+        Origin::Default => format!("the default {what}"),
+    }
+}
+
+/// How saved weights run in `eval`, `classify` and `export`: the network and the evaluation transform, each from
+/// its flag, else from what the weights record ([`crate::model::weights::Recorded`]), else torchvision's
+/// (ResNet-50, 256 → 224, ImageNet's mean and std). Width, stem and classes are the tensors'.
+pub(crate) struct Inference {
+    pub arch: Arch,
+    pub transform: EvalTransform,
+    /// The side of the training images, where recorded.
+    pub image_size: Option<usize>,
+    /// What is used and where each came from, for the command's first line.
+    pub used: String,
+    crop_from: Origin,
+}
+
+impl Inference {
+    /// The settings for `file` under the flags `arch` and `sizes`; a crop larger than its resize is an error
+    /// (exit 2) naming where each came from.
+    pub(crate) fn new(file: &WeightsFile, arch: Option<Arch>, sizes: &ValSizeArgs) -> Result<Self> {
+        let recorded = file.recorded();
+        let eval = recorded.eval.as_ref();
+        let (arch, arch_from) = pick(arch, "-a", recorded.net.map(|n| n.arch), Arch::ResNet50);
+        let resize = pick(
+            sizes.val_resize,
+            "--val-resize",
+            eval.map(|e| e.resize),
+            DEFAULT_RESIZE,
+        );
+        let crop = pick(
+            sizes.val_crop,
+            "--val-crop",
+            eval.map(|e| e.crop),
+            DEFAULT_CROP,
+        );
+        check_crop(resize, crop)?;
+        let transform = EvalTransform {
+            resize: resize.0,
+            crop: crop.0,
+            ..eval
+                .copied()
+                .unwrap_or(imagenet_transform(resize.0, crop.0))
+        };
+        let stats_from = match eval {
+            Some(_) => Origin::Recorded,
+            None => Origin::Default,
+        };
+        let shape = file.shape()?;
+        let mut used = format!(
+            "{arch} ({arch_from}; width {}, {:?} stem, {} classes), resize {} ({}) then center crop {} ({}), \
+             {:?}, mean {:?} std {:?} ({stats_from})",
+            shape.width,
+            shape.stem,
+            shape.num_classes,
+            resize.0,
+            resize.1,
+            crop.0,
+            crop.1,
+            transform.interpolation,
+            transform.mean,
+            transform.std,
+        );
+        if let Some(side) = recorded.image_size {
+            used += &format!("; trained at {side} px");
+        }
+        Ok(Self {
+            arch,
+            transform,
+            image_size: recorded.image_size,
+            used,
+            crop_from: crop.1,
+        })
+    }
+
+    /// The sizes' check of `rn50 eval`'s batch (exit 2), naming where the crop came from.
+    fn check_batch(&self, batch_size: usize) -> Result<(), UsageError> {
+        check_batch(batch_size, (self.transform.crop, self.crop_from))
+    }
 }
 
 /// A model of `arch` with the saved weights `file` (whose class count and width it takes), on the device
@@ -197,18 +382,15 @@ fn check_classes(file: &WeightsFile, data: &[String], what: &str) -> Result<()> 
 
 /// `rn50 eval`.
 pub fn run(args: &EvalArgs) -> Result<()> {
-    check_crop(args.resize, args.crop)?;
-    check_batch_bytes(
-        "--batch-size",
-        args.batch_size as u64,
-        "--crop",
-        args.crop as u64,
-    )?;
+    args.sizes.check(Some(args.batch_size))?;
     // The validation split of DATA (val/, validation/, test/, or WebDataset shards named for it), else DATA.
     let dataset = Dataset::open_split_or_whole(&args.data, args.val_split.split())?;
     let file = WeightsFile::read(&args.weights)?;
+    let run = Inference::new(&file, args.arch, &args.sizes)?;
+    run.check_batch(args.batch_size)?;
     let what = dataset.description().to_string();
     check_classes(&file, dataset.classes(), &what)?;
+    tracing::info!("rn50 eval: {}", run.used);
     let (
         model,
         Compute {
@@ -218,21 +400,23 @@ pub fn run(args: &EvalArgs) -> Result<()> {
             cpu,
             ..
         },
-    ) = load_for_inference(args.arch, &file, &args.compute)?;
+    ) = load_for_inference(run.arch, &file, &args.compute)?;
     drop(file);
+    let t = run.transform;
     let workers = args.workers.unwrap_or(cpu.logical_cores).max(1);
     let loader_cfg = LoaderConfig {
-        transform: Transform::val(args.resize, args.crop),
+        transform: Transform::val(t.resize, t.crop),
         max_image_pixels: args.pixel_limit.max_image_pixels,
         ..LoaderConfig::val(args.batch_size, workers)
     };
     let loader = Loader::new(dataset, loader_cfg)?;
     let pass = loader.epoch(0, 0);
     let progress = EvalProgress::new("eval".into(), pass.remaining(), 1, true, args.print_freq);
-    let r = evaluate(&model, pass, precision, channels_last, progress)?;
+    let norm = Normalizer::with_stats(device, channels_last, t.mean, t.std);
+    let r = evaluate_with(&model, pass, precision, norm, progress)?;
     println!(
         "eval {} on {} ({}, {precision}): Acc@1 {:.3}  Acc@5 {:.3}  ({} images, {} unreadable, {:.1} img/s)",
-        args.arch,
+        run.arch,
         what,
         device_name(device),
         r.acc1,

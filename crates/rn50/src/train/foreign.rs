@@ -99,6 +99,13 @@ const FOREIGN: &[Foreign] = &[
         "use --image-size N (the training crop) and --val-resize/--val-crop for evaluation",
     ),
     foreign(
+        "img-size",
+        true,
+        "timm's --img-size sets the training and the evaluation size alike; rn50 names them apart: --image-size N \
+         (the training crop) and --val-resize/--val-crop (timm evaluates N after resizing to N/0.875: --val-resize \
+         N/0.875 --val-crop N)",
+    ),
+    foreign(
         "crop-pct",
         true,
         "use --val-resize and --val-crop (crop-pct 0.875 = --val-resize 256 --val-crop 224)",

@@ -292,7 +292,13 @@ impl<'a> RunState<'a> {
                 args.accum_steps,
             );
         }
-        let recorded = Recorded::with_classes(class_names(data.as_ref()));
+        let (resize, crop) = super::data::val_sizes(args);
+        let recorded = Recorded::of_run(
+            &model_cfg,
+            class_names(data.as_ref()),
+            args.image_size,
+            super::eval::imagenet_transform(resize, crop),
+        );
         Ok(Self {
             args,
             dist,
