@@ -79,6 +79,15 @@ impl Job {
         );
     }
 
+    /// SIGINT to the job's own process only, as `kill -INT PID` sends it.
+    fn sigint(&self) {
+        // SAFETY: kill(2) on our own child.
+        assert_eq!(
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) },
+            0
+        );
+    }
+
     /// Waits for the job to end (killing it after GUARD): its status and all of its stderr.
     fn finish(mut self) -> (ExitStatus, String) {
         let start = Instant::now();
@@ -228,4 +237,53 @@ fn ctrl_c_under_launch_checkpoints_and_is_no_failure() {
     }
     let (pos, _) = rn50::train::checkpoint::read_meta(&out.join("checkpoint.safetensors")).unwrap();
     assert!(pos.batch_in_epoch >= 3, "{pos:?}\n{stderr}");
+}
+
+/// `bench --sweep` keeps the points it measured: SIGINT during the first point lets that point finish, then the
+/// sweep prints its table and writes its JSON with what it has, removes its temporary folder and exits 3.
+#[test]
+fn sigint_ends_a_sweep_with_the_points_measured() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("sweep.json");
+    let mut job = Job::start(&[
+        "bench",
+        "--sweep",
+        "--world-sizes",
+        "1",
+        "--batch-sizes",
+        "2,3,4",
+        "--repeats",
+        "1",
+        "-a",
+        "resnet18",
+        "--image-size",
+        "32",
+        "--warmup",
+        "0",
+        "--steps",
+        "50",
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--data",
+        "host",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    job.wait_for("sweep: 1 rank(s), batch 2 per rank");
+    job.sigint();
+    let pid = job.child.id();
+    let (status, stderr) = job.finish();
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("stopped on request (SIGINT): the sweep above has the ")
+            && stderr.contains(" point(s) measured before"),
+        "{stderr}"
+    );
+    let r: rn50_report::schema::SweepResult = rn50_report::schema::read_json(&json).unwrap();
+    assert!((1..3).contains(&r.points.len()), "{stderr}");
+    assert!(!std::env::temp_dir()
+        .join(format!("rn50-sweep-{pid}"))
+        .exists());
 }
