@@ -21,7 +21,8 @@ use crate::verify::{verify_files, ArchiveTable};
 ///
 /// Resumable: an interrupted run continues where it stopped (completed classes are kept,
 /// partial ones redone); a re-run on a finished tree does nothing, except redo the classes
-/// whose files no longer match the archive. Members with absolute paths, '..', links or
+/// whose files no longer match the archive. Ctrl-C, SIGTERM or SIGUSR1 stops between classes,
+/// finishing the ones in progress, and exits 3; a second Ctrl-C stops at once. Members with absolute paths, '..', links or
 /// device files are refused; nothing is written outside DIR. One run at a time per DIR; files
 /// in DIR/train or DIR/val that prepare did not write stop it (see --force).
 #[derive(Args, Debug, Clone)]

@@ -46,6 +46,8 @@ pub fn prepare(opts: &PrepareOptions) -> Result<Summary> {
     let layout = Layout::new(&opts.out);
     // Held until this function returns: everything below may delete and rewrite.
     let _lock = lock_output(&layout)?;
+    // Ctrl-C (or SIGTERM) stops after the classes in hand, keeping every class extracted; a second one at once.
+    rn50_util::stop::install("finishing the classes in progress, then stopping")?;
     let mut audit = Audit::default();
     if opts.train_tar.is_some() {
         audit = audit_train(&layout, opts.extract.threads)?;
@@ -56,6 +58,11 @@ pub fn prepare(opts: &PrepareOptions) -> Result<Summary> {
         audit.damaged_val = val.damaged_val;
     }
     settle(&layout, &audit, opts.force)?;
+    if rn50_util::stop::requested() {
+        bail!(rn50_util::stop::Stopped::new(
+            "nothing extracted; run the same command again to start"
+        ));
+    }
     let progress = Progress::new();
     let mut summary = Summary {
         threads: opts.extract.threads,

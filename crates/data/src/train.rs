@@ -215,6 +215,12 @@ fn read_outer_inner(
             if shared.failed() {
                 return Ok(skipped);
             }
+            // Between classes: the ones queued are extracted and marked complete, as a rerun keeps them.
+            if rn50_util::stop::requested() {
+                bail!(rn50_util::stop::Stopped::new(
+                    "the classes extracted so far are kept; run the same command again to continue"
+                ));
+            }
             let mut entry =
                 entry.with_context(|| format!("train archive: bad tar {}", after(&last)))?;
             let raw = entry.path_bytes().into_owned();

@@ -175,6 +175,12 @@ fn read_val(
             if shared.failed() {
                 break;
             }
+            if rn50_util::stop::requested() {
+                bail!(rn50_util::stop::Stopped::new(
+                    "val/ is partial and is extracted again next time (the train classes extracted are kept); run \
+                     the same command again to continue"
+                ));
+            }
             let mut entry = entry.with_context(|| match &last {
                 Some(m) => format!("val archive: bad tar after member {m:?}"),
                 None => "val archive: bad tar at the first member".to_string(),

@@ -5,8 +5,10 @@
 //! `--max-restarts N`, starts all of them again (as torchrun's elastic agent does), up to N times. Workers asked to stop either way are SIGKILLed after a
 //! grace period. `--log-dir DIR` also writes each rank's output to `DIR/rankN.log`.
 //!
-//! Exit status 3 is rn50 train's "checkpointed after SIGTERM/SIGUSR1, requeue me": an orderly stop, so the other
-//! workers are left to finish their own checkpoint-and-exit, and the launcher exits 3 too (never restarting).
+//! Exit status 3 is rn50 train's "checkpointed after SIGINT/SIGTERM/SIGUSR1, requeue me": an orderly stop, so the
+//! other workers are left to finish their own checkpoint-and-exit, and the launcher exits 3 too (never restarting).
+//! A worker killed by a signal the launcher forwarded (a second Ctrl-C stops rn50 commands at once) was stopped
+//! on request too: the launcher says so and exits 128 + the signal, without calling it a failure.
 use anyhow::{bail, Context};
 use clap::Args;
 use rn50_args::{usize_in, UsageError};
@@ -387,6 +389,8 @@ enum Attempt {
     Done,
     /// A worker exited 3 (checkpointed and stopped), or the launcher forwarded a signal, and none failed first.
     Stopped,
+    /// A worker was killed by a signal the launcher had forwarded (a second Ctrl-C), and none failed first.
+    Interrupted { rank: usize, status: ExitStatus },
     /// The first worker to fail, and whether the job may be restarted for it: not when the launcher had
     /// forwarded a signal or a worker had already stopped with 3 (an orderly stop, whatever came after).
     Failed {
@@ -507,6 +511,13 @@ pub fn run(args: &LaunchArgs, exe: &Path) -> anyhow::Result<ExitCode> {
         match run_attempt(args, exe, restarts, &shared)? {
             Attempt::Done => return Ok(ExitCode::SUCCESS),
             Attempt::Stopped => return Ok(ExitCode::from(EXIT_REQUEUE as u8)),
+            Attempt::Interrupted { rank, status } => {
+                tracing::warn!(
+                    "rn50 launch: stopped on request: rank {rank} {}",
+                    describe(status)
+                );
+                return Ok(ExitCode::from(code_of(status) as u8));
+            }
             Attempt::Failed {
                 rank,
                 status,
@@ -647,6 +658,8 @@ fn run_attempt(
 
     let mut failure: Option<(usize, ExitStatus)> = None;
     let mut requeue = false;
+    // The first worker killed by a signal the launcher forwarded to it: stopped on request, not failed.
+    let mut interrupted: Option<(usize, ExitStatus)> = None;
     // Whether the job was asked to stop (a forwarded signal, or a worker's exit 3) before any worker failed.
     let mut stop_first = false;
     // When the workers were first asked to stop, and by which signal: SIGKILL follows `grace` later, since a
@@ -675,6 +688,13 @@ fn run_attempt(
                     if status.code() == Some(EXIT_REQUEUE) {
                         requeue = true;
                         stop_first |= failure.is_none();
+                        continue;
+                    }
+                    if shared.forwarded().is_some()
+                        && status.signal().is_some_and(|s| FORWARDED.contains(&s))
+                    {
+                        stop_first |= failure.is_none();
+                        interrupted.get_or_insert((rank, status));
                         continue;
                     }
                     if failure.is_none() {
@@ -747,7 +767,10 @@ fn run_attempt(
             status,
             restartable: !stop_first,
         },
-        None if requeue || shared.forwarded().is_some() => Attempt::Stopped,
-        None => Attempt::Done,
+        None => match interrupted {
+            Some((rank, status)) => Attempt::Interrupted { rank, status },
+            None if requeue || shared.forwarded().is_some() => Attempt::Stopped,
+            None => Attempt::Done,
+        },
     })
 }

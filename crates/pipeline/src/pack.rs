@@ -86,6 +86,9 @@ pub fn pack(dataset: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<Pac
             out_dir.display()
         );
     }
+    // Ctrl-C (or SIGTERM) stops after the images in hand; what this pack wrote is removed (shards without a
+    // manifest are no dataset, and would make the same command refuse OUT); a second Ctrl-C stops at once.
+    rn50_util::stop::install("removing the shards written so far, then stopping")?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.workers.max(1))
         .build()
@@ -109,6 +112,19 @@ pub fn pack(dataset: &Dataset, out_dir: &Path, opts: &PackOptions) -> Result<Pac
     let mut writer: Option<ShardWriter> = None;
     let chunk = 64 * opts.workers.max(1);
     for start in (0..dataset.len()).step_by(chunk) {
+        if rn50_util::stop::requested() {
+            drop(writer); // removes its temporary file
+            for shard in &report.shards {
+                std::fs::remove_file(shard)
+                    .with_context(|| format!("removing {}", shard.display()))?;
+            }
+            bar.finish_and_clear();
+            bail!(rn50_util::stop::Stopped::new(format!(
+                "removed the {} shard(s) this pack had written to {}; run the same command again to pack",
+                report.shards.len(),
+                out_dir.display()
+            )));
+        }
         let end = (start + chunk).min(dataset.len());
         // Order-preserving parallel map: shards list samples in dataset order.
         let records: Vec<Record> = pool.install(|| {

@@ -110,6 +110,11 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // Stopped on request (Ctrl-C, SIGTERM) with the work kept or cleaned up: not an error.
+        Err(e) if e.chain().any(|c| c.is::<rn50_util::stop::Stopped>()) => {
+            tracing::warn!("{e:#}");
+            ExitCode::from(rn50_util::stop::EXIT_STOPPED)
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             // Flags that do not go together are a usage error, exit 2 like clap's for a value out of its range.
@@ -131,7 +136,7 @@ fn run(cmd: &Command) -> anyhow::Result<ExitCode> {
         Command::Train(a) => {
             return Ok(match rn50::train::run(a)? {
                 Outcome::Done => ExitCode::SUCCESS,
-                // Checkpointed on SIGTERM/SIGUSR1: the job script may requeue.
+                // Checkpointed on SIGINT/SIGTERM/SIGUSR1: the job script may requeue.
                 Outcome::Preempted => ExitCode::from(rn50::train::EXIT_PREEMPTED),
             });
         }

@@ -7,16 +7,19 @@
 //! - [`progress`]: progress bars on stderr in one style, drawn only on a terminal ([`progress_bar`]);
 //! - [`log`]: log lines on stderr with a UTC time stamp, the level and `[rank N]` ([`log::init`]; `RUST_LOG`);
 //! - [`sync`]: mutexes whose data stays usable after a panic ([`lock_unpoisoned`], [`unpoisoned`]);
+//! - [`stop`]: SIGINT/SIGTERM/SIGUSR1 as a request to stop, which commands check between units of work
+//!   ([`stop::install`], [`stop::EXIT_STOPPED`]); a second SIGINT stops at once;
 //! - [`stats`]: quantile (numpy's default interpolation), median and mean of measurements;
 //! - [`tmpfs`]: for tests, a real full disk (a small tmpfs mounted for the test's time).
 //!
-//! Pure std, libc, indicatif and tracing: every crate of the workspace can depend on it.
+//! Pure std, libc, signal-hook, indicatif and tracing: every crate of the workspace can depend on it.
 pub mod atomic;
 pub mod lock;
 pub mod log;
 pub mod progress;
 pub mod stats;
 pub mod sync;
+pub mod stop;
 pub mod tmpfs;
 
 pub use atomic::{atomic_symlink, atomic_write, atomic_write_with, remove_stale_temps};

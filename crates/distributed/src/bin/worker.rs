@@ -2,7 +2,7 @@
 //!
 //! - `train`: a small conv+linear net (no batch norm, fp32) trained with DDP for a few SGD steps on data that
 //!   depends only on the step, each rank taking its slice of the global batch; writes the final parameters;
-//! - `sleep`: waits (exits 3 on SIGTERM/SIGUSR1 like rn50 train, or fails on purpose on one rank);
+//! - `sleep`: waits (exits 3 on SIGINT/SIGTERM/SIGUSR1 like rn50 train, or fails on purpose on one rank);
 //! - `attempt`: prints RN50_RESTART_COUNT and exits at once, one rank with a chosen status on the first attempts
 //!   (for `launch --max-restarts`);
 //! - `out-of-step`: rank 0 asks for a stop while the others sum evaluation counts;
@@ -51,6 +51,10 @@ enum Cmd {
         /// This rank exits with status 7 after a moment.
         #[arg(long)]
         fail_rank: Option<usize>,
+        /// Once asked to stop, write RN50_TEST_UP_DIR/stopping-RANK and take this long to exit 3 (as a
+        /// checkpoint takes), so that a test can send a second SIGINT meanwhile.
+        #[arg(long, default_value_t = 0)]
+        linger_ms: u64,
     },
     /// Prints the attempt (RN50_RESTART_COUNT) on stdout and stderr, then exits: 0, or on rank --fail-rank
     /// --code while fewer than --fail-attempts restarts were made.
@@ -259,14 +263,13 @@ fn check_collectives(pg: &ProcessGroup) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn sleep(fail_rank: Option<usize>) -> anyhow::Result<i32> {
+fn sleep(fail_rank: Option<usize>, linger_ms: u64) -> anyhow::Result<i32> {
     let world = WorldInfo::from_env()?;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    for sig in [libc::SIGTERM, libc::SIGUSR1] {
-        signal_hook::flag::register(sig, stop.clone())?;
-    }
-    if let Some(dir) = std::env::var_os("RN50_TEST_UP_DIR") {
-        std::fs::write(PathBuf::from(dir).join(format!("up-{}", world.rank)), b"")?;
+    // As rn50 train: SIGINT, SIGTERM or SIGUSR1 asks to stop (exit 3), a second SIGINT stops at once.
+    let stop = rn50_util::stop::install("exiting 3")?;
+    let up_dir = std::env::var_os("RN50_TEST_UP_DIR").map(PathBuf::from);
+    if let Some(dir) = &up_dir {
+        std::fs::write(dir.join(format!("up-{}", world.rank)), b"")?;
     }
     println!(
         "rank {} of {} up (local {}, OMP_NUM_THREADS={})",
@@ -279,6 +282,13 @@ fn sleep(fail_rank: Option<usize>) -> anyhow::Result<i32> {
     for _ in 0..6000 {
         if stop.load(std::sync::atomic::Ordering::Relaxed) {
             println!("rank {}: stop requested, exiting 3", world.rank);
+            if linger_ms > 0 {
+                let _ = std::io::stdout().flush();
+                if let Some(dir) = &up_dir {
+                    std::fs::write(dir.join(format!("stopping-{}", world.rank)), b"")?;
+                }
+                std::thread::sleep(Duration::from_millis(linger_ms));
+            }
             return Ok(3);
         }
         if fail_rank == Some(world.rank) {
@@ -473,7 +483,10 @@ fn main() -> ExitCode {
             sleep_ms,
             bucket_bytes,
         } => train(steps, batch, out, sleep_ms, bucket_bytes).map(|()| 0),
-        Cmd::Sleep { fail_rank } => sleep(fail_rank),
+        Cmd::Sleep {
+            fail_rank,
+            linger_ms,
+        } => sleep(fail_rank, linger_ms),
         Cmd::Attempt {
             fail_rank,
             code,

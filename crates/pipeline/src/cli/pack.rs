@@ -21,6 +21,8 @@ use crate::source::{Dataset, Split};
 /// --max-side the original bytes are stored (lossless); with it, images whose shorter side exceeds
 /// the cap are shrunk and re-encoded.
 /// `rn50 train`/`bench-loader` accept the output directory wherever they accept an ImageFolder.
+/// Ctrl-C, SIGTERM or SIGUSR1 stops the pack and removes the shards it wrote (exit 3); a second
+/// Ctrl-C stops at once.
 #[derive(clap::Args, Debug, Clone)]
 pub struct PackArgs {
     /// Dataset to pack: an ImageFolder directory (root/<class>/<image>), existing shards, or WebDataset

@@ -86,6 +86,7 @@ pub struct BenchArgs {
     pub synthetic_images: usize,
     /// Measure a grid instead of one point: every world size (ranks started with `rn50 launch`) times every
     /// batch size, each repeated; reports median and spread, and scaling efficiency against 1 rank.
+    /// Ctrl-C (or SIGTERM) ends it with the points measured so far (table and --json), exit 3.
     #[arg(long)]
     pub sweep: bool,
     /// World sizes of the sweep (comma-separated), 1 to 65536 each.

@@ -113,12 +113,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     } else {
         args.batch_sizes.iter().map(|&b| Some(b)).collect()
     };
+    // Ctrl-C (or SIGTERM) ends the sweep with the points measured so far; a second one stops at once.
+    rn50_util::stop::install("reporting the points measured so far")?;
     let mut points = Vec::new();
     let mut first: Option<BenchResult> = None;
-    for &batch in &batches {
+    'sweep: for &batch in &batches {
         for &n in &args.world_sizes {
             let (mut ips, mut comm, mut last) = (Vec::new(), Vec::new(), None);
             for r in 0..args.repeats {
+                if rn50_util::stop::requested() {
+                    break 'sweep;
+                }
                 let json = tmp.join(format!("b{}-n{n}-r{r}.json", batch.unwrap_or(0)));
                 tracing::info!(
                     "sweep: {n} rank(s), batch {} per rank, repeat {}/{}",
@@ -131,6 +136,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     .args(&cmd[1..])
                     .status()
                     .with_context(|| format!("starting {}", cmd[0]))?;
+                // A terminal's Ctrl-C reached the point's processes too: it is not measured.
+                if rn50_util::stop::requested() {
+                    break 'sweep;
+                }
                 if !status.success() {
                     bail!("the {n}-rank bench failed ({status})");
                 }
@@ -158,7 +167,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
     }
     let _ = std::fs::remove_dir_all(&tmp);
-    let base = first.expect("at least one point");
+    let Some(base) = first else {
+        bail!(rn50_util::stop::Stopped::new("no point was measured"));
+    };
+    let measured = points.len();
     let c = base.config;
     let result = SweepResult {
         arch: c.arch,
@@ -182,6 +194,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             p.display(),
             p.display()
         );
+    }
+    if rn50_util::stop::requested() {
+        bail!(rn50_util::stop::Stopped::new(format!(
+            "the sweep above has the {measured} point(s) measured before"
+        )));
     }
     Ok(())
 }

@@ -49,8 +49,9 @@ pub enum Augment {
 /// --eval-every epochs).
 ///
 /// Writes to --out: metrics.jsonl/.csv (per epoch), steps.jsonl (per logged step), checkpoints
-/// (resumable with --resume, also after SIGTERM/SIGUSR1), best/final weights as torchvision
-/// safetensors, summary.md/.json and PNG plots.
+/// (resumable with --resume), best/final weights as torchvision safetensors, summary.md/.json and
+/// PNG plots. Ctrl-C, SIGTERM or SIGUSR1 saves a checkpoint, prints how to resume and exits 3; a
+/// second Ctrl-C stops at once.
 #[derive(Args, Debug, Clone, Serialize)]
 pub struct TrainArgs {
     /// Dataset root with train/ and val/ (or validation/, test/): ImageFolder trees, packed shards or

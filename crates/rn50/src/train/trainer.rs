@@ -35,15 +35,15 @@ use crate::train::rundir::RunDir;
 use crate::train::runlog::{self, EpochStats, RunInfo, RunLog};
 use crate::train::schedule::{LrSchedule, Resolution};
 
-/// Exit code after saving a checkpoint on SIGTERM/SIGUSR1, so job scripts can requeue.
-pub const EXIT_PREEMPTED: u8 = 3;
+/// Exit code after saving a checkpoint on SIGINT/SIGTERM/SIGUSR1, so job scripts can requeue.
+pub const EXIT_PREEMPTED: u8 = rn50_util::stop::EXIT_STOPPED;
 
 /// How `rn50 train` ended without an error; `main` turns it into the exit code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// Every epoch trained (or `-e` evaluated).
     Done,
-    /// Stopped by SIGTERM/SIGUSR1 after saving a checkpoint: exit [`EXIT_PREEMPTED`].
+    /// Stopped by SIGINT/SIGTERM/SIGUSR1 after saving a checkpoint: exit [`EXIT_PREEMPTED`].
     Preempted,
 }
 
@@ -386,7 +386,7 @@ fn class_names(data: Option<&RealData>) -> Option<&[String]> {
 /// Training: `RunState` with the stop signal, rank 0's logs and checkpoints, and the epochs' layout.
 struct Trainer<'a> {
     state: RunState<'a>,
-    /// Set by SIGTERM/SIGUSR1.
+    /// Set by SIGINT/SIGTERM/SIGUSR1 ([`rn50_util::stop`]).
     stop: Arc<AtomicBool>,
     /// Rank 0: the run directory's logs (metrics.jsonl, steps.jsonl, TensorBoard, the summary).
     log: Option<RunLog>,
@@ -456,11 +456,9 @@ impl<'a> Trainer<'a> {
     fn new(mut state: RunState<'a>) -> Result<Self> {
         let args = state.args;
         let (rank0, world) = (state.rank0, state.world);
-        // SLURM sends SIGTERM (or --signal=USR1) before preemption: checkpoint, then exit EXIT_PREEMPTED.
-        let stop = Arc::new(AtomicBool::new(false));
-        for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGUSR1] {
-            signal_hook::flag::register(sig, Arc::clone(&stop))?;
-        }
+        // SLURM sends SIGTERM (or --signal=USR1) before preemption, a user Ctrl-C: checkpoint, then exit
+        // EXIT_PREEMPTED (a second Ctrl-C stops at once).
+        let stop = rn50_util::stop::install("saving a checkpoint after this step")?;
         // Every check of the start comes before anything is written: a start that fails leaves the run
         // directory as it was, so the corrected command is not refused as a second run.
         let micro_per_epoch = match &mut state.data {
