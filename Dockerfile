@@ -20,10 +20,8 @@ RUN apt-get update -qq \
 WORKDIR /opt/rn50
 COPY . .
 # Debian packages from scripts/apt-packages.txt (as root), .venv with the pinned torch wheel, target/release/rn50.
+# The wheel's libtorch has CUDA, so the binary has NCCL and the fused GPU batch norm (headers from the wheels).
 RUN ./dev build
-# Then with the NCCL process group compiled in (the `cuda` feature; CUDA/NCCL headers come from the wheels).
-# hadolint ignore=DL3059
-RUN cargo build --release --locked -p rn50 --features cuda
 
 FROM nvidia/cuda:13.0.1-base-ubuntu24.04
 # hadolint ignore=DL3008

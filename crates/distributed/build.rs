@@ -1,11 +1,11 @@
 //! Builds the c10d shim (TCPStore, ProcessGroupGloo/NCCL, Reducer) against the headers of the libtorch that
 //! torch-sys found. Gloo's own headers are not in the wheel; they come from Debian's libgloo-dev
 //! (/usr/include/gloo), which matches the wheel's ProcessGroupGloo.hpp.
-use rn50_shim_build::{cuda_feature, Libtorch};
+use rn50_shim_build::Libtorch;
 
 fn main() {
     let torch = Libtorch::from_torch_sys();
-    let cuda = cuda_feature();
+    let cuda = torch.cuda();
     let mut build = torch.shim("shim/c10d.cpp", cuda);
     build.define("USE_C10D_GLOO", None);
     if cuda {

@@ -1,8 +1,8 @@
 //! Builds the C++ shims against the headers of the libtorch that torch-sys found (shim.cpp: autocast, foreach
-//! optimizer ops, device queries, what tch 0.26 lacks; fused_bn.cpp: the fused cuDNN batch norm + ReLU of the
-//! `cuda` feature; fused_block.cpp: the bottleneck with batch norm folded into the convolutions, ATen stages
+//! optimizer ops, device queries, what tch 0.26 lacks; fused_bn.cpp: the fused cuDNN batch norm + ReLU of a
+//! CUDA build (whenever the libtorch has CUDA); fused_block.cpp: the bottleneck with batch norm folded into the convolutions, ATen stages
 //! everywhere and cuDNN graphs in a `cuda` build; profile.cpp: the Kineto profiler), and makes the binary find that libtorch at run time.
-use rn50_shim_build::{cuda_feature, Libtorch};
+use rn50_shim_build::Libtorch;
 
 fn main() {
     let torch = Libtorch::from_torch_sys();
@@ -11,7 +11,7 @@ fn main() {
         "shim/fused_block.cpp",
         "shim/profile.cpp",
     ];
-    let mut build = torch.shim("shim/shim.cpp", cuda_feature());
+    let mut build = torch.shim("shim/shim.cpp", torch.cuda());
     for file in extra {
         println!("cargo:rerun-if-changed={file}");
         build.file(file);

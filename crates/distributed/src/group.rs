@@ -218,7 +218,7 @@ impl ProcessGroup {
         if opts.backend == Backend::Nccl && !ffi::cuda_compiled() {
             return Err(err(
                 "process group init",
-                "NCCL needs rn50 built with the `cuda` feature".into(),
+                "NCCL needs rn50 built against a CUDA libtorch (with the CUDA headers)".into(),
             ));
         }
         // c10d logs each retry and timeout with a C++ backtrace; our errors carry its messages. TORCH_CPP_LOG_LEVEL

@@ -10,7 +10,7 @@
 //
 // rn50_bn_relu returns 0 on success, 1 on an error (message in rn50_fused_last_error), and 2 when the fused path
 // does not apply to these tensors (not CUDA, not NHWC-contiguous fp16/bf16, a cuDNN that does not support the
-// case): the caller then runs the unfused ops. Built without the cuda feature, it always returns 2.
+// case): the caller then runs the unfused ops. Built without CUDA (a CPU-only libtorch), it always returns 2.
 #include "rn50_shim_common.h"
 
 #include <ATen/ATen.h>
@@ -209,7 +209,7 @@ int rn50_bn_relu(at::Tensor* x, at::Tensor* z, at::Tensor* weight, at::Tensor* b
   }
   return 1;
 #else
-  last_error = "built without the cuda feature";
+  last_error = "built without CUDA (a CPU-only libtorch)";
   return 2;
 #endif
 }

@@ -330,14 +330,14 @@ pub fn checks(m: &MachineInfo) -> Vec<Check> {
         });
         out.push(if shim::cuda_compiled() {
             ok(
-                "rn50 cuda feature",
-                "on (NCCL process groups, GPU memory statistics)",
+                "rn50 cuda",
+                "built in (NCCL process groups, fused cuDNN batch norm, GPU memory statistics)",
             )
         } else {
             warn(
-                "rn50 cuda feature",
-                "off",
-                "build with `cargo build --release -p rn50 --features cuda` for multi-GPU training",
+                "rn50 cuda",
+                "not built in: the CUDA headers were missing when rn50 was built",
+                "install the nvidia wheels of scripts/requirements.txt (or set CUDA_HOME) and rebuild",
             )
         });
     }

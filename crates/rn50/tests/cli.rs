@@ -124,6 +124,34 @@ fn doctor_reports_json_checks() {
         .all(|c| ["OK", "WARN", "FAIL"].contains(&c["status"].as_str().unwrap())));
 }
 
+/// The binary the default build makes has rn50's CUDA code whenever the libtorch it links has CUDA (the pinned
+/// wheel has): doctor finds the CUDA libtorch and says OK for rn50's own CUDA code, on CPU and GPU nodes alike.
+#[test]
+fn the_default_build_has_cuda_when_libtorch_has_it() {
+    let out = rn50(&["doctor", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let check = |name: &str| {
+        v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .cloned()
+    };
+    let libtorch_cuda = check("libtorch cuda").expect("doctor has a libtorch cuda check");
+    let has_cuda = libtorch_cuda["detail"]
+        .as_str()
+        .unwrap()
+        .starts_with("built with CUDA");
+    if !has_cuda {
+        eprintln!("skipped: this libtorch has no CUDA ({libtorch_cuda})");
+        return;
+    }
+    let ours = check("rn50 cuda").expect("doctor checks rn50's CUDA code when libtorch has CUDA");
+    assert_eq!(ours["status"], "OK", "{ours}");
+    assert!(rn50::shim::cuda_compiled());
+}
+
 /// `mpirun` inside a SLURM allocation: doctor names what training would use (Open MPI's variables, as
 /// `WorldInfo` reads them), not the allocation's SLURM variables every rank inherits.
 #[test]

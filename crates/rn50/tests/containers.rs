@@ -50,13 +50,7 @@ fn the_recipes_run_the_readmes_build_steps() {
     let dockerfile = read("Dockerfile");
     let def = read("scripts/rn50.def");
     let steps = readme_build_steps(&readme);
-    assert_eq!(
-        steps,
-        [
-            "./dev build",
-            "cargo build --release --locked -p rn50 --features cuda"
-        ]
-    );
+    assert_eq!(steps, ["./dev build"]);
     let docker_runs: Vec<&str> = dockerfile
         .lines()
         .filter_map(|l| l.strip_prefix("RUN "))
@@ -79,8 +73,10 @@ fn the_recipes_run_the_readmes_build_steps() {
     }
     // In the same order as the README.
     let at = |text: &str, s: &str| text.find(s).unwrap();
-    assert!(at(&dockerfile, &steps[0]) < at(&dockerfile, &steps[1]));
-    assert!(at(def_post, &steps[0]) < at(def_post, &steps[1]));
+    for pair in steps.windows(2) {
+        assert!(at(&dockerfile, &pair[0]) < at(&dockerfile, &pair[1]));
+        assert!(at(def_post, &pair[0]) < at(def_post, &pair[1]));
+    }
 }
 
 #[test]

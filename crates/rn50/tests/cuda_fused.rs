@@ -2,7 +2,7 @@
 //! ReLU (`shim/fused_bn.cpp`) against PyTorch's separate ops: outputs, running statistics and every gradient,
 //! then a whole ResNet-50 training forward/backward with it on and off. The fused SGD that reads fp16's overflow
 //! flag on the device against the foreach kernels, and a skipped overflowing step. These need a GPU and a build
-//! with the `cuda` feature: they are marked ignored, with that reason in the test output, and run with
+//! against a CUDA libtorch: they are marked ignored, with that reason in the test output, and run with
 //! `--include-ignored` on a GPU machine (asked to run without one, they fail). What runs everywhere: the fused
 //! batch norm declines what it does not apply to.
 use rn50::model::{fused, memory_format, Arch, Model, ResNetConfig, Stem};
@@ -14,7 +14,7 @@ use tch::{Device, Kind, Reduction, Tensor};
 fn gpu() -> Device {
     assert!(
         shim::cuda_compiled(),
-        "this binary was built without --features cuda"
+        "this binary was built without CUDA (a CPU-only libtorch, or no CUDA headers)"
     );
     assert!(tch::Cuda::is_available(), "no CUDA device visible");
     Device::Cuda(0)
@@ -37,7 +37,7 @@ fn leaf(t: Tensor) -> Tensor {
 /// the separate ops round after the batch norm too, so near zero the ReLU can pass different elements: it must
 /// be as close to the fp32 reference as the separate ops are (outputs, running statistics, every gradient).
 #[test]
-#[ignore = "needs a CUDA GPU and a build with --features cuda: run with --include-ignored there"]
+#[ignore = "needs a CUDA GPU (and rn50 built against a CUDA libtorch): run with --include-ignored there"]
 fn fused_bn_relu_matches_the_separate_ops() {
     let dev = gpu();
     let shapes: [[i64; 4]; 3] = [[16, 64, 56, 56], [8, 256, 14, 14], [4, 2048, 7, 7]];
@@ -149,7 +149,7 @@ fn fused_bn_relu_matches_the_separate_ops() {
 /// this network's overflow. The fused run's loss, gradients and running statistics must be as close to fp32 as
 /// the separate ops' are.
 #[test]
-#[ignore = "needs a CUDA GPU and a build with --features cuda: run with --include-ignored there"]
+#[ignore = "needs a CUDA GPU (and rn50 built against a CUDA libtorch): run with --include-ignored there"]
 fn resnet50_trains_the_same_with_the_fused_op() {
     let dev = gpu();
     shim::set_tf32(false).unwrap();
@@ -233,7 +233,7 @@ fn the_fused_path_declines_cpu_tensors() {
     match shim::bn_relu(&x, None, &w, &b, &b, &w, 0.1, 1e-5).unwrap() {
         Fused::Done(_) => panic!("the fused op ran on a CPU tensor"),
         Fused::NotApplicable(why) => assert!(
-            why.contains("not on CUDA") || why.contains("without the cuda feature"),
+            why.contains("not on CUDA") || why.contains("built without CUDA"),
             "{why}"
         ),
     }
@@ -242,7 +242,7 @@ fn the_fused_path_declines_cpu_tensors() {
 /// torch.optim.SGD(fused=True)'s kernel against the foreach kernels on the same parameters, then with the
 /// overflow flag set: nothing moves.
 #[test]
-#[ignore = "needs a CUDA GPU and a build with --features cuda: run with --include-ignored there"]
+#[ignore = "needs a CUDA GPU (and rn50 built against a CUDA libtorch): run with --include-ignored there"]
 fn fused_sgd_matches_foreach_and_obeys_the_overflow_flag() {
     let dev = gpu();
     tch::manual_seed(3);
@@ -294,7 +294,7 @@ fn fused_sgd_matches_foreach_and_obeys_the_overflow_flag() {
 /// An fp16 training step on the GPU whose gradients overflow (a NaN pixel): the update is skipped on the
 /// device, every parameter stays, the scale halves, and the step says so when asked.
 #[test]
-#[ignore = "needs a CUDA GPU and a build with --features cuda: run with --include-ignored there"]
+#[ignore = "needs a CUDA GPU (and rn50 built against a CUDA libtorch): run with --include-ignored there"]
 fn an_overflowing_fp16_step_is_skipped_without_a_host_check() {
     let dev = gpu();
     tch::manual_seed(0);

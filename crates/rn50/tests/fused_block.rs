@@ -324,7 +324,7 @@ fn the_body_declines_what_it_does_not_apply_to() {
 fn gpu() -> Device {
     assert!(
         shim::cuda_compiled(),
-        "this binary was built without --features cuda"
+        "this binary was built without CUDA (a CPU-only libtorch, or no CUDA headers)"
     );
     assert!(
         shim::block_graphs_compiled(),
@@ -338,7 +338,7 @@ fn gpu() -> Device {
 /// graphs against the plain block in fp32 on the same inputs (values exact in the low precision), within the
 /// error of PyTorch's own ops in that precision. Prints which stages fell back to ATen ops.
 #[test]
-#[ignore = "needs a CUDA GPU and a build with --features cuda: run with --include-ignored there"]
+#[ignore = "needs a CUDA GPU (and rn50 built against a CUDA libtorch): run with --include-ignored there"]
 fn cudnn_graph_stages_match_the_plain_block_on_a_gpu() {
     let dev = gpu();
     // (cin, planes, stride, side): layer1.0, layer1.1, layer2.0, layer3.1, layer4.0 of ResNet-50.
@@ -409,7 +409,7 @@ fn cudnn_graph_stages_match_the_plain_block_on_a_gpu() {
 /// meaningful reference for the gradients) three ways from the same weights and batch: the fused blocks, the per-layer fused batch norm (today's path), and fp32. The fused blocks' loss, gradients and
 /// running statistics must be as close to fp32 as the per-layer path's are.
 #[test]
-#[ignore = "needs a CUDA GPU and a build with --features cuda: run with --include-ignored there"]
+#[ignore = "needs a CUDA GPU (and rn50 built against a CUDA libtorch): run with --include-ignored there"]
 fn resnet50_with_fused_blocks_trains_as_the_per_layer_path() {
     let dev = gpu();
     shim::set_tf32(false).unwrap();

@@ -6,6 +6,10 @@
 //! command of a `rn50 launch … -- COMMAND` example is parsed the same way. A span that only names a command or one
 //! of its flags (`rn50 launch`, `rn50 bench --json`) is a mention, not a command line: its command must exist and
 //! the flag must be in that command's help.
+//!
+//! README's quick start is checked the same way: each of its command lines is an rn50 command that parses, the
+//! SLURM script it names, whose arguments `rn50 train` parses, or the build step.
+use std::path::Path;
 use std::process::Command;
 
 fn rn50(args: &[&str], parse_only: bool) -> std::process::Output {
@@ -174,4 +178,72 @@ fn the_checker_catches_a_wrong_flag() {
         ["rn50 launch --nproc-per-node 1 -- train --data /imagenet"]
     );
     assert!(check(&old[0], &commands).is_err());
+}
+
+/// The command lines of README's "Quick start" section: every ```sh block in it, comments dropped.
+fn quick_start_lines(readme: &str) -> Vec<String> {
+    let section = readme
+        .split("\n## Quick start")
+        .nth(1)
+        .expect("README has a ## Quick start section");
+    let section = section.split("\n## ").next().unwrap();
+    section
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .flat_map(str::lines)
+        .map(|l| l.split(" #").next().unwrap().trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// README's quick start: every `rn50 …` line parses (a `launch` line's workers' command too); the `sbatch` line
+/// names the SLURM script of this repository and its arguments parse as the script's `rn50 train --resume auto …`;
+/// the only other line is the build. A renamed flag or a new kind of line fails here.
+#[test]
+fn every_quick_start_command_parses() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let commands = all_helps();
+    let lines = quick_start_lines(&readme);
+    let mut bad = Vec::new();
+    for line in &lines {
+        let verdict = if line.starts_with("rn50 ") {
+            check(line, &commands)
+        } else if let Some(rest) = line.strip_prefix("sbatch ") {
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            match words.iter().position(|w| w.ends_with(".sbatch")) {
+                Some(i) if root.join(words[i]).is_file() => {
+                    let script = std::fs::read_to_string(root.join(words[i])).unwrap();
+                    assert!(script.contains("train --resume auto \"$@\""));
+                    check(
+                        &format!("rn50 train --resume auto {}", words[i + 1..].join(" ")),
+                        &commands,
+                    )
+                }
+                _ => Err("names no SLURM script of this repository".into()),
+            }
+        } else if line == "./dev build && export PATH=$PWD/target/release:$PATH" {
+            Ok(())
+        } else {
+            Err("not an rn50, sbatch or build line".into())
+        };
+        if let Err(why) = verdict {
+            bad.push(format!("`{line}`: {why}"));
+        }
+    }
+    for want in [
+        "rn50 prepare ",
+        "rn50 train ",
+        "rn50 eval ",
+        "rn50 launch ",
+        "sbatch ",
+        "rn50 report ",
+    ] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(want)),
+            "the quick start has no `{want}…` line: {lines:?}"
+        );
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

@@ -1,7 +1,8 @@
-//! What the build scripts of rn50's C++ shims share: the libtorch that torch-sys linked, a `cc::Build` set up
-//! for its headers (C++17, the wheel's CXX11 ABI, and with the `cuda` feature the CUDA/NCCL headers of the pip
-//! wheels' nvidia packages or `CUDA_HOME`), and the link arguments that keep libtorch_cuda and find libtorch at
-//! run time. Shims include `rn50_shim_common.h` (exception guard, tensor-handle gather) from here.
+//! What the build scripts of rn50's C++ shims share: the libtorch that torch-sys linked, whether to build the CUDA
+//! code (whenever that libtorch has CUDA, see [`Libtorch::cuda`]), a `cc::Build` set up for its headers (C++17, the
+//! wheel's CXX11 ABI, and for CUDA the CUDA/NCCL headers of the pip wheels' nvidia packages or `CUDA_HOME`), and the
+//! link arguments that keep libtorch_cuda and find libtorch at run time. Shims include `rn50_shim_common.h`
+//! (exception guard, tensor-handle gather) from here.
 use std::env;
 use std::path::{Path, PathBuf};
 
@@ -24,6 +25,35 @@ impl Libtorch {
             .map(PathBuf::from)
             .unwrap_or_else(|| lib.clone());
         Libtorch { lib, root }
+    }
+
+    /// Whether the shims compile their CUDA code (NCCL process groups, the fused cuDNN batch norm, GPU memory
+    /// statistics): whenever this libtorch has CUDA (`lib/libtorch_cuda.so`) and the CUDA headers are found, so one
+    /// binary serves CPU and GPU nodes and a CPU-only libtorch still builds. The `cuda` feature insists (also for a
+    /// headers-only libtorch, as `scripts/check-torch-compat.sh` checks): without the CUDA headers the build stops
+    /// saying so.
+    pub fn cuda(&self) -> bool {
+        let has_lib = self.lib.join("libtorch_cuda.so").exists();
+        let headers = self
+            .cuda_includes()
+            .iter()
+            .any(|d| d.join("cuda_runtime.h").exists());
+        let required = env::var_os("CARGO_FEATURE_CUDA").is_some();
+        if required && !headers {
+            panic!(
+                "the `cuda` feature needs the CUDA headers: cuda_runtime.h is not in the nvidia wheels next to {} \
+                 nor in CUDA_HOME (install the nvidia-cuda-runtime wheel or set CUDA_HOME)",
+                self.root.display()
+            );
+        }
+        if has_lib && !headers {
+            println!(
+                "cargo:warning=libtorch at {} has CUDA but no CUDA headers were found (nvidia wheels next to \
+                 torch, or CUDA_HOME): building without NCCL and the fused GPU batch norm",
+                self.root.display()
+            );
+        }
+        headers && (has_lib || required)
     }
 
     /// A C++ build of `source` against libtorch's headers. With `cuda`, adds the CUDA and NCCL headers, defines
@@ -99,9 +129,4 @@ impl Libtorch {
         println!("cargo:rustc-link-arg=-Wl,--as-needed");
         println!("cargo:rustc-link-arg=-Wl,-rpath,{}", self.lib.display());
     }
-}
-
-/// Whether the crate running this build script was built with its `cuda` feature.
-pub fn cuda_feature() -> bool {
-    env::var_os("CARGO_FEATURE_CUDA").is_some()
 }
