@@ -31,7 +31,7 @@ fn steps(series: &[(i64, f32)]) -> Vec<i64> {
 fn train(data: &Path, out: &Path, epochs: usize, extra: &[&str]) -> Command {
     let mut c = TinyTrain::on(data, out)
         .flags("--width 8 -b 4 -j 2 --image-size 32 --val-resize 36 --val-crop 32 -p 1 --precision fp32")
-        .args(["--epochs", &epochs.to_string()])
+        .flags(&format!("--epochs {epochs}"))
         .args(extra)
         .command();
     c.stdout(Stdio::null()).stderr(Stdio::piped());
