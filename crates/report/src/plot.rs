@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::sync::Once;
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::{register_font, FontStyle};
@@ -232,6 +233,16 @@ fn y_range(chart: &Chart, ys: impl Iterator<Item = f64>) -> (f64, f64) {
 
 /// Renders `chart` to a PNG at `path`.
 pub fn render(chart: &Chart, path: &Path) -> Result<(), ReportError> {
+    let root = BitMapBackend::new(path, (chart.width, chart.height)).into_drawing_area();
+    draw(chart, root, path)
+}
+
+/// Draws `chart` on `root`, a bitmap of the chart's size (`path`: where it goes, for the messages).
+fn draw(
+    chart: &Chart,
+    root: DrawingArea<BitMapBackend, Shift>,
+    path: &Path,
+) -> Result<(), ReportError> {
     register();
     let err = |e: &dyn std::fmt::Display| ReportError::Plot {
         path: path.to_path_buf(),
@@ -290,7 +301,6 @@ pub fn render(chart: &Chart, path: &Path) -> Result<(), ReportError> {
         x1 += p;
     }
 
-    let root = BitMapBackend::new(path, (chart.width, chart.height)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let mut ctx = ChartBuilder::on(&root)
         .caption(&chart.title, (FAMILY, 30))
@@ -461,6 +471,41 @@ mod tests {
         let (y0, y1) = y_range(&capped, ys());
         assert_eq!(y1, 100.0);
         assert!(y0 < 20.0);
+    }
+
+    /// The legend's text starts a few pixels after its line ends (plotters would start it where the line ends).
+    #[test]
+    fn legend_text_is_clear_of_its_line() {
+        let mut c = Chart::new("t", "x", "y");
+        c.series
+            .push(Series::new("Acc@1", vec![(0.0, 0.0), (1.0, 1.0)]));
+        let (w, h) = (c.width as usize, c.height as usize);
+        let mut buf = vec![0u8; w * h * 3];
+        let root = BitMapBackend::with_buffer(&mut buf, (c.width, c.height)).into_drawing_area();
+        draw(&c, root, Path::new("memory")).unwrap();
+        let px = |x: usize, y: usize| &buf[(y * w + x) * 3..(y * w + x) * 3 + 3];
+        let line = colour(0);
+        let is_line = |x, y| px(x, y) == [line.0, line.1, line.2];
+        // The legend's line: the only horizontal run of the series' colour longer than a marker (the plotted line
+        // is diagonal).
+        let (y, end) = (0..h)
+            .find_map(|y| {
+                let mut run = 0;
+                (0..w).find_map(|x| {
+                    run = if is_line(x, y) { run + 1 } else { 0 };
+                    (run >= 25 && (x + 1 == w || !is_line(x + 1, y))).then_some((y, x))
+                })
+            })
+            .expect("no legend line found");
+        for x in end + 1..=end + 6 {
+            for yy in y - 10..=y + 10 {
+                assert!(
+                    px(x, yy).iter().all(|&v| v > 160),
+                    "text at ({x}, {yy}), {} px after the legend's line",
+                    x - end
+                );
+            }
+        }
     }
 
     #[test]

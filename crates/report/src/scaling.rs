@@ -10,14 +10,19 @@
 //! - `T_N = T1 + exposed`, `img/s = N · batch / T_N`, efficiency `T_b / T_N` against the smallest N listed
 //!   (for weak scaling time- and throughput-based efficiency are the same number);
 //! - up to `gpus_per_node` workers talk over the intra-node link; beyond, the ring crosses nodes and runs at the
-//!   slower of the two links, with the inter-node latency.
+//!   slower of the two links, with the inter-node latency; a node's inter-node bandwidth is one network card's
+//!   times `--nics-per-node` (NCCL spreads its rings over the cards);
+//! - next to each prediction, the input it needs on each node: images read and decoded per second, and JPEG GB/s
+//!   read (from the dataset's mean file size: `--jpeg-kb`, `--data`, or ImageNet-1k's), since at 64 GPUs the
+//!   input is what breaks first.
 //!
 //! - with `--global-batch` (strong scaling) the global batch stays fixed instead: each worker gets
 //!   `global / N` images and its compute time is taken as proportional to that (optimistic: GPUs lose efficiency
 //!   at small batches).
 //!
-//! What it leaves out, on purpose: input pipeline, evaluation, start-up, stragglers, contention of NCCL kernels
-//! with compute. Measured efficiencies below the prediction point at those.
+//! What it leaves out, on purpose: whether the input pipeline keeps up (it says what the pipeline must deliver),
+//! evaluation, start-up, stragglers, contention of NCCL kernels with compute. Measured efficiencies below the
+//! prediction point at those.
 
 use std::path::PathBuf;
 
@@ -143,10 +148,14 @@ pub struct ScalingArgs {
     /// Workers per node, at least 1; beyond this the ring crosses the inter-node link.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
     pub gpus_per_node: u64,
-    /// Inter-node link.
+    /// Inter-node link (of one network card).
     #[arg(long, value_enum, default_value = "ib-hdr200")]
     pub interconnect: Link,
-    /// Inter-node all-reduce bus bandwidth, GB/s (above 0), instead of the preset's.
+    /// Network cards per node, 1 to 64: NCCL spreads the inter-node rings over them, so a node's inter-node
+    /// bandwidth is this many times one card's (up to the intra-node link's).
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub nics_per_node: u64,
+    /// Inter-node all-reduce bus bandwidth of one network card, GB/s (above 0), instead of the preset's.
     #[arg(long, value_name = "GB_S", value_parser = rn50_args::positive())]
     pub bandwidth_gbs: Option<f64>,
     /// Inter-node latency per ring step, µs (0 or more), instead of the preset's.
@@ -161,10 +170,21 @@ pub struct ScalingArgs {
     /// Intra-node latency per ring step, µs (0 or more), instead of the preset's.
     #[arg(long, value_name = "US", value_parser = finite_in(0.0..))]
     pub intra_latency_us: Option<f64>,
+    /// Mean size of the training JPEGs, KB (1000 bytes; above 0), for the input a node must read at the predicted
+    /// speed. Default: ImageNet-1k's, about 110 KB (140 GB over 1,281,167 files).
+    #[arg(long, value_name = "KB", conflicts_with = "data", value_parser = rn50_args::positive())]
+    pub jpeg_kb: Option<f64>,
+    /// A dataset (a folder of JPEGs, or `rn50 prepare`'s output with train/): the mean size of its training files
+    /// instead of --jpeg-kb.
+    #[arg(long, value_name = "DATA")]
+    pub data: Option<PathBuf>,
     /// Write the inputs and predictions as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
 }
+
+/// ImageNet-1k's training set: about 140 GB of JPEGs in 1,281,167 files.
+pub const IMAGENET_MEAN_JPEG_BYTES: f64 = 140e9 / 1_281_167.0;
 
 /// The model's inputs, resolved: times in ms, sizes in bytes, bandwidths in GB/s, latencies in µs.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -181,8 +201,11 @@ pub struct Model {
     pub gpus_per_node: u64,
     pub intra_gbs: f64,
     pub intra_latency_us: f64,
+    /// A node's inter-node bandwidth: all its network cards together.
     pub inter_gbs: f64,
     pub inter_latency_us: f64,
+    /// Mean bytes of a training image as stored (JPEG): what the input pipeline reads per image.
+    pub image_bytes: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -200,6 +223,10 @@ pub struct Prediction {
     pub exposed_ms: f64,
     pub step_ms: f64,
     pub images_per_sec: f64,
+    /// The input that speed needs on each (full) node: images read and decoded per second, and JPEG bytes read
+    /// per second (GB/s).
+    pub node_images_per_sec: f64,
+    pub node_read_gbs: f64,
     pub speedup: f64,
     /// Against the smallest worker count predicted.
     pub efficiency: f64,
@@ -237,6 +264,9 @@ impl Model {
         let window = self.overlap.clamp(0.0, 1.0) * self.backward_fraction * compute;
         let exposed = (total - window).max(ring_allreduce_ms(n, last as f64, gbs, lat));
         let step = compute + exposed;
+        let images_per_sec = n as f64 * per_worker * 1000.0 / step;
+        let node_images_per_sec =
+            images_per_sec / n as f64 * n.min(self.gpus_per_node.max(1)) as f64;
         Prediction {
             workers: n,
             batch_per_worker: per_worker,
@@ -252,7 +282,9 @@ impl Model {
             allreduce_ms: total,
             exposed_ms: exposed,
             step_ms: step,
-            images_per_sec: n as f64 * per_worker * 1000.0 / step,
+            images_per_sec,
+            node_images_per_sec,
+            node_read_gbs: node_images_per_sec * self.image_bytes / 1e9,
             speedup: 0.0,
             efficiency: 0.0,
         }
@@ -341,11 +373,50 @@ pub fn model_from_args(a: &ScalingArgs) -> anyhow::Result<Model> {
         overlap: a.overlap,
         backward_fraction: a.backward_fraction,
         gpus_per_node: a.gpus_per_node,
-        inter_gbs: a.bandwidth_gbs.unwrap_or(bw),
+        inter_gbs: a.bandwidth_gbs.unwrap_or(bw) * a.nics_per_node as f64,
         inter_latency_us: a.latency_us.unwrap_or(lat),
         intra_gbs: a.intra_bandwidth_gbs.unwrap_or(ibw),
         intra_latency_us: a.intra_latency_us.unwrap_or(ilat),
+        image_bytes: match (&a.data, a.jpeg_kb) {
+            (Some(data), _) => mean_file_bytes(data)?,
+            (None, Some(kb)) => kb * 1000.0,
+            (None, None) => IMAGENET_MEAN_JPEG_BYTES,
+        },
     })
+}
+
+/// The mean size of the training files of a dataset: those under DATA/train when there is one (`rn50 prepare`'s
+/// layout), else under DATA; hidden files left out.
+pub fn mean_file_bytes(data: &std::path::Path) -> anyhow::Result<f64> {
+    let train = data.join("train");
+    let root = if train.is_dir() {
+        train
+    } else {
+        data.to_path_buf()
+    };
+    let (mut files, mut bytes) = (0u64, 0u64);
+    let mut dirs = vec![root.clone()];
+    while let Some(dir) = dirs.pop() {
+        let entries = std::fs::read_dir(&dir)
+            .with_context(|| format!("--data: reading {}", dir.display()))?;
+        for e in entries {
+            let e = e.with_context(|| format!("--data: reading {}", dir.display()))?;
+            if e.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let meta = e.metadata()?;
+            if meta.is_dir() {
+                dirs.push(e.path());
+            } else if meta.is_file() {
+                files += 1;
+                bytes += meta.len();
+            }
+        }
+    }
+    if files == 0 {
+        bail!("--data: no files under {}", root.display());
+    }
+    Ok(bytes as f64 / files as f64)
 }
 
 pub fn prediction_table(ps: &[Prediction]) -> Table {
@@ -365,6 +436,8 @@ pub fn prediction_table(ps: &[Prediction]) -> Table {
             c("exposed ms", "exposed_ms", Align::Right),
             c("step ms", "step_ms", Align::Right),
             c("img/s", "images_per_sec", Align::Right),
+            c("decode img/s/node", "node_images_per_sec", Align::Right),
+            c("JPEG GB/s/node", "node_read_gbs", Align::Right),
             c("speedup", "speedup", Align::Right),
             c("efficiency", "efficiency", Align::Right),
         ],
@@ -384,6 +457,8 @@ pub fn prediction_table(ps: &[Prediction]) -> Table {
                     num(p.exposed_ms, format!("{:.2}", p.exposed_ms)),
                     num(p.step_ms, format!("{:.1}", p.step_ms)),
                     num(p.images_per_sec, fmt_rate(p.images_per_sec)),
+                    num(p.node_images_per_sec, fmt_rate(p.node_images_per_sec)),
+                    num(p.node_read_gbs, format!("{:.2}", p.node_read_gbs)),
                     num(p.speedup, format!("{:.2}x", p.speedup)),
                     num(p.efficiency, fmt_pct(p.efficiency)),
                 ]
@@ -415,12 +490,22 @@ pub fn run(args: &ScalingArgs) -> anyhow::Result<()> {
         model.backward_fraction * 100.0
     );
     println!(
-        "links: intra-node {} GB/s {} µs (≤ {} per node), inter-node {} GB/s {} µs",
+        "links: intra-node {} GB/s {} µs (≤ {} per node), inter-node {} GB/s {} µs ({} network card(s) per node)",
         model.intra_gbs,
         model.intra_latency_us,
         model.gpus_per_node,
         model.inter_gbs,
-        model.inter_latency_us
+        model.inter_latency_us,
+        args.nics_per_node
+    );
+    println!(
+        "input: {:.1} KB per training image (JPEG as stored){}",
+        model.image_bytes / 1000.0,
+        match (&args.data, args.jpeg_kb) {
+            (Some(d), _) => format!(", the mean of {}", d.display()),
+            (None, Some(_)) => String::new(),
+            (None, None) => ", ImageNet-1k's mean (--jpeg-kb or --data for another dataset)".into(),
+        }
     );
     if let Some(g) = model.global_batch {
         println!("strong scaling: global batch {g} at every N, compute time in proportion to the per-worker batch");
@@ -456,6 +541,7 @@ mod tests {
             intra_latency_us: 3.0,
             inter_gbs: 23.0,
             inter_latency_us: 5.0,
+            image_bytes: 110e3,
         }
     }
 

@@ -193,3 +193,99 @@ fn scaling_checks_the_numbers_of_a_bench_file() {
         "{e}"
     );
 }
+
+#[test]
+fn scaling_nics_per_node_multiply_a_nodes_inter_node_bandwidth() {
+    let parse = |nics: &str| {
+        Scaling::try_parse_from(["scaling", "--step-ms", "300", "--nics-per-node", nics])
+    };
+    let m = model_from_args(&parse("4").unwrap().args).unwrap();
+    assert_eq!(m.inter_gbs, 4.0 * 23.0, "4 IB HDR cards");
+    let one = Scaling::try_parse_from(["scaling", "--step-ms", "300"])
+        .unwrap()
+        .args;
+    assert_eq!(model_from_args(&one).unwrap().inter_gbs, 23.0);
+    // At 64 GPUs over nodes of 8, four cards expose less of the all-reduce than one.
+    let slow = model_from_args(&one).unwrap().predict_one(64);
+    let fast = m.predict_one(64);
+    assert!(fast.allreduce_ms < slow.allreduce_ms);
+    for bad in ["0", "65"] {
+        let e = parse(bad).err().unwrap().to_string();
+        assert!(e.contains("--nics-per-node"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn scaling_says_what_input_each_node_needs() {
+    let p = Scaling::try_parse_from([
+        "scaling",
+        "--images-per-sec",
+        "1000",
+        "--gpus",
+        "1,4,16",
+        "--gpus-per-node",
+        "8",
+        "--jpeg-kb",
+        "100",
+    ])
+    .unwrap()
+    .args;
+    let ps = model_from_args(&p).unwrap().predict(&p.gpus);
+    // One GPU: 1000 img/s of 100 KB JPEGs, 0.1 GB/s.
+    assert!((ps[0].node_images_per_sec - 1000.0).abs() < 1e-9);
+    assert!((ps[0].node_read_gbs - 0.1).abs() < 1e-12);
+    // 4 GPUs fill half a node; 16 GPUs are 2 full nodes of 8: each reads and decodes 8 GPUs' worth.
+    assert!((ps[1].node_images_per_sec - ps[1].images_per_sec).abs() < 1e-9);
+    assert!((ps[2].node_images_per_sec - ps[2].images_per_sec / 2.0).abs() < 1e-9);
+    assert!((ps[2].node_read_gbs - ps[2].node_images_per_sec * 100e3 / 1e9).abs() < 1e-12);
+    let text = prediction_table(&ps).to_text();
+    assert!(
+        text.lines().next().unwrap().contains("JPEG GB/s/node"),
+        "{text}"
+    );
+    // Without a size: ImageNet-1k's mean file.
+    let none = Scaling::try_parse_from(["scaling", "--step-ms", "300"])
+        .unwrap()
+        .args;
+    assert_eq!(
+        model_from_args(&none).unwrap().image_bytes,
+        rn50_report::scaling::IMAGENET_MEAN_JPEG_BYTES
+    );
+}
+
+#[test]
+fn scaling_takes_the_mean_file_size_of_a_dataset() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    for (class, file, size) in [("n01", "a.JPEG", 1000), ("n02", "b.JPEG", 3000)] {
+        fs::create_dir_all(data.join("train").join(class)).unwrap();
+        fs::write(data.join("train").join(class).join(file), vec![0u8; size]).unwrap();
+    }
+    fs::write(data.join("train/n01/.partial"), vec![0u8; 99_999]).unwrap();
+    fs::create_dir_all(data.join("val")).unwrap();
+    fs::write(data.join("val/big.JPEG"), vec![0u8; 50_000]).unwrap();
+    let d = data.to_str().unwrap();
+    let p = Scaling::try_parse_from(["scaling", "--step-ms", "300", "--data", d])
+        .unwrap()
+        .args;
+    assert_eq!(model_from_args(&p).unwrap().image_bytes, 2000.0);
+    assert!(
+        Scaling::try_parse_from(["scaling", "--step-ms", "1", "--data", d, "--jpeg-kb", "5"])
+            .is_err()
+    );
+    let empty = dir.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    let p = Scaling::try_parse_from([
+        "scaling",
+        "--step-ms",
+        "300",
+        "--data",
+        empty.to_str().unwrap(),
+    ])
+    .unwrap()
+    .args;
+    assert!(model_from_args(&p)
+        .unwrap_err()
+        .to_string()
+        .contains("no files"));
+}
