@@ -137,7 +137,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     .status()
                     .with_context(|| format!("starting {}", cmd[0]))?;
                 // A terminal's Ctrl-C reached the point's processes too: it is not measured.
-                if rn50_util::stop::requested() {
+                if !status.success() && rn50_util::stop::requested() {
                     break 'sweep;
                 }
                 if !status.success() {
