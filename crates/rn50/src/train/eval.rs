@@ -14,7 +14,7 @@ use crate::device::{device_name, Compute, ComputeArgs};
 use crate::input::DeviceBatch;
 use crate::model::weights::{EvalTransform, Interpolation, WeightsFile};
 use crate::model::{Arch, Model, ResNetConfig};
-use crate::step::input::{IMAGENET_MEAN, IMAGENET_STD};
+use crate::step::normalize::{IMAGENET_MEAN, IMAGENET_STD};
 use crate::step::{Normalizer, Precision};
 use crate::train::metrics::Accuracy;
 use crate::train::progress::EvalProgress;

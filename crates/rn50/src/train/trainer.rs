@@ -18,7 +18,7 @@ use tch::{Kind, Tensor};
 
 use crate::device::{device_name, Compute};
 use crate::input::{self, BatchSource, DeviceBatch};
-use crate::model::weights::{self, Recorded, WeightsFile};
+use crate::model::weights::{self, Recorded};
 use crate::model::{Model, ResNetConfig, Stem};
 use crate::step::mix::BatchMix;
 use crate::step::{SgdConfig, Skipped, StepConfig, TrainStep};
