@@ -18,8 +18,8 @@ pub mod lock;
 pub mod log;
 pub mod progress;
 pub mod stats;
-pub mod sync;
 pub mod stop;
+pub mod sync;
 pub mod tmpfs;
 
 pub use atomic::{atomic_symlink, atomic_write, atomic_write_with, remove_stale_temps};
