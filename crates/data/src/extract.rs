@@ -143,7 +143,7 @@ pub(crate) enum Start {
     /// The archive's done-marker still matches: nothing to read; its stats, from the marker.
     Done(ArchiveStats),
     /// Extracting it: the extraction and the archive, opened.
-    Reading(Extraction, Input),
+    Reading(Box<Extraction>, Input),
 }
 
 /// One archive's extraction, the part train and val share around their own reading and writing:
@@ -192,7 +192,7 @@ impl Extraction {
             pos: input.progress(),
             start: Instant::now(),
         };
-        Ok(Start::Reading(run, input))
+        Ok(Start::Reading(Box::new(run), input))
     }
 
     /// Redraws the bar: the bytes read, the `classes` done (of `class_total`), the images.

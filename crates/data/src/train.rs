@@ -54,7 +54,7 @@ pub fn extract_train(
         make_room,
     )? {
         Start::Done(stats) => return Ok(stats),
-        Start::Reading(run, input) => (run, input),
+        Start::Reading(run, input) => (*run, input),
     };
     let shared = &run.shared;
     let pool = Pool::new(

@@ -55,7 +55,7 @@ pub fn extract_val(
         make_room,
     )? {
         Start::Done(stats) => return Ok(stats),
-        Start::Reading(run, input) => (run, input),
+        Start::Reading(run, input) => (*run, input),
     };
     let shared = &run.shared;
     let threads = opts.threads.max(1);

@@ -54,7 +54,7 @@ pub fn next_batch(it: &mut Epoch) -> Option<Result<(Batch, Duration)>> {
     let t = Instant::now();
     let batch = it.next()?;
     let wait = t.elapsed();
-    Some(batch.map(|b| (b, wait)).map_err(Into::into))
+    Some(batch.map(|b| (b, wait)))
 }
 
 impl DeviceBatch {
