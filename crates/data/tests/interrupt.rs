@@ -94,7 +94,13 @@ fn ctrl_c_stops_between_classes_keeping_the_finished_ones() {
     assert!(!out.join(".rn50-prepare/train.done.json").exists());
     let temps: Vec<_> = all_paths(&out)
         .into_iter()
-        .filter(|p| p.to_string_lossy().contains(".tmp"))
+        // Within OUT: the temporary directory's own name (/tmp/.tmpXXXX) starts with .tmp too.
+        .filter(|p| {
+            p.strip_prefix(&out)
+                .unwrap()
+                .to_string_lossy()
+                .contains(".tmp")
+        })
         .collect();
     assert!(temps.is_empty(), "{temps:?}");
 }
