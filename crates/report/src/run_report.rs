@@ -48,11 +48,14 @@ pub fn metrics_table(epochs: &[EpochMetrics]) -> Table {
     t.select(&keys)
 }
 
-/// The metrics an older rn50 did not write (training top-1, validation loss) and the I/O figures, which a run
-/// has only with a dataset on a disk /proc describes.
-const OPTIONAL_COLUMNS: [&str; 5] = [
+/// The metrics an older rn50 did not write (training top-1, validation loss), the EMA's (with `--ema`) and the
+/// I/O figures, which a run has only with a dataset on a disk /proc describes.
+const OPTIONAL_COLUMNS: [&str; 8] = [
     "train_acc1",
     "val_loss",
+    "ema_acc1",
+    "ema_acc5",
+    "ema_val_loss",
     "disk_read_gbs",
     "disk_read_iops",
     "process_read_gbs",
@@ -85,6 +88,9 @@ fn all_metrics_table(epochs: &[EpochMetrics]) -> Table {
             c("Acc@1", "acc1"),
             c("Acc@5", "acc5"),
             c("val loss", "val_loss"),
+            c("EMA Acc@1", "ema_acc1"),
+            c("EMA Acc@5", "ema_acc5"),
+            c("EMA val loss", "ema_val_loss"),
             c("seconds", "seconds"),
             c("elapsed s", "elapsed_s"),
             c("disk GB/s", "disk_read_gbs"),
@@ -104,6 +110,9 @@ fn all_metrics_table(epochs: &[EpochMetrics]) -> Table {
                     num(e.acc1),
                     num(e.acc5),
                     num(e.val_loss),
+                    num(e.ema_acc1),
+                    num(e.ema_acc5),
+                    num(e.ema_val_loss),
                     num(e.seconds),
                     num(Some(elapsed)),
                     num(e.disk_read_gbs),
@@ -208,8 +217,16 @@ pub fn summary_markdown(run: &TrainRun) -> String {
     let mut s = format!("# Training run `{}`\n\n", run.name);
     s.push_str(&train_table(&[train_row(run)], false).to_markdown());
     if let Some(sum) = &run.summary {
+        // Where the rate came from, when the summary says: scaled from --lr-base, or --lr itself.
+        let lr = match (sum.lr_base, sum.lr_base_size) {
+            (Some(base), Some(size)) => format!(
+                "; lr is the effective rate, --lr-base {base} scaled by global batch {} / {size}",
+                sum.global_batch
+            ),
+            _ => String::new(),
+        };
         s.push_str(&format!(
-            "\n{} {} on {}, {} precision; lr is the effective rate (scaled by global batch / 256).\n",
+            "\n{} {} on {}, {} precision{lr}.\n",
             sum.arch, sum.dataset, sum.device, sum.precision
         ));
     } else {
@@ -254,6 +271,36 @@ mod tests {
             let xs: Vec<f64> = chart.series[0].points.iter().map(|p| p.0).collect();
             assert!(xs.is_empty() || xs == [0.0, 1.0], "{}: {xs:?}", chart.title);
         }
+    }
+
+    /// "lr is the effective rate" only where the summary says it was scaled from --lr-base; a rate given with
+    /// --lr is the rate itself.
+    #[test]
+    fn the_lr_note_only_when_the_rate_was_scaled() {
+        let mut r = run(&[(0, 40.0)]);
+        let summary = TrainSummary {
+            global_batch: 1024,
+            lr: 0.4,
+            ..Default::default()
+        };
+        r.summary = Some(summary.clone());
+        assert!(
+            !summary_markdown(&r).contains("lr is"),
+            "{}",
+            summary_markdown(&r)
+        );
+        r.summary = Some(TrainSummary {
+            lr_base: Some(0.1),
+            lr_base_size: Some(256),
+            ..summary
+        });
+        assert!(
+            summary_markdown(&r).contains(
+                "lr is the effective rate, --lr-base 0.1 scaled by global batch 1024 / 256."
+            ),
+            "{}",
+            summary_markdown(&r)
+        );
     }
 
     #[test]

@@ -58,6 +58,9 @@ pub struct BenchResult {
 pub struct BenchConfig {
     /// resnet18 … resnet152.
     pub arch: String,
+    /// Channels of the first stage (`--width`); absent in older results: torchvision's 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub width: Option<u64>,
     /// Per rank.
     pub batch_size: u64,
     pub image_size: Option<u64>,
@@ -99,7 +102,21 @@ pub struct BenchConfig {
     pub profile_steps: Option<u64>,
 }
 
+/// The network as tables name it: the architecture, and its `--width` when not torchvision's 64 ("resnet18 width
+/// 8"); a narrower network is another model, never compared with the full one.
+pub fn network_label(arch: &str, width: Option<u64>) -> String {
+    match width {
+        Some(w) if w != 64 => format!("{arch} width {w}"),
+        _ => arch.to_string(),
+    }
+}
+
 impl BenchConfig {
+    /// [`network_label`] of this configuration.
+    pub fn network(&self) -> String {
+        network_label(&self.arch, self.width)
+    }
+
     pub fn world_size(&self) -> u64 {
         self.world_size.unwrap_or(1).max(1)
     }
@@ -335,6 +352,14 @@ pub struct EpochMetrics {
     /// Validation images evaluated (all ranks).
     #[serde(default)]
     pub val_images: Option<u64>,
+    /// With `--ema`: the weights' moving average evaluated on the same images (`acc1`, `acc5` and `val_loss`
+    /// are the trained weights'); absent without it.
+    #[serde(default)]
+    pub ema_acc1: Option<f64>,
+    #[serde(default)]
+    pub ema_acc5: Option<f64>,
+    #[serde(default)]
+    pub ema_val_loss: Option<f64>,
     /// That epoch's wall time: training and evaluation, and the checkpoint of the epoch before (written after
     /// that epoch's record).
     pub seconds: Option<f64>,
@@ -373,8 +398,12 @@ pub struct TrainSummary {
     /// Per rank.
     pub batch_size: u64,
     pub global_batch: u64,
-    /// Effective learning rate (after scaling by global_batch/256).
+    /// The peak learning rate the run trained at (after scaling, when it was scaled).
     pub lr: f64,
+    /// `--lr-base` and `--lr-base-size` when `lr` was scaled from them (lr_base·global_batch/lr_base_size);
+    /// absent when `--lr` gave the rate itself (and in older summaries).
+    pub lr_base: Option<f64>,
+    pub lr_base_size: Option<u64>,
     /// Epochs finished.
     pub epochs: u64,
     /// Training plus evaluation, first epoch's start to the last one's end.
@@ -383,6 +412,9 @@ pub struct TrainSummary {
     pub acc1: Option<f64>,
     pub acc5: Option<f64>,
     pub best_acc1: Option<f64>,
+    /// With `--ema`: the average's final and best top-1 (`acc1` and `best_acc1` are the trained weights').
+    pub ema_acc1: Option<f64>,
+    pub best_ema_acc1: Option<f64>,
     /// Mean over epochs of the training throughput, all ranks together.
     pub images_per_sec: f64,
     pub precision: String,
@@ -397,6 +429,17 @@ pub struct TrainSummary {
     pub time_to_target_s: Option<f64>,
 }
 
+impl EpochMetrics {
+    /// The better top-1 of the trained weights and their EMA: what --target-accuracy judges.
+    pub fn best_of_acc1(&self) -> Option<f64> {
+        [self.acc1, self.ema_acc1]
+            .into_iter()
+            .flatten()
+            .filter(|a| a.is_finite())
+            .reduce(f64::max)
+    }
+}
+
 impl TrainSummary {
     /// Fills the fields that follow from the per-epoch metrics (epochs, wall clock, accuracies, mean img/s);
     /// the caller sets the configuration fields.
@@ -406,11 +449,16 @@ impl TrainSummary {
         let last = epochs.last();
         self.acc1 = last.and_then(|e| e.acc1);
         self.acc5 = last.and_then(|e| e.acc5);
-        self.best_acc1 = epochs
-            .iter()
-            .filter_map(|e| e.acc1)
-            .filter(|a| a.is_finite())
-            .reduce(f64::max);
+        let best = |acc: fn(&EpochMetrics) -> Option<f64>| {
+            epochs
+                .iter()
+                .filter_map(acc)
+                .filter(|a| a.is_finite())
+                .reduce(f64::max)
+        };
+        self.best_acc1 = best(|e| e.acc1);
+        self.ema_acc1 = last.and_then(|e| e.ema_acc1);
+        self.best_ema_acc1 = best(|e| e.ema_acc1);
         let ips: Vec<f64> = epochs.iter().filter_map(|e| e.images_per_sec).collect();
         self.images_per_sec = if ips.is_empty() {
             0.0
@@ -420,11 +468,14 @@ impl TrainSummary {
     }
 
     /// Sets `target_acc1` to `target` and, from the per-epoch metrics, the time to it: the epochs up to the
-    /// first whose top-1 reaches it, and the sum of their seconds.
+    /// first whose top-1 (the trained weights' or their EMA's) reaches it, and the sum of their seconds.
     pub fn fill_target(&mut self, epochs: &[EpochMetrics], target: Option<f64>) {
         self.target_acc1 = target;
-        let reached =
-            target.and_then(|t| epochs.iter().position(|e| e.acc1.is_some_and(|a| a >= t)));
+        let reached = target.and_then(|t| {
+            epochs
+                .iter()
+                .position(|e| e.best_of_acc1().is_some_and(|a| a >= t))
+        });
         self.target_epochs = reached.map(|i| epochs[i].epoch + 1);
         self.time_to_target_s =
             reached.map(|i| epochs[..=i].iter().filter_map(|e| e.seconds).sum());
@@ -435,6 +486,9 @@ impl TrainSummary {
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct SweepResult {
     pub arch: String,
+    /// As [`BenchConfig::width`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub width: Option<u64>,
     /// The hardware column, e.g. "NVIDIA A100-SXM4-40GB" or "Intel Xeon (2 threads)". Empty: made from
     /// `device`, `threads` and `machine` as for bench results, so sweep and bench rows group together.
     #[serde(default)]
@@ -705,5 +759,25 @@ mod tests {
         assert_eq!((s.target_epochs, s.time_to_target_s), (None, None));
         s.fill_target(&epochs, None);
         assert_eq!(s.target_acc1, None);
+    }
+
+    /// With --ema, the trained weights and their average are evaluated alike: either reaching the target reaches
+    /// it, and the summary keeps the best of each.
+    #[test]
+    fn the_ema_reaches_the_target_and_has_its_own_best() {
+        let e = |epoch, acc1, ema_acc1| EpochMetrics {
+            epoch,
+            acc1: Some(acc1),
+            ema_acc1: Some(ema_acc1),
+            seconds: Some(10.0),
+            ..Default::default()
+        };
+        let epochs = [e(0, 40.0, 10.0), e(1, 60.0, 77.0), e(2, 70.0, 50.0)];
+        let mut s = TrainSummary::default();
+        s.fill_from_metrics(&epochs);
+        assert_eq!((s.acc1, s.best_acc1), (Some(70.0), Some(70.0)));
+        assert_eq!((s.ema_acc1, s.best_ema_acc1), (Some(50.0), Some(77.0)));
+        s.fill_target(&epochs, Some(75.9));
+        assert_eq!((s.target_epochs, s.time_to_target_s), (Some(2), Some(20.0)));
     }
 }

@@ -349,7 +349,7 @@ pub fn bench_row(source: &str, b: &BenchResult) -> ThroughputRow {
         source: source.into(),
         hardware: hardware_name(c, b.machine.as_ref()),
         config: config_label(
-            &c.arch,
+            &c.network(),
             c.precision.as_deref(),
             c.image_size,
             c.data.as_deref(),
@@ -372,7 +372,7 @@ pub fn bench_row(source: &str, b: &BenchResult) -> ThroughputRow {
 
 pub fn sweep_rows(source: &str, s: &SweepResult) -> Vec<ThroughputRow> {
     let config = config_label(
-        &s.arch,
+        &crate::schema::network_label(&s.arch, s.width),
         s.precision.as_deref(),
         s.image_size,
         s.data.as_deref(),

@@ -16,7 +16,8 @@
 //! `top1` meter of the batch), `train/lr` (the rate of the step) at every logged step; at each epoch's last step
 //! `train/images_per_sec` (global, all ranks), `train/data_wait` (seconds per step waiting for the loader),
 //! `io/read_gbps` (dataset reads, GB/s, from the /proc I/O monitor), and, when the epoch is evaluated,
-//! `val/acc1`, `val/acc5` (percent) and `val/loss` (mean cross-entropy, without label smoothing).
+//! `val/acc1`, `val/acc5` (percent) and `val/loss` (mean cross-entropy, without label smoothing), and with
+//! `--ema` the same of the weights' average ([`EMA_TAGS`]: `val/ema_acc1`, `val/ema_acc5`, `val/ema_loss`).
 //!
 //! A resumed run writes a new file whose first event after the version is `SessionLog{status: START}` at the
 //! first step it will log (`purge_step`), as PyTorch's `SummaryWriter(purge_step=…)` does: TensorBoard's
@@ -58,6 +59,9 @@ pub const TAGS: [&str; 9] = [
     "val/loss",
     "io/read_gbps",
 ];
+
+/// The tags rn50 writes besides [`TAGS`] when training with `--ema`: the average's evaluation.
+pub const EMA_TAGS: [&str; 3] = ["val/ema_acc1", "val/ema_acc5", "val/ema_loss"];
 
 /// What the first record of every event file says (TensorBoard's `brain.Event:2`).
 pub const FILE_VERSION: &str = "brain.Event:2";

@@ -91,6 +91,7 @@ const CASES: &[(&str, &[&str], &str)] = &[
     ("train", &["--val-resize", "0"], "--val-resize"),
     ("train", &["--val-crop", "100000"], "--val-crop"),
     ("train", &["--steps-per-epoch", "0"], "--steps-per-epoch"),
+    ("train", &["--val-max-images", "0"], "--val-max-images"),
     ("train", &["--checkpoint-minutes", "nan"], "--checkpoint-minutes"),
     ("train", &["--checkpoint-minutes", "1e300"], "--checkpoint-minutes"),
     ("train", &["--keep-checkpoints", "0"], "--keep-checkpoints"),
@@ -135,6 +136,8 @@ const CASES: &[(&str, &[&str], &str)] = &[
     // bench
     ("bench", &["--batch-size", "0"], "--batch-size"),
     ("bench", &["--batch-size", "65537"], "--batch-size"),
+    ("bench", &["--width", "0"], "--width"),
+    ("bench", &["--width", "513"], "--width"),
     ("bench", &["--image-size", "16"], "--image-size"),
     ("bench", &["--image-size", "100000"], "--image-size"),
     ("bench", &["--steps", "0"], "--steps"),

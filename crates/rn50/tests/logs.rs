@@ -125,8 +125,8 @@ fn eval_lines<'a>(log: &'a str, label: &str) -> Vec<&'a str> {
 }
 
 /// Evaluation is not silent: a time-stamped line per `-p` batches with images/s and the ETA, after each epoch of
-/// `train` and in `rn50 eval`, the last one at ETA 0. The start line's default milestones for 2 epochs are
-/// 0.667, 1.333, 1.778, not f64's 0.6666666666666666; each epoch's line has the training top-1.
+/// `train` and in `rn50 eval`, the last one at ETA 0. The start line's milestones given as thirds of 2 epochs
+/// read 0.667, 1.333, 1.778, not f64's 0.6666666666666666; each epoch's line has the training top-1.
 #[test]
 fn evaluation_shows_progress_and_the_start_line_reads_as_people_write() {
     let dir = tempfile::tempdir().unwrap();
@@ -153,6 +153,8 @@ fn evaluation_shows_progress_and_the_start_line_reads_as_people_write() {
         "32",
         "--epochs",
         "2",
+        "--lr-milestones",
+        "0.6666666666666666,1.3333333333333333,1.7777777777777777",
         "-p",
         "1",
         "--device",

@@ -80,3 +80,48 @@ fn narrow_nets_train_in_nchw_where_channels_last_crashed() {
     );
     assert!(!out.exists(), "a refused run wrote {}", out.display());
 }
+
+/// `bench --width` (issue 38: one spelling per idea across commands) measures the narrow network `train --width`
+/// trains: the result records it and names it, and it computes in NCHW on the CPU as the trainer does.
+#[test]
+fn bench_measures_the_narrow_network_train_trains() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let r = rn50(&[
+        "bench",
+        "-a",
+        "resnet18",
+        "--width",
+        "8",
+        "-b",
+        "2",
+        "--image-size",
+        "32",
+        "--warmup",
+        "0",
+        "--steps",
+        "1",
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let (out, log) = (
+        String::from_utf8_lossy(&r.stdout),
+        String::from_utf8_lossy(&r.stderr),
+    );
+    assert!(r.status.success(), "{log}");
+    assert!(
+        out.contains("rn50 bench: resnet18 width 8 batch 2 "),
+        "{out}"
+    );
+    assert!(log.contains("8-channel convolutions"), "{log}");
+    let result: rn50_report::schema::BenchResult =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(
+        (result.config.width, result.config.channels_last),
+        (Some(8), Some(false))
+    );
+}

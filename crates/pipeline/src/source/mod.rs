@@ -300,6 +300,46 @@ impl Dataset {
     pub fn description(&self) -> &str {
         &self.description
     }
+
+    /// `n` of the samples, evenly spaced in the dataset's order (sample `i·len/n` for `i` in `0..n`), or all of
+    /// them when there are no more than `n`: a validation set cut down for a quick check keeps every class in
+    /// proportion, where its first `n` samples would be the first classes only (`--val-max-images`).
+    pub fn evenly_spaced(&self, n: usize) -> Dataset {
+        let len = self.len();
+        if n >= len {
+            return self.clone();
+        }
+        let indices = (0..n).map(|i| i * len / n).collect();
+        Dataset {
+            source: Arc::new(Subset {
+                source: self.source.clone(),
+                indices,
+            }),
+            classes: self.classes.clone(),
+            description: format!("{} ({n} of its {len} images)", self.description),
+        }
+    }
+}
+
+/// Some samples of a source, by index ([`Dataset::evenly_spaced`]).
+struct Subset {
+    source: Arc<dyn Source>,
+    indices: Vec<usize>,
+}
+
+impl Source for Subset {
+    fn len(&self) -> usize {
+        self.indices.len()
+    }
+    fn label(&self, i: usize) -> i64 {
+        self.source.label(self.indices[i])
+    }
+    fn read<'a>(&'a self, i: usize, buf: &'a mut Vec<u8>) -> Result<&'a [u8]> {
+        self.source.read(self.indices[i], buf)
+    }
+    fn name(&self, i: usize) -> String {
+        self.source.name(self.indices[i])
+    }
 }
 
 impl std::fmt::Debug for Dataset {
@@ -309,5 +349,47 @@ impl std::fmt::Debug for Dataset {
             .field("len", &self.len())
             .field("classes", &self.classes.len())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sample `i` is named `s{i}` and labelled by its tenth of the set: the classes come in runs, as in a
+    /// validation folder sorted by class.
+    struct Numbered(usize);
+
+    impl Source for Numbered {
+        fn len(&self) -> usize {
+            self.0
+        }
+        fn label(&self, i: usize) -> i64 {
+            (i * 10 / self.0) as i64
+        }
+        fn read<'a>(&'a self, _: usize, _: &'a mut Vec<u8>) -> Result<&'a [u8]> {
+            Ok(&[])
+        }
+        fn name(&self, i: usize) -> String {
+            format!("s{i}")
+        }
+    }
+
+    #[test]
+    fn evenly_spaced_keeps_every_class_in_proportion() {
+        let classes: Vec<String> = (0..10).map(|c| c.to_string()).collect();
+        let d = Dataset::from_source(Arc::new(Numbered(100)), classes, "numbered".into());
+        let s = d.evenly_spaced(20);
+        assert_eq!(s.len(), 20);
+        let names: Vec<String> = (0..s.len()).map(|i| s.name(i)).collect();
+        assert_eq!(names[..3], ["s0", "s5", "s10"]);
+        assert_eq!(names[19], "s95");
+        for c in 0..10 {
+            assert_eq!((0..20).filter(|&i| s.label(i) == c).count(), 2, "class {c}");
+        }
+        assert_eq!(s.description(), "numbered (20 of its 100 images)");
+        assert_eq!(s.classes(), d.classes());
+        let all = d.evenly_spaced(100);
+        assert_eq!((all.len(), all.description()), (100, "numbered"));
     }
 }

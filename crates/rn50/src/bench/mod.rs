@@ -55,6 +55,10 @@ pub struct BenchArgs {
     /// Model architecture: resnet18, resnet34, resnet50, resnet101, resnet152.
     #[arg(short = 'a', long = "arch", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
     pub arch: Arch,
+    /// Channels of the first stage (torchvision: 64), as `train --width`: the narrower networks trained on small
+    /// data and machines. 1 to 512.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(i64).range(1..=512))]
+    pub width: i64,
     /// Batch size per device, 1 to 65536; batch x image size² x 3 bytes at most 16 GiB [default: 32 on CPU,
     /// 256 on GPU].
     #[arg(short = 'b', long = "batch-size", value_parser = usize_in(1..=MAX_BATCH))]
@@ -124,6 +128,11 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
+    /// The network benchmarked: --arch at --width.
+    fn network(&self) -> ResNetConfig {
+        network(self.arch, self.width)
+    }
+
     /// The rules between flags (each flag's own range is clap's), checked before anything else: a batch of
     /// uint8 pixels must fit [`rn50_args::MAX_BATCH_BYTES`]. The default batches (32, 256) always do.
     pub fn check(&self) -> Result<(), UsageError> {
@@ -140,8 +149,9 @@ impl BenchArgs {
     /// Fills in the defaults that depend on the device, the CPU and this process's place in a data-parallel
     /// job (one GPU per process; the CPUs split between the processes of a node), and rejects what cannot run.
     pub fn resolve(&self, world: &WorldInfo) -> Result<(BenchConfig, Device)> {
-        let narrowest_conv = ResNetConfig::new(self.arch).narrowest_conv();
-        let compute = self.compute.resolve(world.local_rank, narrowest_conv)?;
+        let compute = self
+            .compute
+            .resolve(world.local_rank, self.network().narrowest_conv())?;
         let (device, cpu) = (compute.device, &compute.cpu);
         let gpu = device.is_cuda();
         let batch_size = self.batch_size.unwrap_or(if gpu { 256 } else { 32 });
@@ -159,6 +169,7 @@ impl BenchArgs {
         Ok((
             BenchConfig {
                 arch: self.arch.to_string(),
+                width: Some(self.width as u64),
                 batch_size: batch_size as u64,
                 image_size: Some(self.image_size as u64),
                 precision: Some(compute.precision.to_string()),
@@ -191,6 +202,13 @@ impl BenchArgs {
     }
 }
 
+/// `arch` with `width` channels in its first stage.
+fn network(arch: Arch, width: i64) -> ResNetConfig {
+    let mut net = ResNetConfig::new(arch);
+    net.width = width;
+    net
+}
+
 impl DataMode {
     /// The name `--data` takes and results record.
     pub fn name(self) -> &'static str {
@@ -207,6 +225,7 @@ impl DataMode {
 /// older results still read).
 struct Plan {
     arch: Arch,
+    width: i64,
     precision: Precision,
     data: DataMode,
     batch: usize,
@@ -228,6 +247,7 @@ impl Plan {
         };
         Ok(Plan {
             arch: cfg.arch.parse()?,
+            width: cfg.width.unwrap_or(64) as i64,
             precision: Precision::from_str(&named(&cfg.precision, "precision")?, true)
                 .map_err(anyhow::Error::msg)?,
             data: DataMode::from_str(&named(&cfg.data, "data mode")?, true)
@@ -338,7 +358,7 @@ pub fn measure(
         cfg.fused_block.unwrap_or(false),
     )?;
     tch::manual_seed(cfg.seed.unwrap_or(0) as i64);
-    let model = Model::new(ResNetConfig::new(plan.arch), device);
+    let model = Model::new(network(plan.arch, plan.width), device);
     let step_cfg = StepConfig {
         precision: plan.precision,
         channels_last: cfg.channels_last.unwrap_or(true),
@@ -468,7 +488,7 @@ pub fn render(r: &BenchResult) -> String {
     let c = &r.config;
     let mut s = format!(
         "rn50 bench: {} batch {}{} {}px {}{}{} on {} ({} threads), data={}, {} steps after {} warm-up\n",
-        c.arch,
+        c.network(),
         c.batch_size,
         if c.world_size() > 1 {
             format!(" x {} ranks = {}", c.world_size(), c.global_batch())
@@ -568,7 +588,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         "{prefix} [{bar:30}] {pos}/{len} steps {msg} (ETA {eta})",
         main,
     );
-    bar.set_prefix(format!("bench {} b{}", cfg.arch, cfg.batch_size));
+    bar.set_prefix(format!("bench {} b{}", cfg.network(), cfg.batch_size));
     let r = measure(&cfg, device, &dist, |i, n, secs| {
         bar.set_position(i as u64);
         let (warmup, steps) = (cfg.warmup.unwrap_or(0), cfg.steps.unwrap_or(0));

@@ -174,6 +174,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let c = base.config;
     let result = SweepResult {
         arch: c.arch,
+        width: c.width,
         device: c.device,
         // Threads of the 1-rank point; each of N ranks had 1/N of them.
         threads: c.threads,
@@ -207,7 +208,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 pub fn render(r: &SweepResult) -> String {
     let mut s = format!(
         "rn50 bench --sweep: {} {}px {} on {}\n{:>5} {:>6} {:>7} {:>10} {:>17} {:>8} {:>10} {:>14}\n",
-        r.arch,
+        rn50_report::schema::network_label(&r.arch, r.width),
         r.image_size.unwrap_or(0),
         r.precision.as_deref().unwrap_or(""),
         r.device.as_deref().unwrap_or(""),

@@ -121,7 +121,8 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 2.0, value_parser = positive())]
     pub lr_poly_power: f64,
     /// Epochs where --lr-schedule step divides the rate by 10, comma-separated, increasing, above 0 and at most
-    /// --epochs (main.py: 30,60) [default: 1/3, 2/3 and 8/9 of --epochs: 30,60,80 for 90].
+    /// --epochs [default: every 30 epochs before the last, as main.py's StepLR(step_size=30): 30,60 for 90
+    /// epochs; none (a constant rate) for 30 or fewer].
     #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, value_parser = finite_in(0.0..))]
     pub lr_milestones: Option<Vec<f64>>,
     /// Label smoothing of the cross-entropy loss, 0 to 1 (torch.nn.CrossEntropyLoss's range).
@@ -215,9 +216,15 @@ pub struct TrainArgs {
     pub mllog: Option<PathBuf>,
     #[command(flatten)]
     pub mlperf: MlperfArgs,
-    /// Stop each epoch after this many steps (smoke tests, quick measurements).
-    #[arg(long, value_parser = usize_in(1..))]
+    /// Stop each epoch after this many optimizer steps, at least 1: with --val-max-images, a check of a whole
+    /// dataset end to end in a minute (also quick measurements; with --dummy, the epoch's length: 100 by
+    /// default).
+    #[arg(long, alias = "max-steps-per-epoch", value_parser = usize_in(1..))]
     pub steps_per_epoch: Option<usize>,
+    /// Evaluate on this many of the validation images, at least 1, evenly spaced through the set so that every
+    /// class keeps its share [default: all].
+    #[arg(long, value_parser = usize_in(1..))]
+    pub val_max_images: Option<usize>,
     /// Start from these weights: fine-tuning. Safetensors with torchvision's names (an rn50 best/final.safetensors)
     /// or a torch.save file (torchvision's resnet50-11ad3fa6.pth, pytorch/examples' checkpoint.pth.tar or
     /// model_best.pth.tar), told apart by content. The classifier is re-initialised when the class count differs

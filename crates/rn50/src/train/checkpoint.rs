@@ -28,6 +28,9 @@ pub struct Position {
     pub batch_in_epoch: u64,
     pub global_step: u64,
     pub best_acc1: f64,
+    /// With --ema: the average's best top-1 (best_ema.safetensors); 0 in older checkpoints.
+    #[serde(default)]
+    pub best_ema_acc1: f64,
     /// Processes and per-process batch when it was written: a run resumed on another world size starts
     /// after the same number of samples (every world size walks the same global order).
     #[serde(default)]
@@ -270,6 +273,7 @@ mod tests {
             batch_in_epoch: 2,
             global_step: 2,
             best_acc1: 12.5,
+            best_ema_acc1: 10.0,
             world_size: 1,
             batch_size: 4,
             bad_images: 7,

@@ -62,6 +62,10 @@ impl RealData {
     ) -> Result<Self> {
         let train = Dataset::open_required_split(root, args.train_split.split())?;
         let val = Dataset::open_required_split(root, args.val_split.split())?;
+        let val = match args.val_max_images {
+            Some(n) => val.evenly_spaced(n),
+            None => val,
+        };
         if train.classes() != val.classes() {
             bail!(
                 "{} has {} classes and {} {}, or their names differ: they must be the same set",

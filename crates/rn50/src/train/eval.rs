@@ -34,6 +34,23 @@ pub struct EvalResult {
     pub images_per_sec: f64,
 }
 
+/// One evaluation of a training run: the trained weights', and with --ema their average's on the same images.
+pub struct Evaluated {
+    pub model: EvalResult,
+    pub ema: Option<EvalResult>,
+}
+
+impl Evaluated {
+    /// The better top-1 of the two (NaN without a dataset): what --target-accuracy and MLPerf's eval_accuracy
+    /// judge, as either weights file reaches it.
+    pub fn best_acc1(&self) -> f64 {
+        match &self.ema {
+            Some(e) if e.acc1 > self.model.acc1 || self.model.acc1.is_nan() => e.acc1,
+            _ => self.model.acc1,
+        }
+    }
+}
+
 impl EvalResult {
     /// This rank's counts summed with the other ranks' (each evaluated its own shard of the images).
     pub fn all_ranks(mut self, dist: &rn50_distributed::DistContext) -> Result<Self> {

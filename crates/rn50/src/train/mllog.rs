@@ -42,6 +42,11 @@ pub fn check(args: &TrainArgs) -> Result<(), UsageError> {
              %), and the log's run_stop says success for it only; leave out --target-accuracy (--mllog stops at \
              {TARGET_ACCURACY}) or --mllog"
         ))),
+        (Some(_), _) if args.val_max_images.is_some() => Err(UsageError(
+            "--val-max-images with --mllog: MLPerf's eval_accuracy is over the whole validation set, and a log \
+             of a part of it would claim a result it does not have; leave out one of them"
+                .into(),
+        )),
         _ => Ok(()),
     }
 }

@@ -17,7 +17,7 @@ use crate::device::{device_name, Compute};
 use crate::train::args::TrainArgs;
 use crate::train::checkpoint::Position;
 use crate::train::config::{self, RunRecord};
-use crate::train::eval::EvalResult;
+use crate::train::eval::Evaluated;
 use crate::train::rundir::{self, RunDir};
 
 /// What the logs are told of the run when it starts.
@@ -186,6 +186,8 @@ impl RunLog {
             batch_size: args.batch_size as u64,
             global_batch: run.global_batch as u64,
             lr: run.peak_lr,
+            lr_base: args.lr.is_none().then_some(args.lr_base),
+            lr_base_size: args.lr.is_none().then_some(args.lr_base_size as u64),
             precision: run.compute.precision.to_string(),
             dataset: args
                 .data
@@ -251,7 +253,7 @@ impl RunLog {
         &mut self,
         epoch: usize,
         stats: &EpochStats,
-        eval: Option<&EvalResult>,
+        evaluated: Option<&Evaluated>,
         target: Option<f64>,
     ) -> Result<()> {
         let io = self
@@ -259,6 +261,10 @@ impl RunLog {
             .as_ref()
             .zip(stats.io_start.as_ref())
             .map(|(m, s0)| m.snapshot().delta(s0));
+        let (eval, ema) = (
+            evaluated.map(|e| &e.model),
+            evaluated.and_then(|e| e.ema.as_ref()),
+        );
         let mut record = EpochMetrics {
             epoch: epoch as u64,
             train_loss: finite(stats.train_loss),
@@ -269,6 +275,9 @@ impl RunLog {
             acc5: eval.and_then(|e| finite(e.acc5)),
             val_loss: eval.and_then(|e| finite(e.loss)),
             val_images: eval.map(|e| e.images),
+            ema_acc1: ema.and_then(|e| finite(e.acc1)),
+            ema_acc5: ema.and_then(|e| finite(e.acc5)),
+            ema_val_loss: ema.and_then(|e| finite(e.loss)),
             seconds: None,
             resolution: Some(stats.resolution as u64),
             data_wait_share: finite(stats.data_wait_share),
@@ -297,6 +306,9 @@ impl RunLog {
             ("val/acc1", record.acc1),
             ("val/acc5", record.acc5),
             ("val/loss", record.val_loss),
+            ("val/ema_acc1", record.ema_acc1),
+            ("val/ema_acc5", record.ema_acc5),
+            ("val/ema_loss", record.ema_val_loss),
         ] {
             if let Some(a) = value {
                 tb.scalar(tag, step, a)?;
@@ -304,14 +316,23 @@ impl RunLog {
         }
         tb.flush()?;
         // An epoch --eval-every skips has no evaluation (val_images absent).
+        let nan = |x: Option<f64>| x.unwrap_or(f64::NAN);
         let acc = match record.val_images {
             Some(_) => format!(
                 "Acc@1 {:.3}  Acc@5 {:.3}  val loss {:.4}",
-                record.acc1.unwrap_or(f64::NAN),
-                record.acc5.unwrap_or(f64::NAN),
-                record.val_loss.unwrap_or(f64::NAN)
+                nan(record.acc1),
+                nan(record.acc5),
+                nan(record.val_loss)
             ),
             None => "not evaluated".into(),
+        };
+        let acc = match ema {
+            Some(_) => format!(
+                "{acc}  EMA Acc@1 {:.3}  Acc@5 {:.3}",
+                nan(record.ema_acc1),
+                nan(record.ema_acc5)
+            ),
+            None => acc,
         };
         tracing::info!(
             "epoch {}: loss {:.4}  train Acc@1 {:.3}  {acc}  {:.1} img/s  data wait {:.0}%  ({:.0} s)",

@@ -15,10 +15,13 @@ pub fn scaled_lr(lr_base: f64, global_batch: usize, base_size: usize) -> f64 {
     lr_base * global_batch as f64 / base_size as f64
 }
 
+/// The default step schedule's period in epochs: main.py's `StepLR(optimizer, step_size=30, gamma=0.1)`.
+pub const STEP_EVERY: usize = 30;
+
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Decay {
-    /// Multiply by `gamma` at each milestone epoch (÷10 at 30, 60, 80 for 90 epochs: [`Decay::step_for`]).
+    /// Multiply by `gamma` at each milestone epoch (÷10 at 30 and 60 for 90 epochs: [`Decay::step_for`]).
     Step { milestones: Vec<f64>, gamma: f64 },
     /// Half a cosine from the peak down to `final_lr` at the last epoch.
     Cosine { final_lr: f64 },
@@ -32,13 +35,17 @@ pub enum Decay {
 }
 
 impl Decay {
-    /// `--lr-schedule step` over `epochs`: ÷10 at `milestones` (`--lr-milestones`), by default at 1/3, 2/3 and
-    /// 8/9 of the epochs (30, 60 and 80 of 90: pytorch/examples' main.py decays at 30 and 60, Goyal et al. add 80).
+    /// `--lr-schedule step` over `epochs`: ÷10 at `milestones` (`--lr-milestones`), by default every
+    /// [`STEP_EVERY`] epochs before the last, as pytorch/examples' main.py (`StepLR(step_size=30)`): 30 and 60 of
+    /// 90, none (a constant rate) in a run of 30 epochs or fewer.
     pub fn step_for(epochs: f64, milestones: Option<&[f64]>) -> Self {
         Decay::Step {
             milestones: match milestones {
                 Some(m) => m.to_vec(),
-                None => vec![epochs / 3.0, epochs * 2.0 / 3.0, epochs * 8.0 / 9.0],
+                None => (1..)
+                    .map(|k| (k * STEP_EVERY) as f64)
+                    .take_while(|&m| m < epochs)
+                    .collect(),
             },
             gamma: 0.1,
         }
@@ -133,6 +140,11 @@ impl LrSchedule {
 impl fmt::Display for LrSchedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let decay = match &self.decay {
+            Decay::Step { milestones, gamma } if milestones.is_empty() => {
+                format!(
+                    "step ×{gamma} every {STEP_EVERY} epochs: none in this run (a constant rate)"
+                )
+            }
             Decay::Step { milestones, gamma } => {
                 format!("step ×{gamma} at epochs {}", fmt_epochs(milestones))
             }
@@ -245,16 +257,55 @@ mod tests {
         }
     }
 
+    /// The default is main.py's `StepLR(step_size=30)`, as docs/train.md and recipes/main-py-90ep.toml say: a
+    /// short run keeps its rate rather than dropping it after a third of its epochs.
     #[test]
-    fn step_schedule_of_the_reference_recipe() {
-        let decay = Decay::step_for(90.0, None);
-        assert_eq!(
-            decay,
-            Decay::Step {
-                milestones: vec![30.0, 60.0, 80.0],
-                gamma: 0.1
+    fn the_default_milestones_are_main_py_s_every_30_epochs() {
+        let milestones = |epochs| match Decay::step_for(epochs, None) {
+            Decay::Step { milestones, gamma } => {
+                assert_eq!(gamma, 0.1);
+                milestones
             }
+            d => panic!("{d:?}"),
+        };
+        assert_eq!(milestones(90.0), [30.0, 60.0]);
+        assert_eq!(milestones(100.0), [30.0, 60.0, 90.0]);
+        assert_eq!(milestones(31.0), [30.0]);
+        for short in [1.0, 3.0, 30.0] {
+            assert_eq!(milestones(short), [] as [f64; 0], "{short} epochs");
+        }
+        let s = LrSchedule::new(0.1, 0.0, 3.0, Decay::step_for(3.0, None)).unwrap();
+        for t in [0.5, 1.0, 2.0, 3.0] {
+            assert!(close(s.at(t), 0.1), "epoch {t}: {}", s.at(t));
+        }
+    }
+
+    /// main.py's recipe as recipes/ holds it trains with the default milestones: the recipe file, the default
+    /// and docs/train.md's "main.py's recipe" command line (which gives no --lr-milestones) say the same.
+    #[test]
+    fn main_py_s_recipe_file_has_the_default_milestones() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../recipes/main-py-90ep.toml"
         );
+        let recipe: toml::Table = std::fs::read_to_string(path).unwrap().parse().unwrap();
+        let epochs = recipe["epochs"].as_integer().unwrap() as f64;
+        let milestones: Vec<f64> = recipe["lr-milestones"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m.as_integer().unwrap() as f64)
+            .collect();
+        assert_eq!(
+            Decay::step_for(epochs, None),
+            Decay::step_for(epochs, Some(&milestones))
+        );
+    }
+
+    /// Goyal et al.'s step schedule (recipes/goyal-8k-5ep-warmup.toml), ÷10 at 30, 60 and 80.
+    #[test]
+    fn step_schedule_of_goyal_et_al() {
+        let decay = Decay::step_for(90.0, Some(&[30.0, 60.0, 80.0]));
         let s = LrSchedule::new(0.1, 0.0, 90.0, decay).unwrap();
         let want = [
             (0.0, 0.1),
@@ -369,18 +420,27 @@ mod tests {
 
     #[test]
     fn the_start_line_shows_epochs_and_rates_as_people_write_them() {
-        let line = |peak, epochs: f64| {
-            LrSchedule::new(peak, 0.5, epochs, Decay::step_for(epochs, None))
+        let line = |peak, epochs: f64, milestones: Option<&[f64]>| {
+            LrSchedule::new(peak, 0.5, epochs, Decay::step_for(epochs, milestones))
                 .unwrap()
                 .to_string()
         };
         assert_eq!(
-            line(0.1, 90.0),
-            "peak 0.1 after 0.5 warmup epochs, step ×0.1 at epochs 30, 60, 80, 90 epochs"
+            line(0.1, 90.0, None),
+            "peak 0.1 after 0.5 warmup epochs, step ×0.1 at epochs 30, 60, 90 epochs"
         );
         assert_eq!(
-            line(scaled_lr(0.1, 768, 256), 2.0),
+            line(
+                scaled_lr(0.1, 768, 256),
+                2.0,
+                Some(&[2.0 / 3.0, 4.0 / 3.0, 16.0 / 9.0])
+            ),
             "peak 0.3 after 0.5 warmup epochs, step ×0.1 at epochs 0.667, 1.333, 1.778, 2 epochs"
+        );
+        assert_eq!(
+            line(0.1, 3.0, None),
+            "peak 0.1 after 0.5 warmup epochs, step ×0.1 every 30 epochs: none in this run (a constant rate), \
+             3 epochs"
         );
     }
 }

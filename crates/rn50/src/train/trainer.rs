@@ -26,7 +26,7 @@ use crate::train::args::{Augment, OptimizerKind, TrainArgs};
 use crate::train::checkpoint::{self, Position};
 use crate::train::data::{self, RealData};
 use crate::train::ema::Ema;
-use crate::train::eval::{self, EvalResult};
+use crate::train::eval::{self, EvalResult, Evaluated};
 use crate::train::keeper::{resolve_resume, Keeper};
 use crate::train::metrics::correct_top1;
 use crate::train::mllog::{self, MlperfRun, RunShape};
@@ -69,7 +69,7 @@ pub fn run(args: &TrainArgs) -> Result<Outcome> {
         t.state.mlperf.trained(epoch, args.evaluates(epoch))?;
         // The epochs of --eval-every/--eval-offset, and the last; none other.
         let eval = match args.evaluates(epoch) {
-            true => Some(t.evaluate_epoch(epoch, passes.val)?),
+            true => Some(t.evaluate_epoch(epoch, passes.val, passes.ema_val)?),
             false => None,
         };
         // Logged before the checkpoint: a rank 0 killed between the two resumes from the epoch before, which
@@ -122,10 +122,18 @@ struct RunState<'a> {
     tensorboard_flush: Duration,
 }
 
-/// `--ema`: the average, and the model it is copied into to be evaluated and saved as best.safetensors.
+/// `--ema`: the average, and the model it is copied into to be evaluated and saved as best_ema.safetensors.
 struct EmaModel {
     ema: Ema,
     model: Model,
+}
+
+impl EmaModel {
+    /// The average as a model (copied into it now).
+    fn model(&self) -> &Model {
+        self.ema.copy_to(&self.model);
+        &self.model
+    }
 }
 
 impl<'a> RunState<'a> {
@@ -174,6 +182,12 @@ impl<'a> RunState<'a> {
         let resume = match &args.resume {
             Some(r) => resolve_resume(r, &args.out)?,
             None => None,
+        };
+        // What -e evaluates, for its start line.
+        let weights_from = match (&resume, &args.init_weights) {
+            (Some(r), _) => format!("the checkpoint {}", r.path.display()),
+            (None, Some(w)) => format!("--init-weights {}", w.display()),
+            (None, None) => "freshly initialised weights (no --resume)".into(),
         };
         // MLPerf's init interval starts here, once this process knows it is rank 0; it ends at run_start. The log
         // is opened when the run starts writing, and init_start is given this time.
@@ -280,19 +294,34 @@ impl<'a> RunState<'a> {
         let (peak_lr, lr_line) = args.peak_lr(global_batch);
         let schedule = LrSchedule::of_args(args, peak_lr)?;
         let resolution = Resolution::of_args(args)?;
+        let (resize, crop) = super::data::val_sizes(args);
         if rank0 {
-            tracing::info!(
-                "rn50 train: {} on {} ({}{}), global batch {global_batch} ({} x {} accum x {world} procs), \
-                 {lr_line}; {schedule}",
+            let on = format!(
+                "{} on {} ({}{})",
                 args.arch,
                 device_name(device),
                 compute.precision,
-                if compute.channels_last { ", channels_last" } else { "" },
-                args.batch_size,
-                args.accum_steps,
+                if compute.channels_last {
+                    ", channels_last"
+                } else {
+                    ""
+                },
             );
+            match args.evaluate {
+                true => tracing::info!(
+                    "rn50 train -e: evaluating {on} from {weights_from}{}, batch {} x {world} procs, resize \
+                     {resize} then center crop {crop}",
+                    if ema.is_some() { " and its EMA" } else { "" },
+                    args.batch_size,
+                ),
+                false => tracing::info!(
+                    "rn50 train: {on}, global batch {global_batch} ({} x {} accum x {world} procs), \
+                     {lr_line}; {schedule}",
+                    args.batch_size,
+                    args.accum_steps,
+                ),
+            }
         }
-        let (resize, crop) = super::data::val_sizes(args);
         let recorded = Recorded::of_run(
             &model_cfg,
             class_names(data.as_ref()),
@@ -325,21 +354,9 @@ impl<'a> RunState<'a> {
         })
     }
 
-    /// The weights that are evaluated and kept as best.safetensors: the EMA's when there is one (copied into
-    /// its model now), else the trained model's.
-    fn scored_model(&self) -> &Model {
-        match &self.ema {
-            Some(e) => {
-                e.ema.copy_to(&e.model);
-                &e.model
-            }
-            None => &self.step.model,
-        }
-    }
-
-    /// Top-1/top-5 of the scored weights over `pass`, one pass of the validation set queued beforehand, all
-    /// ranks together, its progress shown as `label` on rank 0; NaN without a dataset.
-    fn evaluate(&self, pass: Option<Epoch>, label: String) -> Result<EvalResult> {
+    /// Top-1/top-5 of `model` over `pass`, one pass of the validation set queued beforehand, all ranks together,
+    /// its progress shown as `label` on rank 0; NaN without a dataset.
+    fn evaluate(&self, model: &Model, pass: Option<Epoch>, label: String) -> Result<EvalResult> {
         let (Some(_), Some(pass)) = (&self.data, pass) else {
             return Ok(EvalResult {
                 acc1: f64::NAN,
@@ -352,29 +369,51 @@ impl<'a> RunState<'a> {
         let batches = pass.remaining();
         let progress =
             EvalProgress::new(label, batches, self.world, self.rank0, self.args.print_freq);
-        eval::evaluate(
-            self.scored_model(),
-            pass,
-            precision,
-            channels_last,
-            progress,
-        )?
-        .all_ranks(&self.dist)
+        eval::evaluate(model, pass, precision, channels_last, progress)?.all_ranks(&self.dist)
     }
 
-    /// `-e`: evaluate the resumed (or fresh) weights once and print the accuracy.
+    /// `-e`: evaluate the resumed (or fresh) weights once, and their EMA with --ema, and print the accuracy.
     fn evaluate_only(&self) -> Result<()> {
         let Some(d) = &self.data else {
             bail!("-e needs a dataset, not --dummy")
         };
-        let r = self.evaluate(Some(d.val.epoch(0, 0)), "val".into())?;
+        let r = self.evaluate(&self.step.model, Some(d.val.epoch(0, 0)), "val".into())?;
         if self.rank0 {
             println!(
                 "Acc@1 {:.3} Acc@5 {:.3} ({} images)",
                 r.acc1, r.acc5, r.images
             );
         }
+        if let Some(e) = &self.ema {
+            let r = self.evaluate(e.model(), Some(d.val.epoch(0, 0)), "val EMA".into())?;
+            if self.rank0 {
+                println!(
+                    "EMA Acc@1 {:.3} Acc@5 {:.3} ({} images)",
+                    r.acc1, r.acc5, r.images
+                );
+            }
+        }
         Ok(())
+    }
+}
+
+/// Warns when `--ema decay`'s horizon, about 1/(1-decay) updates, is longer than the run's `steps` optimizer
+/// steps updating it every `every`: such an average stays near the first weights (timm's default 0.9998 needs
+/// 5,000 updates), so it scores as an untrained network while the trained weights have learnt.
+fn warn_of_a_long_ema(decay: f64, every: usize, steps: usize) {
+    let updates = steps.div_ceil(every);
+    let horizon = 1.0 / (1.0 - decay);
+    if horizon > updates as f64 {
+        tracing::warn!(
+            "--ema {decay} averages over {} updates (1/(1-decay)), more than the {updates} of this run \
+             ({steps} steps, one update every --ema-steps {every}): the average will stay close to the first \
+             weights. Both are evaluated (ema_acc1 beside acc1); a lower --ema fits a short run (1-1/N averages \
+             over N updates)",
+            match horizon.is_finite() {
+                true => format!("about {horizon:.0}"),
+                false => "infinitely many".into(),
+            }
+        );
     }
 }
 
@@ -443,6 +482,8 @@ pub(crate) struct EpochCounts {
 struct Passes {
     train: Option<Epoch>,
     val: Option<Epoch>,
+    /// With --ema: the average's evaluation, after the trained weights'.
+    ema_val: Option<Epoch>,
 }
 
 /// How `Trainer::train_one_epoch` ended.
@@ -491,6 +532,9 @@ impl<'a> Trainer<'a> {
                 s.min(micro_per_epoch / args.accum_steps)
             })
             .max(1);
+        if let (Some(decay), true) = (args.ema, rank0) {
+            warn_of_a_long_ema(decay, args.ema_steps, args.epochs * per_epoch);
+        }
         let keeper = Keeper::new(&args.out, args.keep_checkpoints, args.checkpoint_minutes)?;
         let log = match state.run_dir.take() {
             Some(dir) => Some(RunLog::start(
@@ -573,6 +617,7 @@ impl<'a> Trainer<'a> {
             batch_in_epoch: (s * self.state.args.accum_steps) as u64,
             global_step: (epoch * self.per_epoch + s) as u64,
             best_acc1: self.state.position.best_acc1,
+            best_ema_acc1: self.state.position.best_ema_acc1,
             world_size: self.state.world as u64,
             batch_size: self.state.args.batch_size as u64,
             bad_images: if s > 0 { self.so_far.bad_images } else { 0 },
@@ -602,25 +647,46 @@ impl<'a> Trainer<'a> {
     /// waits for a loader to start at an epoch boundary.
     fn queue(&mut self, epoch: usize) -> Result<Passes> {
         let train = self.next_train.take();
-        let val = match (&self.state.data, self.state.args.evaluates(epoch)) {
+        let val_pass = || match (&self.state.data, self.state.args.evaluates(epoch)) {
             (Some(d), true) => Some(d.val.epoch(0, 0)),
             _ => None,
         };
+        let val = val_pass();
+        let ema_val = self.state.ema.as_ref().and_then(|_| val_pass());
         if epoch + 1 < self.state.args.epochs {
             self.next_train = self.queue_train(epoch + 1)?;
         }
-        Ok(Passes { train, val })
+        Ok(Passes {
+            train,
+            val,
+            ema_val,
+        })
     }
 
-    /// Evaluates after `epoch` over `val` (see `RunState::evaluate`); with a target (--target-accuracy, or MLPerf's
-    /// with --mllog), a top-1 that reaches it sets `target_reached`.
-    fn evaluate_epoch(&mut self, epoch: usize, val: Option<Epoch>) -> Result<EvalResult> {
-        let eval = self.state.evaluate(val, format!("val epoch {epoch}"))?;
+    /// Evaluates the trained weights after `epoch` over `val`, and with --ema their average over `ema_val` (see
+    /// `RunState::evaluate`), as timm does; with a target (--target-accuracy, or MLPerf's with --mllog), a top-1
+    /// of either that reaches it sets `target_reached`.
+    fn evaluate_epoch(
+        &mut self,
+        epoch: usize,
+        val: Option<Epoch>,
+        ema_val: Option<Epoch>,
+    ) -> Result<Evaluated> {
+        let state = &self.state;
+        let model = state.evaluate(&state.step.model, val, format!("val epoch {epoch}"))?;
+        let ema = match &state.ema {
+            Some(e) => {
+                Some(state.evaluate(e.model(), ema_val, format!("val EMA epoch {epoch}"))?)
+            }
+            None => None,
+        };
+        let eval = Evaluated { model, ema };
         // Every rank has the same accuracy (summed over ranks), so they all stop after the same epoch.
-        self.target_reached = self.state.target.is_some_and(|t| eval.acc1 >= t);
+        let acc1 = eval.best_acc1();
+        self.target_reached = self.state.target.is_some_and(|t| acc1 >= t);
         self.state
             .mlperf
-            .evaluated(epoch, eval.acc1, self.target_reached)?;
+            .evaluated(epoch, acc1, self.target_reached)?;
         Ok(eval)
     }
 
@@ -906,27 +972,36 @@ impl<'a> Trainer<'a> {
         Ok(())
     }
 
-    /// The end of `epoch`: the position moves to the next epoch, with the best top-1 so far; rank 0 saves the
-    /// checkpoint, and the scored weights as best.safetensors when they scored best (only an evaluated epoch
-    /// can).
-    fn save_checkpoint(&mut self, epoch: usize, eval: Option<&EvalResult>) -> Result<()> {
-        let acc1 = eval.map_or(f64::NAN, |e| e.acc1);
-        let is_best = !acc1.is_nan() && acc1 >= self.state.position.best_acc1;
-        if is_best {
-            self.state.position.best_acc1 = acc1;
-        }
+    /// The end of `epoch`: the position moves to the next epoch, with the best top-1 so far of the trained
+    /// weights and of their EMA; rank 0 saves the checkpoint, then best.safetensors (the trained weights) and
+    /// best_ema.safetensors (the EMA) when they scored best (only an evaluated epoch can).
+    fn save_checkpoint(&mut self, epoch: usize, eval: Option<&Evaluated>) -> Result<()> {
+        // A new best of `acc1` (NaN without a dataset never is one) is kept in `best`.
+        let improves = |acc1: Option<f64>, best: &mut f64| match acc1 {
+            Some(a) if !a.is_nan() && a >= *best => {
+                *best = a;
+                true
+            }
+            _ => false,
+        };
+        let position = &mut self.state.position;
+        let is_best = improves(eval.map(|e| e.model.acc1), &mut position.best_acc1);
+        let ema_acc1 = eval.and_then(|e| e.ema.as_ref()).map(|e| e.acc1);
+        let is_best_ema = improves(ema_acc1, &mut position.best_ema_acc1);
         self.state.position = self.position_at(epoch + 1, 0);
         if !self.state.rank0 {
             return Ok(());
         }
         let at = self.state.position.clone();
         self.checkpoint(&at)?;
+        let out = &self.state.args.out;
         if is_best {
-            weights::save(
-                self.state.scored_model(),
-                &self.state.args.out.join("best.safetensors"),
-                &self.state.recorded,
-            )?;
+            let path = out.join("best.safetensors");
+            weights::save(&self.state.step.model, &path, &self.state.recorded)?;
+        }
+        if let (true, Some(e)) = (is_best_ema, &self.state.ema) {
+            let path = out.join("best_ema.safetensors");
+            weights::save(e.model(), &path, &self.state.recorded)?;
         }
         Ok(())
     }
