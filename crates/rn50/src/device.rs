@@ -172,6 +172,16 @@ pub fn device_name(d: Device) -> String {
     }
 }
 
+/// The hardware as result tables name it: the GPU's model for a CUDA device ("NVIDIA H200", from the driver),
+/// else [`device_name`].
+pub fn hardware_name(d: Device) -> String {
+    let gpu = match d {
+        Device::Cuda(i) => crate::machine::cuda_devices().0.into_iter().nth(i),
+        _ => None,
+    };
+    gpu.map_or_else(|| device_name(d), |g| g.name)
+}
+
 /// Waits for queued device work, so that wall-clock timings mean something on CUDA.
 pub fn synchronize(d: Device) {
     if let Device::Cuda(i) = d {

@@ -13,7 +13,7 @@ use rn50_args::UsageError;
 use rn50_report::tensorboard::{EventWriter, FLUSH_EVERY};
 use rn50_report::{EpochMetrics, IoMonitor, IoSample, StepRecord, TrainSummary};
 
-use crate::device::{device_name, Compute};
+use crate::device::{hardware_name, Compute};
 use crate::train::args::TrainArgs;
 use crate::train::checkpoint::Position;
 use crate::train::config::{self, RunRecord};
@@ -143,7 +143,7 @@ impl RunLog {
                 global_batch: run.global_batch,
                 device: match run.compute.device {
                     tch::Device::Cpu => format!("cpu ({})", run.compute.cpu.model),
-                    d => format!("cuda ({})", device_name(d)),
+                    d => format!("cuda ({})", hardware_name(d)),
                 },
                 libtorch: crate::shim::torch_version(),
             };
@@ -180,7 +180,7 @@ impl RunLog {
                     run.compute.cpu.model,
                     tch::get_num_threads()
                 ),
-                d => device_name(d),
+                d => hardware_name(d),
             },
             world_size: run.world as u64,
             batch_size: args.batch_size as u64,
