@@ -9,7 +9,7 @@ mod common;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use common::{json_lines, reference_script, rn50, shared};
+use common::{reference_script, rn50, shared};
 use serde_json::json;
 
 /// Runs `scripts/dataset_writers.py ARGS` (webdataset's and datasets' own writers).
@@ -88,14 +88,9 @@ fn three_sources(dir: &Path) -> [PathBuf; 3] {
 
 /// (epoch, step) → loss of a run.
 fn step_losses(run: &Path) -> Vec<((u64, u64), u64)> {
-    json_lines(&run.join("steps.jsonl"))
+    common::steps(run)
         .iter()
-        .map(|r| {
-            (
-                (r["epoch"].as_u64().unwrap(), r["step"].as_u64().unwrap()),
-                r["loss"].as_f64().unwrap().to_bits(),
-            )
-        })
+        .map(|r| ((r.epoch, r.step), r.loss.to_bits()))
         .collect()
 }
 

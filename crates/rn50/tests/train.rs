@@ -5,7 +5,7 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{image_tree, json_lines, rn50, TinyTrain};
+use common::{image_tree, json_lines, metrics, rn50, TinyTrain};
 
 /// DATA/{train,val}/<wnid>/: `classes` classes with 2 training copies, the first `val_classes` with 1 val copy.
 fn tree(root: &Path, classes: usize, val_classes: usize) {
@@ -36,11 +36,11 @@ fn resnet50_trains_evaluates_checkpoints_and_resumes() {
     ];
     let r = rn50(&[&common[..], &["--epochs", "2", "--out", o, "-p", "1"]].concat());
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    let m = json_lines(&out.join("metrics.jsonl"));
-    assert_eq!(m.len(), 2);
+    assert_eq!(json_lines(&out.join("metrics.jsonl")).len(), 2);
+    let m = metrics(&out);
     for rec in &m {
-        assert!(rec["train_loss"].as_f64().unwrap().is_finite());
-        let acc1 = rec["acc1"].as_f64().unwrap();
+        assert!(rec.train_loss.unwrap().is_finite());
+        let acc1 = rec.acc1.unwrap();
         assert!(
             (0.0..=100.0).contains(&acc1) && (acc1 * 4.0 / 100.0).fract() == 0.0,
             "4 val images: {acc1}"
@@ -67,7 +67,7 @@ fn resnet50_trains_evaluates_checkpoints_and_resumes() {
     assert_eq!(steps("val/acc5"), [2, 4]);
     assert_eq!(steps("val/loss"), [2, 4]);
     for (s, rec) in tb.iter().filter(|s| s.tag == "val/acc1").zip(&m) {
-        assert_eq!(s.value, rec["acc1"].as_f64().unwrap() as f32);
+        assert_eq!(s.value, rec.acc1.unwrap() as f32);
     }
     // Resume for one more epoch: only epoch 2 runs.
     let ckpt = out.join("checkpoint.safetensors");
@@ -86,13 +86,11 @@ fn resnet50_trains_evaluates_checkpoints_and_resumes() {
         .concat(),
     );
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    let m = json_lines(&out.join("metrics.jsonl"));
-    assert_eq!(
-        m.iter()
-            .map(|r| r["epoch"].as_u64().unwrap())
-            .collect::<Vec<_>>(),
-        [0, 1, 2]
-    );
+    let epochs: Vec<u64> = json_lines(&out.join("metrics.jsonl"))
+        .iter()
+        .map(|r| r["epoch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(epochs, [0, 1, 2], "each epoch logged once");
     let acc1_steps: Vec<i64> = tensorboard_scalars(&out)
         .iter()
         .filter(|s| s.tag == "val/acc1")
@@ -172,7 +170,14 @@ fn mismatched_class_sets_are_a_clear_error() {
     );
     let nope = dir.path().join("nope");
     fails_with(
-        &["train", nope.to_str().unwrap(), "--device", "cpu", "--out", o],
+        &[
+            "train",
+            nope.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--out",
+            o,
+        ],
         "no train/",
     );
 }
@@ -477,12 +482,8 @@ fn recipe_options_train_and_checkpoint() {
         log.contains("global batch 2 (1 x 2 accum x 1 procs)"),
         "{log}"
     );
-    let m = json_lines(&out.join("metrics.jsonl"));
-    let res: Vec<u64> = m
-        .iter()
-        .map(|r| r["resolution"].as_u64().unwrap())
-        .collect();
-    assert_eq!(res, [64, 96]);
+    let res: Vec<Option<u64>> = metrics(&out).iter().map(|r| r.resolution).collect();
+    assert_eq!(res, [Some(64), Some(96)]);
     // 4 training images, 2 per optimizer step: 2 steps an epoch.
     let steps = json_lines(&out.join("steps.jsonl"));
     assert_eq!(steps.len(), 4, "{steps:?}");
@@ -630,10 +631,14 @@ fn two_ranks_via_launch_then_resume_on_one() {
         log.contains("global batch 2 (1 x 1 accum x 2 procs)"),
         "{log}"
     );
-    let m = json_lines(&out.join("metrics.jsonl"));
-    assert_eq!(m.len(), 1, "only rank 0 writes metrics");
     assert_eq!(
-        m[0]["val_images"], 3,
+        json_lines(&out.join("metrics.jsonl")).len(),
+        1,
+        "only rank 0 writes metrics"
+    );
+    assert_eq!(
+        metrics(&out)[0].val_images,
+        Some(3),
         "3 val images, each once over 2 ranks"
     );
     // 6 training images over 2 ranks with batch 1: 3 steps, each logged once.
@@ -910,12 +915,8 @@ fn unreadable_training_images_are_counted_per_epoch() {
             "{log}"
         );
     }
-    let m = json_lines(&out.join("metrics.jsonl"));
-    let bad: Vec<u64> = m
-        .iter()
-        .map(|r| r["bad_images"].as_u64().unwrap())
-        .collect();
-    assert_eq!(bad, [2, 2]);
+    let bad: Vec<Option<u64>> = metrics(&out).iter().map(|r| r.bad_images).collect();
+    assert_eq!(bad, [Some(2), Some(2)]);
 }
 
 /// `rn50 train DATA --out OUT` of two epochs of a narrow ResNet-18 at 32 px on the CPU, batches of 2, then `extra`.
@@ -1102,17 +1103,16 @@ fn batches_with_nothing_to_train_on_are_skipped_and_counted() {
     let r = run_strs(&args(&whole, one));
     let log = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{log}");
-    let m = json_lines(&whole.join("metrics.jsonl"));
-    for (e, rec) in m.iter().enumerate() {
+    for (e, rec) in metrics(&whole).iter().enumerate() {
         assert_eq!(
             (
-                &rec["bad_images"],
-                &rec["skipped_batches"],
-                &rec["val_bad_images"],
-                &rec["val_images"]
+                rec.bad_images,
+                rec.skipped_batches,
+                rec.val_bad_images,
+                rec.val_images
             ),
-            (&3.into(), &3.into(), &1.into(), &2.into()),
-            "{rec}"
+            (Some(3), Some(3), Some(1), Some(2)),
+            "{rec:?}"
         );
         assert!(
             log.contains(&format!("epoch {e}: did not train on 3 batches")),
@@ -1158,14 +1158,9 @@ fn batches_with_nothing_to_train_on_are_skipped_and_counted() {
         "{log}"
     );
     let counts = |run: &Path| -> Vec<(u64, u64)> {
-        json_lines(&run.join("metrics.jsonl"))
+        metrics(run)
             .iter()
-            .map(|r| {
-                (
-                    r["bad_images"].as_u64().unwrap(),
-                    r["skipped_batches"].as_u64().unwrap(),
-                )
-            })
+            .map(|r| (r.bad_images.unwrap(), r.skipped_batches.unwrap()))
             .collect()
     };
     assert_eq!(counts(&part), counts(&whole));
@@ -1393,10 +1388,10 @@ fn mlperf_time_to_accuracy_eval_schedule_and_mllog() {
         err.contains("epoch 0: loss") && err.contains("not evaluated"),
         "{err}"
     );
-    let m = json_lines(&out.join("metrics.jsonl"));
-    let acc1: Vec<Option<f64>> = m.iter().map(|r| r["acc1"].as_f64()).collect();
+    let m = metrics(&out);
+    let acc1: Vec<Option<f64>> = m.iter().map(|r| r.acc1).collect();
     assert_eq!(acc1, [None, Some(50.0), Some(50.0)]);
-    assert!(m[0]["val_images"].is_null() && m[1]["val_images"] == 2);
+    assert_eq!((m[0].val_images, m[1].val_images), (None, Some(2)));
     let lines = mllog_lines(&log);
     assert_eq!(
         mllog_timeline(&lines),
@@ -1445,10 +1440,7 @@ fn mlperf_time_to_accuracy_eval_schedule_and_mllog() {
         .collect();
     assert_eq!(
         evals,
-        [
-            m[1]["acc1"].as_f64().unwrap() / 100.0,
-            m[2]["acc1"].as_f64().unwrap() / 100.0
-        ]
+        [m[1].acc1.unwrap() / 100.0, m[2].acc1.unwrap() / 100.0]
     );
     let times: Vec<u64> = lines
         .iter()
@@ -1506,8 +1498,5 @@ fn mlperf_time_to_accuracy_eval_schedule_and_mllog() {
 
 /// The seconds of a run's epochs, summed from metrics.jsonl.
 fn m_seconds(out: &Path) -> f64 {
-    json_lines(&out.join("metrics.jsonl"))
-        .iter()
-        .map(|r| r["seconds"].as_f64().unwrap())
-        .sum()
+    metrics(out).iter().map(|r| r.seconds.unwrap()).sum()
 }
