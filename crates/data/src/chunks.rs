@@ -9,6 +9,7 @@ use std::io::{self, Read};
 use std::sync::{Arc, Condvar, Mutex};
 
 use crossbeam_channel::Receiver;
+use rn50_util::{lock_unpoisoned, unpoisoned};
 
 pub struct Pool {
     state: Mutex<PoolState>,
@@ -42,9 +43,9 @@ impl Pool {
 
     /// Takes a buffer, waiting until one is free.
     pub fn take(self: &Arc<Pool>) -> Chunk {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock_unpoisoned(&self.state);
         while st.outstanding >= st.max {
-            st = self.freed.wait(st).unwrap_or_else(|e| e.into_inner());
+            st = unpoisoned(self.freed.wait(st));
         }
         st.outstanding += 1;
         let buf = st.free.pop().unwrap_or_else(|| vec![0; self.chunk]);
@@ -56,7 +57,7 @@ impl Pool {
     }
 
     fn give_back(&self, buf: Vec<u8>) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock_unpoisoned(&self.state);
         st.outstanding -= 1;
         st.free.push(buf);
         drop(st);

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::ProgressBar;
+use rn50_util::lock_unpoisoned;
 
 use crate::archive::Input;
 use crate::odd;
@@ -259,7 +260,7 @@ pub struct Shared {
 impl Shared {
     /// Records an error; only the first one is kept (later ones are usually its consequences).
     pub fn fail(&self, e: anyhow::Error) {
-        let mut slot = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = lock_unpoisoned(&self.first_error);
         if slot.is_none() {
             *slot = Some(e);
         }
@@ -271,10 +272,7 @@ impl Shared {
     }
 
     pub fn take_error(&self) -> Option<anyhow::Error> {
-        self.first_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
+        lock_unpoisoned(&self.first_error).take()
     }
 }
 

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use anyhow::{bail, Result};
+use rn50_util::{lock_unpoisoned, unpoisoned};
 
 use crate::output::{io_error, read_json, ArchiveMarker, ClassMarker, Layout, Manifest};
 
@@ -258,17 +259,13 @@ pub fn par_map<T: Sync, R: Send>(
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(item) = items.get(i) else { break };
                 let r = f(item);
-                *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                *lock_unpoisoned(&slots[i]) = Some(r);
             });
         }
     });
     slots
         .into_iter()
-        .map(|m| {
-            m.into_inner()
-                .unwrap_or_else(|p| p.into_inner())
-                .expect("every item was mapped")
-        })
+        .map(|m| unpoisoned(m.into_inner()).expect("every item was mapped"))
         .collect()
 }
 

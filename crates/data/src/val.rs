@@ -11,6 +11,7 @@ use std::sync::Mutex;
 
 use anyhow::{anyhow, bail, Context, Result};
 use crossbeam_channel::bounded;
+use rn50_util::{lock_unpoisoned, unpoisoned};
 
 use crate::archive::{classify, Input, Member};
 use crate::extract::{
@@ -76,11 +77,11 @@ pub fn extract_val(
                     }
                     match store_val(&item, layout, opts, &mut made) {
                         Ok((written, o)) => {
-                            lock(per_class)
+                            lock_unpoisoned(per_class)
                                 .entry(item.wnid)
                                 .or_default()
                                 .insert(item.name, written);
-                            lock(odd).extend(o);
+                            lock_unpoisoned(odd).extend(o);
                             shared.images.fetch_add(1, Ordering::Relaxed);
                             shared
                                 .bytes_written
@@ -100,9 +101,9 @@ pub fn extract_val(
         input,
         "the archive is corrupt: download it again and rerun with a fresh --out",
     )?;
-    let mut odd = odd.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut odd = unpoisoned(odd.into_inner());
     odd.sort_by(|a, b| a.file.cmp(&b.file));
-    let files = per_class.into_inner().unwrap_or_else(|p| p.into_inner());
+    let files = unpoisoned(per_class.into_inner());
     // Only what was written, nothing else, before the marker vouches for it.
     let extra: Vec<String> = std::fs::read_dir(layout.val())
         .map_err(|e| crate::output::io_error(e, "listing", &layout.val()))?
@@ -137,10 +138,6 @@ pub fn extract_val(
         md5,
         ..Default::default()
     })
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn store_val(

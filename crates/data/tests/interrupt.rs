@@ -5,10 +5,9 @@
 //! Alone in its test binary: the stop request is the process's, and stays set once this test sent it.
 mod common;
 
-use std::time::{Duration, Instant};
-
 use common::*;
 use rn50_data::prepare;
+use rn50_util::testing::sigint_when;
 
 #[test]
 fn ctrl_c_stops_between_classes_keeping_the_finished_ones() {
@@ -32,26 +31,15 @@ fn ctrl_c_stops_between_classes_keeping_the_finished_ones() {
 
     // Ctrl-C once the first class is complete (its marker written).
     let markers = out.join(".rn50-prepare/train");
-    let watcher = std::thread::spawn(move || {
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(300) {
-            let complete = std::fs::read_dir(&markers).is_ok_and(|d| {
+    let watcher = sigint_when(
+        move || {
+            std::fs::read_dir(&markers).is_ok_and(|d| {
                 d.flatten()
                     .any(|e| e.file_name().to_string_lossy().ends_with(".json"))
-            });
-            if complete {
-                let me = std::process::id().to_string();
-                let kill = std::process::Command::new("kill")
-                    .args(["-INT", &me])
-                    .status()
-                    .unwrap();
-                assert!(kill.success());
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        panic!("no class was completed");
-    });
+            })
+        },
+        "no class was completed",
+    );
     let err = prepare(&opts).unwrap_err();
     watcher.join().unwrap();
     let stopped = err

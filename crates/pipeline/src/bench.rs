@@ -9,8 +9,10 @@ use crate::loader::{Loader, LoaderConfig};
 use crate::source::{Dataset, Source};
 use std::sync::Arc;
 
+/// What `rn50 bench-loader` measured (its line on stdout, and `--json FILE`); `rn50 bench`'s result, a
+/// training step's throughput, is `rn50_report::schema::BenchResult`.
 #[derive(Clone, Debug, Serialize)]
-pub struct BenchResult {
+pub struct LoaderBenchResult {
     pub dataset: String,
     pub transform: String,
     pub threads: usize,
@@ -63,7 +65,7 @@ pub fn run(
     config: LoaderConfig,
     steps: usize,
     warmup: usize,
-) -> Result<BenchResult> {
+) -> Result<LoaderBenchResult> {
     let transform = format!("{:?}", config.transform);
     let (threads, batch_size, dct_scaling) =
         (config.workers, config.batch_size, config.dct_scaling);
@@ -114,7 +116,7 @@ pub fn run(
     let ips = (decoded() - decoded_before) as f64 / seconds;
     let stats = loader.stats();
     let per = |d: std::time::Duration| d.as_secs_f64() * 1e3 / stats.images.max(1) as f64;
-    Ok(BenchResult {
+    Ok(LoaderBenchResult {
         dataset: description,
         transform,
         threads,

@@ -22,11 +22,12 @@ use std::collections::BTreeMap;
 use std::ops::{Deref, Range};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, ensure, Context, Result};
+use rn50_util::{lock_unpoisoned, unpoisoned};
 
 use crate::decode::MAX_IMAGE_PIXELS;
 use crate::sampler::{sample_rng, Sampler};
@@ -166,10 +167,6 @@ struct Counters {
 
 const MAX_BAD_EXAMPLES: usize = 20;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// Recycled pixel buffers, one pool for all the loaders sharing a set of threads (a train loader
 /// and its evaluation loader reuse each other's buffers): in steady state no batch allocates.
 #[derive(Default)]
@@ -189,7 +186,7 @@ impl Pool {
 
     /// A buffer of `bytes`; a new one comes zeroed from the allocator (no pass over it here).
     fn take(&self, bytes: usize) -> Vec<u8> {
-        let mut free = lock(&self.free);
+        let mut free = lock_unpoisoned(&self.free);
         match free.iter().position(|b| b.len() == bytes) {
             Some(i) => free.swap_remove(i),
             None => {
@@ -203,7 +200,7 @@ impl Pool {
 
     /// Allocates a buffer of `bytes` into the pool unless it has one; an error when memory runs out.
     fn reserve(&self, bytes: usize) -> Result<()> {
-        let mut free = lock(&self.free);
+        let mut free = lock_unpoisoned(&self.free);
         if free.iter().any(|b| b.len() == bytes) {
             return Ok(());
         }
@@ -220,7 +217,7 @@ impl Pool {
     }
 
     fn put(&self, b: Vec<u8>) {
-        let mut free = lock(&self.free);
+        let mut free = lock_unpoisoned(&self.free);
         if free.len() < self.keep.load(Ordering::Relaxed) {
             free.push(b);
         }
@@ -407,7 +404,7 @@ impl Loader {
             read_time: ns(&c.read_ns),
             decode_time: ns(&c.decode_ns),
             augment_time: ns(&c.augment_ns),
-            bad_examples: lock(&c.bad_examples).clone(),
+            bad_examples: lock_unpoisoned(&c.bad_examples).clone(),
         }
     }
 
@@ -454,7 +451,7 @@ impl Loader {
             pool: self.pool.clone(),
         });
         let shared = &self.workers.shared;
-        let mut q = lock(&shared.queue);
+        let mut q = lock_unpoisoned(&shared.queue);
         let id = q.next_id;
         q.next_id += 1;
         q.epochs.push(Queued {
@@ -612,7 +609,7 @@ impl Workers {
 
 impl Drop for Workers {
     fn drop(&mut self) {
-        lock(&self.shared.queue).stop = true;
+        lock_unpoisoned(&self.shared.queue).stop = true;
         self.shared.work.notify_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
@@ -642,7 +639,7 @@ impl Job {
         let name = self.dataset.name(idx);
         let c = &self.counters;
         c.bad_images.fetch_add(1, Ordering::Relaxed);
-        let mut ex = lock(&c.bad_examples);
+        let mut ex = lock_unpoisoned(&c.bad_examples);
         if ex.len() < MAX_BAD_EXAMPLES {
             ex.push(format!("{name}: {err:#}"));
         }
@@ -780,17 +777,17 @@ fn worker(shared: &Shared) {
     struct Exit<'a>(&'a Shared);
     impl Drop for Exit<'_> {
         fn drop(&mut self) {
-            lock(&self.0.queue).live -= 1;
+            lock_unpoisoned(&self.0.queue).live -= 1;
             self.0.done.notify_all();
         }
     }
     let _exit = Exit(shared);
     let mut aug = None;
     let mut read_buf = Vec::new();
-    let mut q = lock(&shared.queue);
+    let mut q = lock_unpoisoned(&shared.queue);
     while !q.stop {
         let Some(task) = q.claim() else {
-            q = shared.work.wait(q).unwrap_or_else(PoisonError::into_inner);
+            q = unpoisoned(shared.work.wait(q));
             continue;
         };
         drop(q);
@@ -800,7 +797,7 @@ fn worker(shared: &Shared) {
                 aug = None;
                 Err(anyhow!("loader worker panicked: {}", panic_message(&p)))
             });
-        q = lock(&shared.queue);
+        q = lock_unpoisoned(&shared.queue);
         if q.finish(&task, r) {
             shared.done.notify_all();
             // A cancelled epoch that left the queue made room in the window.
@@ -895,11 +892,11 @@ impl Epoch {
     fn cancel(&mut self) {
         self.done = true;
         let shared = &self.workers.shared;
-        let mut q = lock(&shared.queue);
+        let mut q = lock_unpoisoned(&shared.queue);
         q.cancel(self.id);
         shared.work.notify_all();
         while q.live > 0 && q.epochs.iter().any(|e| e.id == self.id) {
-            q = shared.done.wait(q).unwrap_or_else(PoisonError::into_inner);
+            q = unpoisoned(shared.done.wait(q));
         }
     }
 }
@@ -912,7 +909,7 @@ impl Iterator for Epoch {
             return None;
         }
         let shared = &self.workers.shared;
-        let mut q = lock(&shared.queue);
+        let mut q = lock_unpoisoned(&shared.queue);
         let open = loop {
             let e = q
                 .epochs
@@ -934,7 +931,7 @@ impl Iterator for Epoch {
                 self.cancel();
                 return Some(Err(anyhow!("loader workers exited unexpectedly")));
             }
-            q = shared.done.wait(q).unwrap_or_else(PoisonError::into_inner);
+            q = unpoisoned(shared.done.wait(q));
         };
         drop(q);
         shared.work.notify_all();

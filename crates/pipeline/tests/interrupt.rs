@@ -6,11 +6,10 @@
 //! Alone in its test binary: the stop request is the process's, and stays set once this test sent it.
 mod common;
 
-use std::time::{Duration, Instant};
-
 use common::*;
 use rn50_pipeline::pack::{pack, PackOptions};
 use rn50_pipeline::{BadImagePolicy, Dataset};
+use rn50_util::testing::sigint_when;
 
 #[test]
 fn ctrl_c_stops_the_pack_and_removes_its_shards() {
@@ -29,22 +28,7 @@ fn ctrl_c_stops_the_pack_and_removes_its_shards() {
     };
     // Ctrl-C once the first shard is finished.
     let first = out.join("shard-00000.rn50shard");
-    let watcher = std::thread::spawn(move || {
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(300) {
-            if first.exists() {
-                let me = std::process::id().to_string();
-                let kill = std::process::Command::new("kill")
-                    .args(["-INT", &me])
-                    .status()
-                    .unwrap();
-                assert!(kill.success());
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        panic!("no shard was finished");
-    });
+    let watcher = sigint_when(move || first.exists(), "no shard was finished");
     let err = pack(&folder, &out, &opts).unwrap_err();
     watcher.join().unwrap();
     let stopped = err

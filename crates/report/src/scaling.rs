@@ -186,9 +186,9 @@ pub struct ScalingArgs {
 /// ImageNet-1k's training set: about 140 GB of JPEGs in 1,281,167 files.
 pub const IMAGENET_MEAN_JPEG_BYTES: f64 = 140e9 / 1_281_167.0;
 
-/// The model's inputs, resolved: times in ms, sizes in bytes, bandwidths in GB/s, latencies in µs.
+/// The scaling model's inputs, resolved (not a network: that is `rn50`'s `model::Model`): times in ms, sizes in bytes, bandwidths in GB/s, latencies in µs.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Model {
+pub struct ScalingModel {
     /// Measured one-worker step time at `batch`.
     pub step_ms: f64,
     pub batch: u64,
@@ -242,7 +242,7 @@ pub fn ring_allreduce_ms(n: u64, bytes: f64, gbs: f64, latency_us: f64) -> f64 {
     2.0 * (n - 1.0) / n * bytes / bytes_per_ms + 2.0 * (n - 1.0) * latency_us / 1e3
 }
 
-impl Model {
+impl ScalingModel {
     pub fn predict_one(&self, n: u64) -> Prediction {
         let n = n.max(1);
         let inter = n > self.gpus_per_node.max(1);
@@ -342,7 +342,7 @@ fn bench_speed(path: &std::path::Path) -> anyhow::Result<(f64, u64, String)> {
 
 /// Resolves the command line into a model. Its numbers are in range already (clap's value parsers); those of a
 /// `--bench` file are checked by [`bench_speed`].
-pub fn model_from_args(a: &ScalingArgs) -> anyhow::Result<Model> {
+pub fn model_from_args(a: &ScalingArgs) -> anyhow::Result<ScalingModel> {
     let (step_ms, batch, arch) = if let Some(path) = &a.bench {
         bench_speed(path)?
     } else if let Some(ms) = a.step_ms {
@@ -364,7 +364,7 @@ pub fn model_from_args(a: &ScalingArgs) -> anyhow::Result<Model> {
     };
     let (bw, lat) = a.interconnect.figures();
     let (ibw, ilat) = a.intra.figures();
-    Ok(Model {
+    Ok(ScalingModel {
         step_ms,
         batch,
         global_batch: a.global_batch,
@@ -469,7 +469,7 @@ pub fn prediction_table(ps: &[Prediction]) -> Table {
 
 #[derive(Serialize)]
 struct PredictJson<'a> {
-    model: &'a Model,
+    model: &'a ScalingModel,
     predictions: &'a [Prediction],
 }
 
@@ -527,8 +527,8 @@ pub fn run(args: &ScalingArgs) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    fn model() -> Model {
-        Model {
+    fn model() -> ScalingModel {
+        ScalingModel {
             step_ms: 300.0,
             batch: 256,
             global_batch: None,
@@ -567,7 +567,7 @@ mod tests {
     #[test]
     fn no_overlap_exposes_everything() {
         // 64 workers over 23 GB/s: 4 buckets (3 × 26,214,400 B + 23,584,928 B).
-        let m = Model {
+        let m = ScalingModel {
             overlap: 0.0,
             ..model()
         };
@@ -596,7 +596,7 @@ mod tests {
     #[test]
     fn partial_window() {
         // Slow link: 10 GbE at 16 workers, 4 per node; backward window 0.5 · 2/3 · 300 = 100 ms.
-        let m = Model {
+        let m = ScalingModel {
             overlap: 0.5,
             gpus_per_node: 4,
             inter_gbs: 1.1,
@@ -616,7 +616,7 @@ mod tests {
     fn strong_scaling_shrinks_the_compute() {
         // Global batch 512 at 64 workers: 8 images each, compute 300 · 8/256 = 9.375 ms, backward window
         // 6.25 ms, all-reduce as in no_overlap_exposes_everything (independent of the batch).
-        let m = Model {
+        let m = ScalingModel {
             global_batch: Some(512),
             ..model()
         };

@@ -3,9 +3,11 @@
 //! statistics of all ranks' batches together). Two ranks on CPU over Gloo, through `rn50 launch`.
 mod common;
 
+use std::ffi::OsString;
 use std::path::Path;
+use std::process::Command;
 
-use common::{image_tree, json_lines, rn50};
+use common::{image_tree, metrics_lines, TinyTrain};
 
 /// DATA/{train,val}/<wnid>/: 4 classes, 4 training and 2 validation copies of each photo.
 fn data(root: &Path) {
@@ -18,50 +20,31 @@ fn data(root: &Path) {
 /// schedule of a run of 3.
 fn train(ranks: usize, data: &Path, out: &Path, batch: usize, epochs: usize, extra: &[&str]) {
     // 64 px: the last stage's batch norm then sees 2×2 values per image, not 1, and is not dominated by rounding.
-    let (b, e) = (batch.to_string(), epochs.to_string());
-    let n = ranks.to_string();
-    let mut args: Vec<&str> = Vec::new();
+    let run = TinyTrain::on(data, out)
+        .flags(&format!(
+            "--width 16 --image-size 64 --val-resize 72 --val-crop 64 --precision fp32 --lr 0.02 \
+             --lr-milestones 1 -j 1 -p 1 -b {batch} --epochs {epochs}"
+        ))
+        .args(extra);
+    let mut args: Vec<OsString> = Vec::new();
     if ranks > 1 {
-        args.extend(["launch", "--nproc-per-node", &n, "--timeout", "120", "--"]);
+        let n = ranks.to_string();
+        args.extend(
+            ["launch", "--nproc-per-node", &n, "--timeout", "120", "--"].map(OsString::from),
+        );
     }
-    args.extend([
-        "train",
-        data.to_str().unwrap(),
-        "-a",
-        "resnet18",
-        "--width",
-        "16",
-        "--image-size",
-        "64",
-        "--val-resize",
-        "72",
-        "--val-crop",
-        "64",
-        "--device",
-        "cpu",
-        "--precision",
-        "fp32",
-        "--lr",
-        "0.02",
-        "--lr-milestones",
-        "1",
-        "-j",
-        "1",
-        "-p",
-        "1",
-        "-b",
-        &b,
-        "--epochs",
-        &e,
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    args.extend(extra);
-    let r = rn50(&args);
+    args.extend(run.to_args());
+    let r = Command::new(env!("CARGO_BIN_EXE_rn50"))
+        .args(&args)
+        .output()
+        .unwrap();
     assert!(
         r.status.success(),
         "rn50 {}\n{}",
-        args.join(" "),
+        args.iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" "),
         String::from_utf8_lossy(&r.stderr)
     );
 }
@@ -107,11 +90,15 @@ fn max_diff(a: &Path, b: &Path, pick: impl Fn(&str) -> bool) -> f32 {
 
 /// Each epoch's validation figures as logged: (top-1, top-5, loss).
 fn validation(run: &Path) -> Vec<(f64, f64, f64)> {
-    json_lines(&run.join("metrics.jsonl"))
+    metrics_lines(run)
         .iter()
         .map(|r| {
-            let f = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k} missing: {r}"));
-            (f("acc1"), f("acc5"), f("val_loss"))
+            let f = |v: Option<f64>, k: &str| v.unwrap_or_else(|| panic!("{k} missing: {r:?}"));
+            (
+                f(r.acc1, "acc1"),
+                f(r.acc5, "acc5"),
+                f(r.val_loss, "val_loss"),
+            )
         })
         .collect()
 }

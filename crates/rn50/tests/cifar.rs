@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{json_lines, rn50, shared};
+use common::{metrics_lines, rn50, shared};
 
 /// `dst/<split>/<class>/` with links to the first `n` images of each class of `src/<from>/`.
 fn subset(src: &Path, from: &str, dst: &Path, split: &str, n: usize) {
@@ -50,6 +50,7 @@ fn cifar10_subset_beats_the_linear_baseline() {
     subset(&full, "test", &data, "val", 200);
 
     let out = dir.path().join("run");
+    // Not `common::TinyTrain`: a real run, on the device `auto` picks (a GPU where there is one), not the CPU.
     let r = rn50(&[
         "train",
         data.to_str().unwrap(),
@@ -83,9 +84,9 @@ fn cifar10_subset_beats_the_linear_baseline() {
     ]);
     let log = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{log}");
-    let accs: Vec<f64> = json_lines(&out.join("metrics.jsonl"))
+    let accs: Vec<f64> = metrics_lines(&out)
         .iter()
-        .map(|m| m["acc1"].as_f64().unwrap())
+        .map(|m| m.acc1.unwrap())
         .collect();
     assert_eq!(accs.len(), 6, "{accs:?}");
     let last = *accs.last().unwrap();
@@ -104,8 +105,8 @@ fn cifar10_subset_beats_the_linear_baseline() {
     ] {
         assert!(out.join(f).is_file(), "{f} missing");
     }
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
-    assert_eq!(summary["acc1"].as_f64(), Some(last));
-    assert_eq!(summary["global_batch"].as_u64(), Some(128));
+    let summary: rn50_report::TrainSummary =
+        rn50_report::schema::read_json(&out.join("summary.json")).unwrap();
+    assert_eq!(summary.acc1, Some(last));
+    assert_eq!(summary.global_batch, 128);
 }

@@ -145,16 +145,9 @@ fn classify_prints_the_class_folder_names_recorded_at_training() {
     assert_eq!(classes.len(), 10);
 
     let run = dir.path().join("run");
-    let train = "-a resnet18 --width 8 --augment cifar --image-size 32 -b 8 -j 1 --epochs 1 --steps-per-epoch 2 \
-                 --device cpu --precision fp32";
-    let mut args = vec![
-        "train",
-        data.to_str().unwrap(),
-        "--out",
-        run.to_str().unwrap(),
-    ];
-    args.extend(train.split_whitespace());
-    let r = common::rn50(&args);
+    let r = common::TinyTrain::on(&data, &run)
+        .flags("--width 8 --augment cifar --image-size 32 -b 8 -j 1 --epochs 1 --steps-per-epoch 2 --precision fp32")
+        .output();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
 
     for weights in ["best.safetensors", "final.safetensors"] {

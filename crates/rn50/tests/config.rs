@@ -5,6 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod common;
+
+use common::TinyTrain;
+
 /// `rn50 ARGS…`, only parsed (RN50_PARSE_ONLY: train prints its resolved flags as TOML and stops) or run.
 fn rn50(args: &[&str], parse_only: bool) -> Output {
     rn50_in(Path::new("."), args, parse_only)
@@ -30,16 +34,34 @@ fn text(bytes: &[u8]) -> String {
 fn resolved(args: &[&str]) -> toml::Table {
     let mut all = vec!["train"];
     all.extend_from_slice(args);
-    let out = rn50(&all, true);
-    assert!(
-        out.status.success(),
-        "rn50 {}: {}",
-        all.join(" "),
-        text(&out.stderr)
-    );
+    resolved_output(&all.join(" "), rn50(&all, true))
+}
+
+/// The resolved flags of `t`, which must parse.
+fn resolved_tiny(t: &TinyTrain) -> toml::Table {
+    let out = t
+        .command()
+        .env("RN50_PARSE_ONLY", "1")
+        .output()
+        .expect("run rn50");
+    resolved_output(&format!("{:?}", t.to_args()), out)
+}
+
+/// The resolved flags that `rn50 ARGS…` (parse-only) printed; it must have succeeded.
+fn resolved_output(args: &str, out: Output) -> toml::Table {
+    assert!(out.status.success(), "rn50 {args}: {}", text(&out.stderr));
     text(&out.stdout)
         .parse()
         .expect("train's resolved flags are TOML")
+}
+
+/// Runs `t` to the end (not parse-only) in the working directory `cwd`.
+fn run_in(cwd: &Path, t: &TinyTrain) -> Output {
+    t.command()
+        .current_dir(cwd)
+        .env_remove("RN50_PARSE_ONLY")
+        .output()
+        .expect("run rn50")
 }
 
 /// `rn50 train ARGS…` must be refused as a usage error (exit 2) whose message contains every one of `names`.
@@ -233,39 +255,20 @@ fn every_recipe_parses_to_its_own_values() {
     assert!(n >= 5, "recipes/ has {n} recipes");
 }
 
-/// The flags of a tiny CPU run (one step of a narrow resnet18 on 32 px synthetic images).
-const TINY: &[&str] = &[
-    "--dummy",
-    "--arch",
-    "resnet18",
-    "--width",
-    "8",
-    "--image-size",
-    "32",
-    "--val-crop",
-    "32",
-    "--val-resize",
-    "32",
-    "--batch-size",
-    "2",
-    "--epochs",
-    "1",
-    "--steps-per-epoch",
-    "1",
-    "--device",
-    "cpu",
-    "--workers",
-    "1",
-];
+/// A tiny CPU run (one step of a narrow resnet18 on 32 px synthetic images) into `out`.
+fn tiny(out: &Path) -> TinyTrain {
+    TinyTrain::dummy(out).flags(
+        "--width 8 --image-size 32 --val-crop 32 --val-resize 32 --batch-size 2 --epochs 1 \
+         --steps-per-epoch 1 --workers 1",
+    )
+}
 
-/// Trains TINY plus `extra` into `out`; the start line's learning-rate part, and the written config.toml.
+/// Trains [`tiny`] plus `extra` into `out`; the start line's learning-rate part, and the written config.toml.
 fn tiny_run(out: &Path, extra: &[&str]) -> (String, String) {
-    let mut args = vec!["train", "--out", out.to_str().unwrap()];
-    args.extend_from_slice(TINY);
-    args.extend_from_slice(extra);
-    let o = rn50(&args, false);
+    let t = tiny(out).args(extra);
+    let o = run_in(Path::new("."), &t);
     let err = text(&o.stderr);
-    assert!(o.status.success(), "rn50 {}: {err}", args.join(" "));
+    assert!(o.status.success(), "rn50 {:?}: {err}", t.to_args());
     // The log line's message, after its time stamp and level.
     let start = err
         .lines()
@@ -294,10 +297,7 @@ fn start_line_shows_the_effective_rate_and_config_toml_runs_the_same_again() {
 
     // config.toml is what the command line resolves to, and read back with --config it resolves the same.
     let out_a = dir.path().join("a");
-    let mut args = vec!["--out", out_a.to_str().unwrap()];
-    args.extend_from_slice(TINY);
-    args.extend_from_slice(&["--lr-base", "0.2", "--lr-base-size", "4"]);
-    let mut direct = resolved(&args);
+    let mut direct = resolved_tiny(&tiny(&out_a).flags("--lr-base 0.2 --lr-base-size 4"));
     let mut written: toml::Table = config.parse().unwrap();
     // What config.toml adds: the precision the machine chose, and the [run] table.
     let run = written.remove("run").expect("a [run] table");
@@ -413,18 +413,9 @@ fn config_toml_is_portable_and_says_what_differs() {
     let (here, elsewhere) = (dir.path().join("here"), dir.path().join("elsewhere"));
     std::fs::create_dir_all(&here).unwrap();
     std::fs::create_dir_all(&elsewhere).unwrap();
-    let mut args = vec![
-        "train",
-        "--out",
-        "run",
-        "--mllog",
-        "mlperf.log",
-        "--submission-org",
-        "us",
-    ];
-    args.extend_from_slice(TINY);
-    args.extend_from_slice(&["--device", "auto"]);
-    let o = rn50_in(&here, &args, false);
+    // `--device auto` after TinyTrain's `--device cpu`: train takes a flag's last value.
+    let t = tiny(Path::new("run")).flags("--mllog mlperf.log --submission-org us --device auto");
+    let o = run_in(&here, &t);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let saved = here.join("run/config.toml");
     let config: toml::Table = std::fs::read_to_string(&saved).unwrap().parse().unwrap();
@@ -538,11 +529,15 @@ fn main_py_and_timm_flags_are_aliases_or_refused_with_rn50s_way() {
     // --output is --out (left out of the resolved flags, so seen through the run's start).
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("o");
-    let mut args = vec!["train", "--output", out.to_str().unwrap()];
-    args.extend_from_slice(TINY);
-    let o = rn50(&args, false);
+    // After TinyTrain's `--out`, which it overrides (train takes a flag's last value).
+    let not_out = dir.path().join("not-o");
+    let o = run_in(
+        Path::new("."),
+        &tiny(&not_out).args(["--output".as_ref(), out.as_os_str()]),
+    );
     assert!(o.status.success(), "{}", text(&o.stderr));
     assert!(out.join("config.toml").exists());
+    assert!(!not_out.exists());
 
     for (flag, rn50_way) in [
         (&["--pretrained"][..], "--init-weights"),

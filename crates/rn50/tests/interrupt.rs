@@ -5,12 +5,15 @@
 //! `rn50 launch` ended with "rn50 launch: failed: rank 0 was killed by signal 2 (SIGINT)", exit 130.
 mod common;
 
+use std::ffi::{OsStr, OsString};
 use std::io::BufRead;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
+
+use common::TinyTrain;
 
 /// How long any one wait of these tests may take before the test fails (and kills what it started).
 const GUARD: Duration = Duration::from_secs(300);
@@ -24,7 +27,7 @@ struct Job {
 }
 
 impl Job {
-    fn start(args: &[&str]) -> Job {
+    fn start<S: AsRef<OsStr>>(args: &[S]) -> Job {
         let mut child = Command::new(env!("CARGO_BIN_EXE_rn50"))
             .args(args)
             .stdin(Stdio::null())
@@ -113,45 +116,18 @@ impl Job {
 }
 
 /// A small ResNet on random data at 32 px, on the CPU, logging every step, into `out`.
-fn tiny_train(out: &Path, steps_per_epoch: &str) -> Vec<String> {
-    [
-        "train",
-        "--dummy",
-        "-a",
-        "resnet18",
-        "--width",
-        "16",
-        "-b",
-        "2",
-        "--image-size",
-        "32",
-        "--epochs",
-        "2",
-        "--steps-per-epoch",
-        steps_per_epoch,
-        "-p",
-        "1",
-        "--device",
-        "cpu",
-        "--precision",
-        "fp32",
-        "--out",
-        out.to_str().unwrap(),
-    ]
-    .map(String::from)
-    .to_vec()
-}
-
-fn refs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
+fn tiny_train(out: &Path, steps_per_epoch: &str) -> TinyTrain {
+    TinyTrain::dummy(out).flags(&format!(
+        "--width 16 -b 2 --image-size 32 --epochs 2 --steps-per-epoch {steps_per_epoch} -p 1 --precision fp32"
+    ))
 }
 
 #[test]
 fn ctrl_c_saves_a_checkpoint_prints_how_to_resume_and_exits_3() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let args = tiny_train(&out, "40");
-    let mut job = Job::start(&refs(&args));
+    let train = tiny_train(&out, "40");
+    let mut job = Job::start(&train.to_args());
     job.wait_for("[    3/");
     job.ctrl_c();
     let (status, stderr) = job.finish();
@@ -175,12 +151,8 @@ fn ctrl_c_saves_a_checkpoint_prints_how_to_resume_and_exits_3() {
     assert!(!out.join("final.safetensors").exists());
 
     // The line's advice works: the same command with --resume RUN_DIR trains the rest to the end.
-    let resume = [
-        args.clone(),
-        vec!["--resume".into(), out.display().to_string()],
-    ]
-    .concat();
-    let (status, stderr) = Job::start(&refs(&resume)).finish();
+    let resume = train.args(["--resume".as_ref(), out.as_os_str()]);
+    let (status, stderr) = Job::start(&resume.to_args()).finish();
     assert!(status.success(), "{stderr}");
     assert!(out.join("final.safetensors").exists(), "{stderr}");
     let epochs = common::json_lines(&out.join("metrics.jsonl"));
@@ -192,13 +164,13 @@ fn a_second_ctrl_c_stops_at_once_without_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     // ResNet-50 at 224 px: a step takes long enough that the second Ctrl-C comes before the step ends.
-    let mut args = tiny_train(&out, "1000");
+    let mut args = tiny_train(&out, "1000").to_args();
     let at = |f: &str| args.iter().position(|a| a == f).unwrap() + 1;
     let (arch, width, size) = (at("-a"), at("--width"), at("--image-size"));
     args[arch] = "resnet50".into();
     args[width] = "64".into();
     args[size] = "224".into();
-    let mut job = Job::start(&refs(&args));
+    let mut job = Job::start(&args);
     job.wait_for("[    1/");
     job.ctrl_c();
     job.wait_for("press Ctrl-C again to stop at once");
@@ -214,7 +186,8 @@ fn ctrl_c_under_launch_checkpoints_and_is_no_failure() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     let train = tiny_train(&out, "100000");
-    let args = [vec!["launch", "--nproc-per-node", "2", "--"], refs(&train)].concat();
+    let launch = ["launch", "--nproc-per-node", "2", "--"].map(OsString::from);
+    let args = [launch.to_vec(), train.to_args()].concat();
     let mut job = Job::start(&args);
     job.wait_for("[    3/");
     job.ctrl_c();

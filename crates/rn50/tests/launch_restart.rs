@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{json_lines, rn50};
+use common::{metrics_lines, steps, TinyTrain};
 use rn50::train::checkpoint::read_meta;
 
 const EPOCHS: u64 = 3;
@@ -20,16 +20,11 @@ const STEPS: u64 = 40;
 const PATIENCE: Duration = Duration::from_secs(300);
 
 /// `train` on synthetic data into `out`, every step logged, checkpoints only at the ends of epochs.
-fn train_args(out: &Path) -> Vec<String> {
-    let (epochs, steps) = (EPOCHS.to_string(), STEPS.to_string());
-    let mut a: Vec<String> = "train --dummy -a resnet18 --width 16 -b 2 --image-size 32 --augment cifar \
-                              --device cpu --precision fp32 -p 1 --checkpoint-minutes 0 --resume auto"
-        .split_whitespace()
-        .map(String::from)
-        .collect();
-    a.extend(["--epochs".into(), epochs, "--steps-per-epoch".into(), steps]);
-    a.extend(["--out".into(), out.to_str().unwrap().into()]);
-    a
+fn train_args(out: &Path) -> TinyTrain {
+    TinyTrain::dummy(out).flags(&format!(
+        "--width 16 -b 2 --image-size 32 --augment cifar --precision fp32 -p 1 --checkpoint-minutes 0 \
+         --resume auto --epochs {EPOCHS} --steps-per-epoch {STEPS}"
+    ))
 }
 
 /// `rn50 launch --nproc-per-node 2 --max-restarts N --log-dir DIR/logs -- train …`, its stderr to DIR/launch.log.
@@ -40,7 +35,7 @@ fn launch(dir: &Path, max_restarts: usize) -> Child {
         .arg("--log-dir")
         .arg(dir.join("logs"))
         .arg("--")
-        .args(train_args(&dir.join("run")))
+        .args(train_args(&dir.join("run")).to_args())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("launch.log")).unwrap())
@@ -136,19 +131,13 @@ fn resumed_at(log: &str) -> Option<u64> {
 /// Every epoch is in metrics.jsonl once, every step in steps.jsonl once (records of an epoch cut short by the
 /// kill were dropped on resume), and the latest checkpoint is the end of the last epoch.
 fn assert_trained_once(run: &Path) {
-    let epochs: Vec<u64> = json_lines(&run.join("metrics.jsonl"))
-        .iter()
-        .map(|r| r["epoch"].as_u64().unwrap())
-        .collect();
+    let epochs: Vec<u64> = metrics_lines(run).iter().map(|r| r.epoch).collect();
     assert_eq!(
         epochs,
         (0..EPOCHS).collect::<Vec<_>>(),
         "metrics.jsonl epochs"
     );
-    let steps: Vec<(u64, u64)> = json_lines(&run.join("steps.jsonl"))
-        .iter()
-        .map(|r| (r["epoch"].as_u64().unwrap(), r["step"].as_u64().unwrap()))
-        .collect();
+    let steps: Vec<(u64, u64)> = steps(run).iter().map(|r| (r.epoch, r.step)).collect();
     let all: Vec<(u64, u64)> = (0..EPOCHS)
         .flat_map(|e| (0..STEPS).map(move |s| (e, s)))
         .collect();
@@ -258,12 +247,7 @@ fn without_restarts_the_launcher_fails_and_the_checkpoint_continues_alone() {
         before
     );
 
-    let r = rn50(
-        &train_args(&run)
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-    );
+    let r = train_args(&run).output();
     let log = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{log}");
     assert_eq!(resumed_at(&log), Some(seen), "{log}");

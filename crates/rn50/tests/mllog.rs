@@ -7,9 +7,9 @@ mod common;
 
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-use common::{json_lines, python, reference_script, rn50, shared};
+use common::{metrics_lines, python, reference_script, shared, steps, TinyTrain};
 use serde_json::Value;
 
 /// DATA/{train,val}/<wnid>/: the `n` smallest ImageNet sample photos (quick to decode), each its own class,
@@ -44,22 +44,12 @@ fn toy_data(root: &Path, n: usize, copies: usize) {
     std::fs::copy(&photos[0], twin).unwrap();
 }
 
-/// A small, quick network for the toy data on CPU, evaluated every epoch.
-const TOY: &str = "-a resnet18 --width 8 -b 8 --image-size 32 --val-resize 32 --val-crop 32 \
-    --device cpu --precision fp32 --eval-every 1 --eval-offset 0";
-
-fn args(parts: &[&str]) -> Vec<String> {
-    parts
-        .iter()
-        .flat_map(|p| p.split_whitespace())
-        .map(String::from)
-        .collect()
-}
-
-fn train(args: &[String]) -> Output {
-    let mut all = vec!["train"];
-    all.extend(args.iter().map(String::as_str));
-    rn50(&all)
+/// A small, quick network for the toy data in `data` on CPU, evaluated every epoch, into `out`.
+fn toy(data: &Path, out: &Path) -> TinyTrain {
+    TinyTrain::on(data, out).flags(
+        "--width 8 -b 8 --image-size 32 --val-resize 32 --val-crop 32 --precision fp32 --eval-every 1 \
+         --eval-offset 0",
+    )
 }
 
 fn s(p: &Path) -> &str {
@@ -166,19 +156,15 @@ fn a_closed_division_run_passes_the_official_checker() {
         String::from_utf8_lossy(&logged.stderr)
     );
     let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../recipes/mlperf-lars.toml");
-    let mut a = args(&[
-        s(&data),
-        "--config",
-        s(&recipe),
-        TOY,
-        "--lr 2 --epochs 30 --out",
-        s(&out),
-        "--mllog",
-        s(&log),
-        "--submission-platform 1xCPU --submission-division closed --submission-status research",
-    ]);
-    a.extend(["--submission-org".into(), "Université \"Toy\" Lab".into()]);
-    let r = train(&a);
+    let r = toy(&data, &out)
+        .args(["--config", s(&recipe)])
+        .flags("--lr 2 --epochs 30")
+        .args(["--mllog", s(&log)])
+        .flags(
+            "--submission-platform 1xCPU --submission-division closed --submission-status research",
+        )
+        .args(["--submission-org", "Université \"Toy\" Lab"])
+        .output();
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{err}");
     let (passed, report) = checker(&log);
@@ -198,7 +184,7 @@ fn a_closed_division_run_passes_the_official_checker() {
     );
     assert!(acc.len() < 30, "stopped before the last epoch: {acc:?}");
     assert_eq!(
-        json_lines(&out.join("metrics.jsonl")).len(),
+        metrics_lines(&out).len(),
         acc.len(),
         "one evaluation per epoch trained"
     );
@@ -274,24 +260,18 @@ fn every_value_is_written_as_json_dumps_writes_it() {
     reference_script("mllog_encode.py", &[&path]);
 }
 
-/// The flags of a quick run on synthetic data (no accuracy: the target is never reached) into `out`, logging to
+/// A quick run on synthetic data (no accuracy: the target is never reached) into `out`, logging to
 /// `log`, then `extra`.
-fn dummy_run(out: &Path, log: &Path, extra: &str) -> Vec<String> {
-    args(&[
-        "--dummy -a resnet18 --width 8 -b 2 --image-size 32 --augment cifar --device cpu --precision fp32 -p 1",
-        "--out",
-        s(out),
-        "--mllog",
-        s(log),
-        extra,
-    ])
+fn dummy_run(out: &Path, log: &Path, extra: &str) -> TinyTrain {
+    TinyTrain::dummy(out)
+        .flags("--width 8 -b 2 --image-size 32 --augment cifar --precision fp32 -p 1")
+        .args(["--mllog", s(log)])
+        .flags(extra)
 }
 
 /// The learning rate of the last step steps.jsonl logged (every step with -p 1).
 fn last_step_lr(out: &Path) -> f64 {
-    json_lines(&out.join("steps.jsonl")).last().unwrap()["lr"]
-        .as_f64()
-        .unwrap()
+    steps(out).last().unwrap().lr
 }
 
 /// `--lr-schedule step` logged sgd_opt_end_learning_rate 0 (issue 26): the end rate is the rate the last step
@@ -302,11 +282,12 @@ fn last_step_lr(out: &Path) -> f64 {
 fn the_end_learning_rate_is_the_last_steps() {
     let dir = tempfile::tempdir().unwrap();
     let (out, log) = (dir.path().join("step"), dir.path().join("step.txt"));
-    let r = train(&dummy_run(
+    let r = dummy_run(
         &out,
         &log,
         "--epochs 3 --steps-per-epoch 2 --lr 0.4 --lr-schedule step --lr-milestones 1,2",
-    ));
+    )
+    .output();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let lines = mllog_lines(&log);
     let end = value(&lines, "sgd_opt_end_learning_rate").as_f64().unwrap();
@@ -321,11 +302,12 @@ fn the_end_learning_rate_is_the_last_steps() {
     assert!(values(&lines, "sgd_opt_learning_rate_decay_poly_power").is_empty());
 
     let (out, log) = (dir.path().join("poly"), dir.path().join("poly.txt"));
-    let r = train(&dummy_run(
+    let r = dummy_run(
         &out,
         &log,
         "--epochs 2 --steps-per-epoch 2 --optimizer lars --lr 2 --lr-schedule poly --lr-end 0.0001",
-    ));
+    )
+    .output();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let lines = mllog_lines(&log);
     let end = value(&lines, "lars_opt_end_learning_rate")
@@ -350,21 +332,12 @@ fn run_stop_success_is_mlperfs_target_only() {
     let data = dir.path().join("data");
     toy_data(&data, 2, 4);
     let (out, log) = (dir.path().join("run"), dir.path().join("result_0.txt"));
-    let base = args(&[
-        s(&data),
-        TOY,
-        "--lr 0.5 --epochs 3 --out",
-        s(&out),
-        "--mllog",
-        s(&log),
-        "--submission-org Toy --submission-platform 1xCPU --submission-division open",
-    ]);
-    let with = |extra: &str| {
-        let mut a = base.clone();
-        a.extend(args(&[extra]));
-        a
-    };
-    let r = train(&with("--target-accuracy 50"));
+    let base = toy(&data, &out)
+        .flags("--lr 0.5 --epochs 3")
+        .args(["--mllog", s(&log)])
+        .flags("--submission-org Toy --submission-platform 1xCPU --submission-division open");
+    let with = |extra: &str| base.clone().flags(extra);
+    let r = with("--target-accuracy 50").output();
     let err = String::from_utf8_lossy(&r.stderr);
     assert_eq!(r.status.code(), Some(2), "{err}");
     assert!(
@@ -372,9 +345,8 @@ fn run_stop_success_is_mlperfs_target_only() {
         "{err}"
     );
     assert!(!out.exists() && !log.exists(), "nothing written");
-    let parsed = Command::new(env!("CARGO_BIN_EXE_rn50"))
-        .arg("train")
-        .args(with("--target-accuracy 75.9"))
+    let parsed = with("--target-accuracy 75.9")
+        .command()
         .env("RN50_PARSE_ONLY", "1")
         .output()
         .unwrap();
@@ -384,7 +356,7 @@ fn run_stop_success_is_mlperfs_target_only() {
         String::from_utf8_lossy(&parsed.stderr)
     );
 
-    let r = train(&base);
+    let r = base.output();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let lines = mllog_lines(&log);
     let acc = values(&lines, "eval_accuracy");
@@ -392,10 +364,10 @@ fn run_stop_success_is_mlperfs_target_only() {
     assert!(acc.iter().all(|a| a.as_f64().unwrap() < 0.759), "{acc:?}");
     assert_eq!(status(&lines), "aborted");
     assert_eq!(value(&lines, "cache_clear"), false, "no --drop-caches");
-    let summary: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
-    assert_eq!(summary["target_acc1"], 75.9);
-    assert!(summary["time_to_target_s"].is_null());
+    let summary: rn50_report::TrainSummary =
+        rn50_report::schema::read_json(&out.join("summary.json")).unwrap();
+    assert_eq!(summary.target_acc1, Some(75.9));
+    assert!(summary.time_to_target_s.is_none());
     let (passed, report) = checker(&log);
     assert!(passed, "the checker refused {}:\n{report}", log.display());
 }
@@ -408,9 +380,8 @@ fn run_stop_success_is_mlperfs_target_only() {
 fn a_log_holds_one_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
     let (out, log) = (dir.path().join("run"), dir.path().join("result_0.txt"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rn50"))
-        .arg("train")
-        .args(dummy_run(&out, &log, "--epochs 1 --steps-per-epoch 100000"))
+    let mut child = dummy_run(&out, &log, "--epochs 1 --steps-per-epoch 100000")
+        .command()
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -423,11 +394,7 @@ fn a_log_holds_one_uninterrupted_run() {
     assert_eq!(status(&lines), "aborted");
     let first = std::fs::read(&log).unwrap();
 
-    let r = train(&dummy_run(
-        &out,
-        &log,
-        "--epochs 1 --steps-per-epoch 20 --resume auto",
-    ));
+    let r = dummy_run(&out, &log, "--epochs 1 --steps-per-epoch 20 --resume auto").output();
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{err}");
     assert!(
@@ -439,11 +406,7 @@ fn a_log_holds_one_uninterrupted_run() {
         first,
         "the log is the first attempt's"
     );
-    assert_eq!(
-        json_lines(&out.join("metrics.jsonl")).len(),
-        1,
-        "trained on"
-    );
+    assert_eq!(metrics_lines(&out).len(), 1, "trained on");
 
     let listing = |d: &Path| {
         let mut v: Vec<_> = std::fs::read_dir(d)
@@ -454,11 +417,7 @@ fn a_log_holds_one_uninterrupted_run() {
         v
     };
     let before = listing(&out);
-    let r = train(&dummy_run(
-        &out,
-        &log,
-        "--epochs 1 --steps-per-epoch 2 --overwrite",
-    ));
+    let r = dummy_run(&out, &log, "--epochs 1 --steps-per-epoch 2 --overwrite").output();
     let err = String::from_utf8_lossy(&r.stderr);
     assert_eq!(r.status.code(), Some(1), "{err}");
     assert!(err.contains("already holds a run"), "{err}");
@@ -472,10 +431,7 @@ fn a_log_holds_one_uninterrupted_run() {
 fn mlperf_flags_need_mllog_and_valid_values() {
     let dir = tempfile::tempdir().unwrap();
     let (out, log) = (dir.path().join("run"), dir.path().join("log.txt"));
-    let without = args(&[
-        "--dummy -a resnet18 --width 8 -b 2 --image-size 32 --device cpu --out",
-        s(&out),
-    ]);
+    let without = TinyTrain::dummy(&out).flags("--width 8 -b 2 --image-size 32");
     for flag in [
         "--submission-org Lab",
         "--submission-platform 1xCPU",
@@ -483,9 +439,7 @@ fn mlperf_flags_need_mllog_and_valid_values() {
         "--submission-status cloud",
         "--drop-caches",
     ] {
-        let mut a = without.clone();
-        a.extend(args(&[flag]));
-        let r = train(&a);
+        let r = without.clone().flags(flag).output();
         let err = String::from_utf8_lossy(&r.stderr);
         assert_eq!(r.status.code(), Some(2), "{flag}: {err}");
         assert!(err.contains("--mllog"), "{flag}: {err}");
@@ -496,9 +450,10 @@ fn mlperf_flags_need_mllog_and_valid_values() {
         ("--submission-org", ""),
         ("--submission-platform", "  "),
     ] {
-        let mut a = without.clone();
-        a.extend(["--mllog".into(), s(&log).into(), flag.into(), value.into()]);
-        let r = train(&a);
+        let r = without
+            .clone()
+            .args(["--mllog", s(&log), flag, value])
+            .output();
         let err = String::from_utf8_lossy(&r.stderr);
         assert_eq!(r.status.code(), Some(2), "{flag} {value:?}: {err}");
         assert!(err.contains(flag), "{flag}: {err}");
@@ -553,7 +508,7 @@ fn drop_caches_drops_the_page_cache_and_needs_root() {
         }
         false => Command::new(env!("CARGO_BIN_EXE_rn50")),
     };
-    let r = refused.arg("train").args(&run).output().unwrap();
+    let r = refused.args(run.to_args()).output().unwrap();
     let err = String::from_utf8_lossy(&r.stderr);
     assert_eq!(r.status.code(), Some(1), "{err}");
     assert!(
@@ -574,7 +529,7 @@ fn drop_caches_drops_the_page_cache_and_needs_root() {
         cached_pages(marker.path()) > 0,
         "the marker is cached before the run"
     );
-    let r = train(&run);
+    let r = run.output();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     assert_eq!(
         cached_pages(marker.path()),
@@ -616,11 +571,11 @@ fn wait_or_kill(
 fn a_log_to_a_pipe_is_written_as_it_is() {
     use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
-    let run = |out: &str, log: &Path| -> (Command, Vec<String>) {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rn50"));
-        cmd.arg("train").stderr(Stdio::piped());
-        let a = dummy_run(&dir.path().join(out), log, "--epochs 1 --steps-per-epoch 2");
-        (cmd, a)
+    let run = |out: &str, log: &Path| -> Command {
+        let mut cmd =
+            dummy_run(&dir.path().join(out), log, "--epochs 1 --steps-per-epoch 2").command();
+        cmd.stderr(Stdio::piped());
+        cmd
     };
     // The log's lines among what `reader` got, the keys of those in order.
     let keys = |text: &str| -> Vec<String> {
@@ -642,8 +597,10 @@ fn a_log_to_a_pipe_is_written_as_it_is() {
         })
     };
 
-    let (mut cmd, a) = run("stdout", Path::new("/dev/stdout"));
-    let mut child = cmd.args(&a).stdout(Stdio::piped()).spawn().unwrap();
+    let mut child = run("stdout", Path::new("/dev/stdout"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let stdout = read_all(Box::new(child.stdout.take().unwrap()));
     let stderr = read_all(Box::new(child.stderr.take().unwrap()));
     let status = wait_or_kill(&mut child, 300, "--mllog /dev/stdout | cat");
@@ -663,8 +620,7 @@ fn a_log_to_a_pipe_is_written_as_it_is() {
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: a NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    let (mut cmd, a) = run("fifo", &fifo);
-    let mut child = cmd.args(&a).stdout(Stdio::null()).spawn().unwrap();
+    let mut child = run("fifo", &fifo).stdout(Stdio::null()).spawn().unwrap();
     let stderr = read_all(Box::new(child.stderr.take().unwrap()));
     // Opening the FIFO to read waits for rn50 to open it to write.
     let path = fifo.clone();

@@ -24,7 +24,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::json_lines;
+use common::{metrics_lines, TinyTrain};
 use netns::Net;
 use rn50::train::checkpoint::read_meta;
 
@@ -61,16 +61,11 @@ fn net_or_skip(test: &str, nodes: usize, decoy: bool) -> Option<Net> {
 }
 
 /// `train` on synthetic data: ResNet-18 at width 16, 32 px, batch 2 per rank, a checkpoint at each epoch's end.
-fn train_args(out: &Path, epochs: u64, steps: u64) -> Vec<String> {
-    let mut a: Vec<String> = "train --dummy -a resnet18 --width 16 -b 2 --image-size 32 --augment cifar \
-                              --device cpu --precision fp32 -p 10 --checkpoint-minutes 0 --resume auto"
-        .split_whitespace()
-        .map(String::from)
-        .collect();
-    a.extend(["--epochs".into(), epochs.to_string()]);
-    a.extend(["--steps-per-epoch".into(), steps.to_string()]);
-    a.extend(["--out".into(), out.to_str().unwrap().into()]);
-    a
+fn train_args(out: &Path, epochs: u64, steps: u64) -> TinyTrain {
+    TinyTrain::dummy(out).flags(&format!(
+        "--width 16 -b 2 --image-size 32 --augment cifar --precision fp32 -p 10 --checkpoint-minutes 0 \
+         --resume auto --epochs {epochs} --steps-per-epoch {steps}"
+    ))
 }
 
 /// A running launcher and the file its output goes to.
@@ -137,7 +132,7 @@ fn launch_node(
     ifname: &str,
     timeout: u64,
     dir: &Path,
-    command: &[String],
+    command: &TinyTrain,
 ) -> Job {
     let mut cmd = net.command(node, RN50);
     cmd.args(["launch", "--nnodes", &net.nodes.len().to_string()])
@@ -145,14 +140,20 @@ fn launch_node(
         .args(["--nproc-per-node", &nproc.to_string()])
         .args(["--master", &net.master(PORT)])
         .args(["--timeout", &timeout.to_string(), "--grace", "5", "--"])
-        .args(command)
+        .args(command.to_args())
         .env("GLOO_SOCKET_IFNAME", ifname);
     let log = dir.join(format!("node{node}.log"));
     start(cmd, log, format!("node {node}'s launcher"))
 }
 
 /// Every node of `net` with `nproc` ranks each, Gloo on each node's link.
-fn launch_nodes(net: &Net, nproc: usize, timeout: u64, dir: &Path, command: &[String]) -> Vec<Job> {
+fn launch_nodes(
+    net: &Net,
+    nproc: usize,
+    timeout: u64,
+    dir: &Path,
+    command: &TinyTrain,
+) -> Vec<Job> {
     (0..net.nodes.len())
         .map(|i| launch_node(net, i, nproc, &net.nodes[i].ifname, timeout, dir, command))
         .collect()
@@ -164,7 +165,7 @@ fn launch_one_node(
     net: Option<(&Net, usize)>,
     nproc: usize,
     dir: &Path,
-    command: &[String],
+    command: &TinyTrain,
 ) -> Job {
     let mut cmd = match net {
         Some((net, node)) => net.command(node, RN50),
@@ -172,7 +173,7 @@ fn launch_one_node(
     };
     cmd.args(["launch", "--nproc-per-node", &nproc.to_string()])
         .args(["--timeout", &TIMEOUT.to_string(), "--"])
-        .args(command);
+        .args(command.to_args());
     let log = dir.join(format!("one-node-{nproc}.log"));
     start(cmd, log, format!("1 node × {nproc}"))
 }
@@ -261,10 +262,7 @@ fn resumed_at(log: &str) -> Option<u64> {
 
 /// The run in `out` logged every epoch once and wrote its final weights.
 fn assert_finished(out: &Path, epochs: u64) {
-    let logged: Vec<u64> = json_lines(&out.join("metrics.jsonl"))
-        .iter()
-        .map(|r| r["epoch"].as_u64().unwrap())
-        .collect();
+    let logged: Vec<u64> = metrics_lines(out).iter().map(|r| r.epoch).collect();
     assert_eq!(
         logged,
         (0..epochs).collect::<Vec<_>>(),
@@ -546,8 +544,8 @@ fn a_master_addr_of_another_host_fails_at_once_on_rank_0() {
     // Rank 0 of 2, told that the store is at an address this host does not have (TEST-NET-2, for documentation only).
     let dir = tempfile::tempdir().unwrap();
     let start = Instant::now();
-    let out = Command::new(RN50)
-        .args(train_args(&dir.path().join("run"), 1, 1))
+    let out = train_args(&dir.path().join("run"), 1, 1)
+        .command()
         .env("RANK", "0")
         .env("WORLD_SIZE", "2")
         .env("MASTER_ADDR", "198.51.100.77")

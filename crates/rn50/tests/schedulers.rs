@@ -13,12 +13,13 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::json_lines;
+use common::{metrics_lines, steps, TinyTrain};
 use rn50::train::checkpoint::read_meta;
 use tch::Tensor;
 
@@ -43,17 +44,24 @@ fn serial() -> MutexGuard<'static, ()> {
     rn50_util::lock_unpoisoned(&LOCK)
 }
 
-/// `train` flags after the data argument (all of them but --out and --resume): synthetic data, every step
-/// recorded, checkpoints at the ends of epochs (and on a stop signal).
-fn train_flags() -> Vec<String> {
-    let mut a: Vec<String> =
-        "--dummy -a resnet18 --width 16 -b 2 --image-size 32 --augment cifar --device cpu \
-                              --precision fp32 -p 1 --checkpoint-minutes 0"
-            .split_whitespace()
-            .map(String::from)
-            .collect();
-    a.extend(["--epochs".into(), EPOCHS.to_string()]);
-    a.extend(["--steps-per-epoch".into(), STEPS.to_string()]);
+/// What these tests' runs add to [`TinyTrain`]'s flags: every step recorded, checkpoints at the ends of epochs
+/// (and on a stop signal).
+fn flags() -> String {
+    format!(
+        "--width 16 -b 2 --image-size 32 --augment cifar --precision fp32 -p 1 --checkpoint-minutes 0 \
+         --epochs {EPOCHS} --steps-per-epoch {STEPS}"
+    )
+}
+
+/// `train` on synthetic data into `out` (no --resume).
+fn tiny(out: &Path) -> TinyTrain {
+    TinyTrain::dummy(out).flags(&flags())
+}
+
+/// The arguments after `rn50 train`, for the scripts that say `train` themselves (slurm-train.sbatch).
+fn after_train(t: &TinyTrain) -> Vec<OsString> {
+    let mut a = t.to_args();
+    assert_eq!(a.remove(0), "train");
     a
 }
 
@@ -237,15 +245,9 @@ fn assert_same_weights(run: &Path, want: &Path, what: &str) {
 /// Every epoch recorded once, every step once and in order (steps of an interrupted attempt past its
 /// checkpoint were dropped on resume), the run finished.
 fn assert_trained_once(run: &Path) {
-    let epochs: Vec<u64> = json_lines(&run.join("metrics.jsonl"))
-        .iter()
-        .map(|r| r["epoch"].as_u64().unwrap())
-        .collect();
+    let epochs: Vec<u64> = metrics_lines(run).iter().map(|r| r.epoch).collect();
     assert_eq!(epochs, (0..EPOCHS).collect::<Vec<_>>(), "metrics.jsonl");
-    let steps: Vec<(u64, u64)> = json_lines(&run.join("steps.jsonl"))
-        .iter()
-        .map(|r| (r["epoch"].as_u64().unwrap(), r["step"].as_u64().unwrap()))
-        .collect();
+    let steps: Vec<(u64, u64)> = steps(run).iter().map(|r| (r.epoch, r.step)).collect();
     let all: Vec<(u64, u64)> = (0..EPOCHS)
         .flat_map(|e| (0..STEPS).map(move |s| (e, s)))
         .collect();
@@ -262,8 +264,8 @@ fn last_step(run: &Path) -> Option<(u64, u64)> {
     read(&run.join("steps.jsonl"))
         .lines()
         .rev()
-        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .map(|r| (r["epoch"].as_u64().unwrap(), r["step"].as_u64().unwrap()))
+        .find_map(|l| serde_json::from_str::<rn50_report::StepRecord>(l).ok())
+        .map(|r| (r.epoch, r.step))
 }
 
 /// Every "resumed from FILE at epoch E batch B" in a log, as (E, B).
@@ -293,10 +295,8 @@ fn reference() -> &'static Path {
         let reaper = Reaper::new("reference");
         let log = dir.path().join("log");
         let mut c = reaper.command(RN50, &log);
-        c.args(["launch", "--nproc-per-node", "2", "--", "train"])
-            .args(train_flags())
-            .arg("--out")
-            .arg(dir.path().join("run"));
+        c.args(["launch", "--nproc-per-node", "2", "--"])
+            .args(tiny(&dir.path().join("run")).to_args());
         let mut child = c.spawn().unwrap();
         let status = wait_exit(&mut child, "the reference run", || read(&log));
         assert!(status.success(), "reference run: {status}\n{}", read(&log));
@@ -449,7 +449,7 @@ impl Slurm {
     }
 
     /// `sbatch --parsable OPTIONS scripts/slurm-train.sbatch ARGS…` with RN50 the binary under test; the job id.
-    fn sbatch(&self, options: &[&str], rn50: &str, args: &[String]) -> String {
+    fn sbatch(&self, options: &[&str], rn50: &str, args: &[OsString]) -> String {
         let script = repo().join("scripts/slurm-train.sbatch");
         let o = Command::new("sbatch")
             .arg("--parsable")
@@ -650,8 +650,7 @@ fn slurm_sbatch_requeue_and_resume() {
 
     // Training, interrupted twice.
     let (out, run) = (d.join("train.out"), d.join("run"));
-    let mut args = train_flags();
-    args.extend(["--out".into(), s(&run)]);
+    let args = after_train(&tiny(&run));
     let id = slurm.sbatch(
         &[
             "--nodes=1",
@@ -702,7 +701,7 @@ fn slurm_sbatch_requeue_and_resume() {
 
 /// `mpirun -np 2 rn50 train …` as root in a container (what CI is); Open MPI's session directory in the test's
 /// (TMPDIR), so that it goes with it.
-fn mpirun(reaper: &Reaper, mpirun: &Path, log: &Path, args: &[String]) -> Command {
+fn mpirun(reaper: &Reaper, mpirun: &Path, log: &Path, train: &TinyTrain) -> Command {
     let mut c = reaper.command(mpirun, log);
     c.env("TMPDIR", log.parent().unwrap())
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
@@ -717,8 +716,7 @@ fn mpirun(reaper: &Reaper, mpirun: &Path, log: &Path, args: &[String]) -> Comman
         ])
         .args(["-x", "OMP_NUM_THREADS", "-x", "RN50_DIST_TIMEOUT"])
         .arg(RN50)
-        .arg("train")
-        .args(args);
+        .args(train.to_args());
     c
 }
 
@@ -739,10 +737,10 @@ fn two_mpirun_jobs_at_once_on_one_node() {
         .iter()
         .map(|j| {
             let (log, run) = (d.join(format!("{j}.log")), d.join(j));
-            let mut args = train_flags();
-            args.extend(["--out".into(), s(&run)]);
             (
-                mpirun(&reaper, &bins[0], &log, &args).spawn().unwrap(),
+                mpirun(&reaper, &bins[0], &log, &tiny(&run))
+                    .spawn()
+                    .unwrap(),
                 log,
                 run,
             )
@@ -782,7 +780,11 @@ fn pbs_job(reaper: &Reaper, d: &Path, log: &Path) -> Child {
         .env("OUT", "run")
         .env("GPUS_PER_NODE", "2")
         .env("RN50", RN50)
-        .env("EXTRA", train_flags().join(" "))
+        // TinyTrain's source, network and device, and these tests' flags: the script gives DATA and --out.
+        .env(
+            "EXTRA",
+            format!("--dummy -a resnet18 --device cpu {}", flags()),
+        )
         .env("GLOO_SOCKET_IFNAME", "lo")
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -953,10 +955,8 @@ fn torchrun_static_sigterm_then_rerun_resumes() {
             &free_port().to_string(),
             "--no-python",
             RN50,
-            "train",
         ])
-        .args(train_flags())
-        .args(["--resume", "auto", "--out", &s(&run)]);
+        .args(tiny(&run).flags("--resume auto").to_args());
         c.spawn().unwrap()
     };
     let log = d.join("first.log");
@@ -1029,9 +1029,8 @@ fn torchrun_c10d_rendezvous_restarts_a_killed_worker() {
     ])
     .arg(format!("--rdzv-endpoint=127.0.0.1:{}", free_port()))
     .arg(format!("--rdzv-id={run_id}"))
-    .args(["--no-python", RN50, "train"])
-    .args(train_flags())
-    .args(["--resume", "auto", "--out", &s(&run)]);
+    .args(["--no-python", RN50])
+    .args(tiny(&run).flags("--resume auto").to_args());
     let mut child = c.spawn().unwrap();
     let first = [
         "RANK=1".to_string(),

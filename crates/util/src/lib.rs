@@ -10,7 +10,9 @@
 //! - [`stop`]: SIGINT/SIGTERM/SIGUSR1 as a request to stop, which commands check between units of work
 //!   ([`stop::install`], [`stop::EXIT_STOPPED`]); a second SIGINT stops at once;
 //! - [`stats`]: quantile (numpy's default interpolation), median and mean of measurements;
-//! - [`tmpfs`]: for tests, a real full disk (a small tmpfs mounted for the test's time).
+//! - [`tmpfs`]: for tests, a real full disk (a small tmpfs mounted for the test's time);
+//! - [`testing`]: for tests of stopping on request, a Ctrl-C sent once the command under test got somewhere
+//!   ([`testing::sigint_when`]).
 //!
 //! Pure std, libc, signal-hook, indicatif and tracing: every crate of the workspace can depend on it.
 pub mod atomic;
@@ -20,6 +22,7 @@ pub mod progress;
 pub mod stats;
 pub mod stop;
 pub mod sync;
+pub mod testing;
 pub mod tmpfs;
 
 pub use atomic::{atomic_symlink, atomic_write, atomic_write_with, remove_stale_temps};

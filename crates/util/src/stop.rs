@@ -28,7 +28,7 @@ static FIRST: AtomicI32 = AtomicI32::new(0);
 /// step"), with how to stop at once.
 pub fn install(then: &'static str) -> io::Result<Arc<AtomicBool>> {
     static INSTALLING: Mutex<()> = Mutex::new(());
-    let _once = INSTALLING.lock().unwrap_or_else(|p| p.into_inner());
+    let _once = crate::lock_unpoisoned(&INSTALLING);
     if let Some(flag) = FLAG.get() {
         return Ok(Arc::clone(flag));
     }

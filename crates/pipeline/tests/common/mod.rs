@@ -322,7 +322,7 @@ pub struct TempCache {
 pub fn temp_cache() -> TempCache {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     // A test that failed holding it poisons it; the next one may still run.
-    let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let guard = rn50_util::lock_unpoisoned(&LOCK);
     let dir = tempfile::tempdir().unwrap();
     std::env::set_var("RN50_CACHE_DIR", dir.path());
     TempCache {

@@ -99,6 +99,17 @@ pub fn metrics(run: &Path) -> Vec<rn50_report::EpochMetrics> {
     rn50_report::schema::read_metrics(&run.join("metrics.jsonl")).unwrap()
 }
 
+/// Every record of a run's metrics.jsonl, typed, in the file's order (an epoch logged twice is there twice): for
+/// what the file holds line by line; [`metrics`] for the epochs' values.
+#[allow(dead_code)]
+pub fn metrics_lines(run: &Path) -> Vec<rn50_report::EpochMetrics> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 #[allow(dead_code)]
 pub fn rn50(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_rn50"))
@@ -130,7 +141,8 @@ pub fn read_stderr_until(
 
 /// The command line of a small `rn50 train` on the CPU, which tests build on: `train SOURCE --out OUT -a resnet18
 /// --device cpu`, SOURCE `--dummy` or a dataset, then the flags each test adds (width, batch, image size, epochs...:
-/// a flag given twice is clap's error, so the shared part has none that tests vary).
+/// the shared part has none that tests vary; `train` takes a flag's last value, so a test that needs another
+/// network, device or `--out` adds it after them).
 #[allow(dead_code)]
 #[derive(Clone, Debug)]
 pub struct TinyTrain(Vec<OsString>);
