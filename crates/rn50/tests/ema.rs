@@ -131,6 +131,16 @@ fn the_trained_weights_and_their_average_are_both_evaluated_logged_and_kept() {
         stdout.contains(&line("EMA ", m[1].ema_acc1.unwrap())),
         "{stdout}"
     );
+
+    // A run without --ema that replaces this one leaves no average of the earlier run behind.
+    let r = TinyTrain::on(&data, &out)
+        .flags(
+            "--width 8 -b 2 --image-size 32 --val-resize 36 --val-crop 32 --epochs 1 --overwrite",
+        )
+        .output();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(!out.join("best_ema.safetensors").exists());
+    assert!(metrics(&out).iter().all(|e| e.ema_acc1.is_none()));
 }
 
 /// A decay whose horizon fits the run is not warned of.

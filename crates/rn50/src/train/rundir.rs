@@ -27,6 +27,7 @@ const RUN_FILES: &[&str] = &[
     "accuracy.png",
     "lr.png",
     "best.safetensors",
+    "best_ema.safetensors",
     "final.safetensors",
 ];
 
