@@ -1,5 +1,7 @@
-//! Exponential moving average of the weights (eval on the EMA weights is a common recipe option):
-//! after each step `ema = decay·ema + (1-decay)·w` for parameters; BN running statistics are copied.
+//! Exponential moving average of the weights (`--ema`, timm's and torchvision's recipe option): after each step
+//! `ema = decay·ema + (1-decay)·w` for parameters; BN running statistics are copied. [`EmaModel`] is the average
+//! with the model it is evaluated in, next to the trained weights; [`warn_if_longer_than`] says when a decay
+//! outlasts the run.
 use tch::Tensor;
 
 use crate::model::Model;
@@ -54,6 +56,40 @@ impl Ema {
 
     pub fn tensors(&self) -> impl Iterator<Item = (&str, &Tensor)> {
         self.shadow.iter().map(|(k, t, _)| (k.as_str(), t))
+    }
+}
+
+/// `--ema`: the average, and the model it is copied into to be evaluated and saved as best_ema.safetensors.
+pub struct EmaModel {
+    pub ema: Ema,
+    pub model: Model,
+}
+
+impl EmaModel {
+    /// The average as a model (copied into it now).
+    pub fn model(&self) -> &Model {
+        self.ema.copy_to(&self.model);
+        &self.model
+    }
+}
+
+/// Warns when `--ema decay`'s horizon, about 1/(1-decay) updates, is longer than the run's `steps` optimizer
+/// steps updating it every `every`: such an average stays near the first weights (timm's default 0.9998 needs
+/// 5,000 updates), so it scores as an untrained network while the trained weights have learnt.
+pub fn warn_if_longer_than(decay: f64, every: usize, steps: usize) {
+    let updates = steps.div_ceil(every);
+    let horizon = 1.0 / (1.0 - decay);
+    if horizon > updates as f64 {
+        tracing::warn!(
+            "--ema {decay} averages over {} updates (1/(1-decay)), more than the {updates} of this run \
+             ({steps} steps, one update every --ema-steps {every}): the average will stay close to the first \
+             weights. Both are evaluated (ema_acc1 beside acc1); a lower --ema fits a short run (1-1/N averages \
+             over N updates)",
+            match horizon.is_finite() {
+                true => format!("about {horizon:.0}"),
+                false => "infinitely many".into(),
+            }
+        );
     }
 }
 

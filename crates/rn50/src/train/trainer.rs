@@ -25,7 +25,7 @@ use crate::step::{SgdConfig, Skipped, StepConfig, TrainStep};
 use crate::train::args::{Augment, OptimizerKind, TrainArgs};
 use crate::train::checkpoint::{self, Position};
 use crate::train::data::{self, RealData};
-use crate::train::ema::Ema;
+use crate::train::ema::{self, Ema, EmaModel};
 use crate::train::eval::{self, EvalResult, Evaluated};
 use crate::train::keeper::{resolve_resume, Keeper};
 use crate::train::metrics::correct_top1;
@@ -120,20 +120,6 @@ struct RunState<'a> {
     mlperf: MlperfRun,
     /// How long TensorBoard's events may wait in the buffer ([`runlog::tensorboard_flush_every`]).
     tensorboard_flush: Duration,
-}
-
-/// `--ema`: the average, and the model it is copied into to be evaluated and saved as best_ema.safetensors.
-struct EmaModel {
-    ema: Ema,
-    model: Model,
-}
-
-impl EmaModel {
-    /// The average as a model (copied into it now).
-    fn model(&self) -> &Model {
-        self.ema.copy_to(&self.model);
-        &self.model
-    }
 }
 
 impl<'a> RunState<'a> {
@@ -397,26 +383,6 @@ impl<'a> RunState<'a> {
     }
 }
 
-/// Warns when `--ema decay`'s horizon, about 1/(1-decay) updates, is longer than the run's `steps` optimizer
-/// steps updating it every `every`: such an average stays near the first weights (timm's default 0.9998 needs
-/// 5,000 updates), so it scores as an untrained network while the trained weights have learnt.
-fn warn_of_a_long_ema(decay: f64, every: usize, steps: usize) {
-    let updates = steps.div_ceil(every);
-    let horizon = 1.0 / (1.0 - decay);
-    if horizon > updates as f64 {
-        tracing::warn!(
-            "--ema {decay} averages over {} updates (1/(1-decay)), more than the {updates} of this run \
-             ({steps} steps, one update every --ema-steps {every}): the average will stay close to the first \
-             weights. Both are evaluated (ema_acc1 beside acc1); a lower --ema fits a short run (1-1/N averages \
-             over N updates)",
-            match horizon.is_finite() {
-                true => format!("about {horizon:.0}"),
-                false => "infinitely many".into(),
-            }
-        );
-    }
-}
-
 /// The class folder names in label order that best/final.safetensors record (none with --dummy).
 fn class_names(data: Option<&RealData>) -> Option<&[String]> {
     data.map(|d| d.classes.as_slice())
@@ -533,7 +499,7 @@ impl<'a> Trainer<'a> {
             })
             .max(1);
         if let (Some(decay), true) = (args.ema, rank0) {
-            warn_of_a_long_ema(decay, args.ema_steps, args.epochs * per_epoch);
+            ema::warn_if_longer_than(decay, args.ema_steps, args.epochs * per_epoch);
         }
         let keeper = Keeper::new(&args.out, args.keep_checkpoints, args.checkpoint_minutes)?;
         let log = match state.run_dir.take() {
