@@ -138,7 +138,16 @@ fn every_source_trains_to_the_same_losses_and_evaluates_the_same() {
     }
     let renamed = renamed.parent().unwrap().to_path_buf();
     let split_flags = ["--train-split", "trn", "--val-split", "valid"];
-    let out = rn50(&["train", renamed.to_str().unwrap(), "--device", "cpu"]);
+    // --out in the test's folder: the default, runs/train, would be claimed in the source tree.
+    let run = dir.path().join("refused");
+    let out = rn50(&[
+        "train",
+        renamed.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--out",
+        run.to_str().unwrap(),
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("has no train/ folder"),
