@@ -186,7 +186,8 @@ pub struct ScalingArgs {
 /// ImageNet-1k's training set: about 140 GB of JPEGs in 1,281,167 files.
 pub const IMAGENET_MEAN_JPEG_BYTES: f64 = 140e9 / 1_281_167.0;
 
-/// The scaling model's inputs, resolved (not a network: that is `rn50`'s `model::Model`): times in ms, sizes in bytes, bandwidths in GB/s, latencies in µs.
+/// The scaling model's inputs, resolved (not a network: that is `rn50`'s `model::Model`): times in ms, sizes in
+/// bytes, bandwidths in GB/s, latencies in µs.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ScalingModel {
     /// Measured one-worker step time at `batch`.
