@@ -44,10 +44,9 @@ impl Evaluated {
     /// The better top-1 of the two (NaN without a dataset): what --target-accuracy and MLPerf's eval_accuracy
     /// judge, as either weights file reaches it.
     pub fn best_acc1(&self) -> f64 {
-        match &self.ema {
-            Some(e) if e.acc1 > self.model.acc1 || self.model.acc1.is_nan() => e.acc1,
-            _ => self.model.acc1,
-        }
+        // f64::max keeps the number when one of the two is NaN.
+        let ema = self.ema.as_ref().map_or(f64::NAN, |e| e.acc1);
+        self.model.acc1.max(ema)
     }
 }
 
@@ -447,4 +446,30 @@ pub fn run(args: &EvalArgs) -> Result<()> {
             .with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// --target-accuracy judges the better of the trained weights and their EMA; a NaN (no dataset) is no score.
+    #[test]
+    fn the_better_of_the_weights_and_their_average() {
+        let r = |acc1| EvalResult {
+            acc1,
+            ..EvalResult::default()
+        };
+        let best = |model, ema: Option<f64>| {
+            Evaluated {
+                model: r(model),
+                ema: ema.map(r),
+            }
+            .best_acc1()
+        };
+        assert_eq!(best(40.0, None), 40.0);
+        assert_eq!(best(40.0, Some(60.0)), 60.0);
+        assert_eq!(best(70.0, Some(60.0)), 70.0);
+        assert_eq!(best(f64::NAN, Some(12.0)), 12.0);
+        assert!(best(f64::NAN, None).is_nan());
+    }
 }
