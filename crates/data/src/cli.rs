@@ -58,6 +58,9 @@ pub struct ExtractArgs {
     /// Kaggle's ImageNet download, extracted (ILSVRC/Data/CLS-LOC/train and val/, LOC_val_solution.csv,
     /// LOC_synset_mapping.txt), instead of the archives: the same tree, its files hard links to the
     /// download's (copies across file systems), val/ sorted into class folders by LOC_val_solution.csv.
+    /// Synsets that are not WordNet ids (n and 8 digits), links in the download, and an --out inside it
+    /// are refused before anything is written. Ctrl-C or SIGTERM stops between files and exits 3; run it
+    /// again to continue.
     #[arg(long, value_name = "DIR", conflicts_with_all = [
         "train_tar", "val_tar", "verify", "fix_odd_files", "val_labels", "checksums", "buffer_mib",
         "force", "jobs",

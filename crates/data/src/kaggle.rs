@@ -7,20 +7,31 @@
 //! the first word of the prediction string the WordNet id) and the class names in
 //! `DIR/LOC_synset_mapping.txt`. `test/` (no labels) is left out.
 //!
-//! Everything is checked before anything is written: every class folder and CSV line names a known
-//! synset (those of `LOC_synset_mapping.txt`, else the 1,000 ILSVRC2012 ones), every CSV line a file that
-//! is there, every val file has a line. Files are hard links to the download when OUT is on its file
-//! system, copies otherwise (copied under a temporary name, then renamed); nothing in DIR is changed. A
-//! file already in OUT is kept when it is the download's (the same file, or of its size: a run stopped
-//! half-way is resumed); any other file at a name it would write stops it, and nothing is overwritten.
-//! Last, the class folders are counted against what was listed.
+//! Everything is checked before anything is written: every synset of `LOC_synset_mapping.txt` is a WordNet id
+//! (`n` and 8 digits; any other first word is an error naming its line, since synsets become folder names), every
+//! class folder and CSV line names a known synset (those of `LOC_synset_mapping.txt`, else the 1,000 ILSVRC2012
+//! ones), every CSV line a file that is there, every val file has a line. Links in the download (a class folder or
+//! an image that is a symbolic link) and anything else that is not a plain folder or file are refused, not followed,
+//! as the archives' link members are. OUT may not be DIR or inside it (nothing in DIR is changed), and DIR may not
+//! be inside OUT's `train/` or `val/`; the folders it writes in OUT must be real folders, not links.
+//!
+//! Files are hard links to the download when OUT is on its file system, copies otherwise (copied under a
+//! temporary name `.NAME.tmpPID`, removed on an error, fsynced and renamed). A file already in OUT is kept when it
+//! is the download's (the same file, or of its size: a run stopped half-way is resumed); any other file at a name
+//! it would write stops it, and nothing is overwritten. Ctrl-C, SIGTERM or SIGUSR1 stops it between files
+//! ("stopped on request", exit 3), the files in place kept for the next run; the temporary files a killed run
+//! left (kill -9) are removed by the next one, only those of the files it writes. Last, the class folders are
+//! counted against what was listed.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
+use rn50_pipeline::imagenet::is_wnid;
+use rn50_util::stop::{self, Stopped};
 
 use crate::labels::imagenet_wnids;
 use crate::output::{create_dir_all, io_error};
@@ -48,16 +59,25 @@ struct Planned {
     to: PathBuf,
 }
 
-/// The known synsets: the first word of each line of `LOC_synset_mapping.txt`, else ImageNet's 1,000.
+/// The known synsets: the first word of each line of `LOC_synset_mapping.txt`, else ImageNet's 1,000. Each is a
+/// WordNet id, as they become folder names.
 fn synsets(dir: &Path) -> Result<BTreeSet<String>> {
     let path = dir.join(SYNSET_MAPPING);
     match std::fs::read_to_string(&path) {
         Ok(text) => {
-            let set: BTreeSet<String> = text
-                .lines()
-                .filter_map(|l| l.split_whitespace().next())
-                .map(String::from)
-                .collect();
+            let mut set = BTreeSet::new();
+            for (i, line) in text.lines().enumerate() {
+                let Some(wnid) = line.split_whitespace().next() else {
+                    continue;
+                };
+                ensure!(
+                    is_wnid(wnid),
+                    "{}: line {}: {wnid:?} is not a WordNet id (n and 8 digits, as n01440764)",
+                    path.display(),
+                    i + 1
+                );
+                set.insert(wnid.to_string());
+            }
             ensure!(!set.is_empty(), "{}: no synsets in it", path.display());
             Ok(set)
         }
@@ -68,7 +88,16 @@ fn synsets(dir: &Path) -> Result<BTreeSet<String>> {
     }
 }
 
-/// The files directly in `dir`, sorted (`None` when `dir` does not exist).
+/// The error for a symbolic link in the download, or in OUT where a folder is written.
+fn refuse_link(path: &Path) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{}: a symbolic link; links are refused, not followed (replace it with what it points to)",
+        path.display()
+    )
+}
+
+/// The files directly in `dir`, sorted (`None` when `dir` does not exist). Anything else there (a link, a
+/// folder, a device) is an error naming it: nothing is followed.
 fn files_in(dir: &Path) -> Result<Option<Vec<String>>> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
@@ -78,13 +107,23 @@ fn files_in(dir: &Path) -> Result<Option<Vec<String>>> {
     let mut names = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| io_error(e, "listing", dir))?;
-        if entry.path().is_file() {
-            let name = entry
-                .file_name()
-                .into_string()
-                .map_err(|n| anyhow::anyhow!("{}: file name {n:?} is not UTF-8", dir.display()))?;
-            names.push(name);
+        let path = entry.path();
+        let kind = entry
+            .file_type()
+            .map_err(|e| io_error(e, "inspecting", &path))?;
+        if kind.is_symlink() {
+            return Err(refuse_link(&path));
         }
+        ensure!(
+            kind.is_file(),
+            "{}: not a regular file (only image files are expected here)",
+            path.display()
+        );
+        let name = entry
+            .file_name()
+            .into_string()
+            .map_err(|n| anyhow::anyhow!("{}: file name {n:?} is not UTF-8", dir.display()))?;
+        names.push(name);
     }
     names.sort();
     Ok(Some(names))
@@ -136,6 +175,11 @@ fn val_solution(path: &Path, known: &BTreeSet<String>) -> Result<BTreeMap<String
     Ok(labels)
 }
 
+/// The error of a stop requested before anything was written.
+fn stopped_before_writing() -> anyhow::Error {
+    Stopped::new("nothing written; run the same command again to start").into()
+}
+
 /// The train files to place: every class folder of Kaggle's `train/`.
 fn plan_train(
     src: &Path,
@@ -148,11 +192,15 @@ fn plan_train(
     let mut dirs = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| io_error(e, "listing", src))?;
-        if entry.path().is_dir() {
-            dirs.push(entry.file_name().to_string_lossy().into_owned());
-        } else {
-            bail!("{}: not a class folder", entry.path().display());
+        let path = entry.path();
+        let kind = entry
+            .file_type()
+            .map_err(|e| io_error(e, "inspecting", &path))?;
+        if kind.is_symlink() {
+            return Err(refuse_link(&path));
         }
+        ensure!(kind.is_dir(), "{}: not a class folder", path.display());
+        dirs.push(entry.file_name().to_string_lossy().into_owned());
     }
     dirs.sort();
     for wnid in dirs {
@@ -161,6 +209,10 @@ fn plan_train(
             "{}: unknown synset (not in {SYNSET_MAPPING} or ImageNet's 1000)",
             src.join(&wnid).display()
         );
+        // Listing 1,000 folders of 1,300 files takes a while: a stop is not kept waiting.
+        if stop::requested() {
+            return Err(stopped_before_writing());
+        }
         let files = files_in(&src.join(&wnid))?.unwrap_or_default();
         ensure!(
             !files.is_empty(),
@@ -178,10 +230,125 @@ fn plan_train(
     Ok(classes)
 }
 
+/// `path` made absolute with its links resolved, also when it does not exist yet: its nearest existing
+/// ancestor canonicalized, the rest of it appended (`..` taken lexically, as no link can be in what does not exist).
+fn resolved(path: &Path) -> Result<PathBuf> {
+    let parts: Vec<Component> = path.components().collect();
+    for n in (0..=parts.len()).rev() {
+        let head: PathBuf = parts[..n].iter().collect();
+        let head = if head.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            head
+        };
+        match std::fs::canonicalize(&head) {
+            Ok(mut p) => {
+                for part in &parts[n..] {
+                    match part {
+                        Component::ParentDir => {
+                            p.pop();
+                        }
+                        Component::Normal(name) => p.push(name),
+                        _ => {}
+                    }
+                }
+                return Ok(p);
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                ) => {}
+            Err(e) => return Err(io_error(e, "resolving", &head)),
+        }
+    }
+    bail!("{}: cannot resolve this path", path.display())
+}
+
+/// OUT is neither DIR nor inside it (nothing in DIR is changed), and DIR is not inside what OUT's tree is made
+/// of (`train/`, `val/`: the download would become a class, or files of one).
+fn check_apart(dir: &Path, out: &Path) -> Result<()> {
+    let (d, o) = (resolved(dir)?, resolved(out)?);
+    ensure!(
+        !o.starts_with(&d),
+        "--out {} is inside the download {} (as {}): nothing in DIR is changed; choose an --out \
+         outside it",
+        out.display(),
+        dir.display(),
+        o.display()
+    );
+    for part in ["train", "val"] {
+        ensure!(
+            !d.starts_with(o.join(part)),
+            "the download {} is inside --out's {part}/ ({}): it would become part of the dataset; \
+             move it out, or choose another --out",
+            dir.display(),
+            o.join(part).display()
+        );
+    }
+    Ok(())
+}
+
+/// Every folder a file is written in (and `train/`, `val/` above them) is a real folder when it exists: a link
+/// there would take the files out of OUT.
+fn check_out_folders(out: &Path, folders: &BTreeSet<&Path>) -> Result<()> {
+    let top = [out.join("train"), out.join("val")];
+    for folder in top
+        .iter()
+        .map(PathBuf::as_path)
+        .chain(folders.iter().copied())
+    {
+        match std::fs::symlink_metadata(folder) {
+            Ok(m) if m.file_type().is_symlink() => return Err(refuse_link(folder)),
+            Ok(m) => ensure!(
+                m.is_dir(),
+                "{}: not a folder; move it away (nothing is overwritten)",
+                folder.display()
+            ),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_error(e, "inspecting", folder)),
+        }
+    }
+    Ok(())
+}
+
+/// Removes from `folder` the temporary files (`.NAME.tmpPID`) that a killed run (its process gone) left of
+/// the files `names` it writes there; any other file, a user's, is left to the count at the end.
+fn remove_stale_temps(folder: &Path, names: &BTreeSet<&str>) -> Result<()> {
+    let entries = match std::fs::read_dir(folder) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_error(e, "listing", folder)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| io_error(e, "listing", folder))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let target = name
+            .strip_prefix('.')
+            .and_then(|rest| rest.rsplit_once(".tmp"))
+            .map(|(target, _)| target);
+        let ours = target.is_some_and(|t| names.contains(t)) && !names.contains(name);
+        if ours
+            && entry.file_type().is_ok_and(|t| t.is_file())
+            && rn50_util::atomic::is_stale_temp(entry.file_name().as_os_str())
+        {
+            let path = entry.path();
+            std::fs::remove_file(&path).map_err(|e| io_error(e, "removing", &path))?;
+            tracing::info!("{}: removed, left by a run that was killed", path.display());
+        }
+    }
+    Ok(())
+}
+
 /// Puts `p.from` at `p.to`: nothing when it is there already (the same file, or one of its size), else a
 /// hard link, else (another file system) a copy. `Some(true)` for a link, `Some(false)` for a copy.
 fn place(p: &Planned) -> Result<Option<bool>> {
-    let from = std::fs::metadata(&p.from).map_err(|e| io_error(e, "reading", &p.from))?;
+    let from = std::fs::symlink_metadata(&p.from).map_err(|e| io_error(e, "reading", &p.from))?;
+    if from.file_type().is_symlink() {
+        return Err(refuse_link(&p.from));
+    }
+    ensure!(from.is_file(), "{}: not a regular file", p.from.display());
     match std::fs::symlink_metadata(&p.to) {
         Ok(to) => {
             let same = (to.dev(), to.ino()) == (from.dev(), from.ino());
@@ -199,14 +366,31 @@ fn place(p: &Planned) -> Result<Option<bool>> {
     match std::fs::hard_link(&p.from, &p.to) {
         Ok(()) => Ok(Some(true)),
         Err(e) if e.kind() == io::ErrorKind::CrossesDevices => {
-            let tmp =
-                rn50_util::atomic::temp_path(&p.to).map_err(|e| io_error(e, "naming", &p.to))?;
-            std::fs::copy(&p.from, &tmp).map_err(|e| io_error(e, "copying to", &tmp))?;
-            std::fs::rename(&tmp, &p.to).map_err(|e| io_error(e, "renaming", &tmp))?;
+            copy(p, &from)?;
             Ok(Some(false))
         }
         Err(e) => Err(io_error(e, "linking", &p.to)),
     }
+}
+
+/// Copies `p.from` (the file listed, `from`: opened, then checked to be it, so a link put there since is not
+/// followed) to a temporary file next to `p.to`, removed on any error, then fsynced and renamed to `p.to`.
+fn copy(p: &Planned, from: &std::fs::Metadata) -> Result<()> {
+    let mut src = File::open(&p.from).map_err(|e| io_error(e, "reading", &p.from))?;
+    let opened = src
+        .metadata()
+        .map_err(|e| io_error(e, "reading", &p.from))?;
+    ensure!(
+        (opened.dev(), opened.ino()) == (from.dev(), from.ino()),
+        "{}: changed while it was being copied (replaced by a link?)",
+        p.from.display()
+    );
+    let tmp = rn50_util::atomic::Partial::new(&p.to).map_err(|e| io_error(e, "naming", &p.to))?;
+    let mut dst = File::create_new(tmp.path()).map_err(|e| io_error(e, "creating", tmp.path()))?;
+    io::copy(&mut src, &mut dst).map_err(|e| io_error(e, "copying to", tmp.path()))?;
+    drop(dst);
+    tmp.persist(&p.to)
+        .map_err(|e| io_error(e, "renaming a copy to", &p.to))
 }
 
 /// Makes `out`'s train/ and val/ from the Kaggle download in `dir`.
@@ -217,6 +401,9 @@ pub fn prepare_kaggle(dir: &Path, out: &Path) -> Result<KaggleSummary> {
         "{}: not Kaggle's ImageNet download (no {DATA}/ in it)",
         dir.display()
     );
+    check_apart(dir, out)?;
+    // Ctrl-C (or SIGTERM) stops between files, keeping those in place; a second Ctrl-C at once.
+    stop::install("finishing the file in hand, then stopping")?;
     let known = synsets(dir)?;
     let mut summary = KaggleSummary::default();
     let mut plan = Vec::new();
@@ -255,10 +442,35 @@ pub fn prepare_kaggle(dir: &Path, out: &Path) -> Result<KaggleSummary> {
         "{}: no train/ or val/ images in it",
         data.display()
     );
+    // Each class folder written, with the names written in it.
+    let mut folders: BTreeMap<&Path, BTreeSet<&str>> = BTreeMap::new();
+    for p in &plan {
+        let name =
+            p.to.file_name()
+                .and_then(|n| n.to_str())
+                .expect("a file name");
+        folders
+            .entry(p.to.parent().expect("a class folder"))
+            .or_default()
+            .insert(name);
+    }
+    check_out_folders(out, &folders.keys().copied().collect())?;
+    if stop::requested() {
+        return Err(stopped_before_writing());
+    }
+    for (folder, names) in &folders {
+        remove_stale_temps(folder, names)?;
+    }
     let mut made = BTreeSet::new();
     for p in &plan {
+        // Between files: each is in place whole or not at all (a copy's temporary file is removed).
+        if stop::requested() {
+            bail!(Stopped::new(
+                "the files in place so far are kept; run the same command again to continue"
+            ));
+        }
         let parent = p.to.parent().expect("a class folder");
-        if made.insert(parent.to_path_buf()) {
+        if made.insert(parent) {
             create_dir_all(parent)?;
         }
         match place(p)? {
@@ -268,13 +480,8 @@ pub fn prepare_kaggle(dir: &Path, out: &Path) -> Result<KaggleSummary> {
         }
     }
     // Counted again from the disk: each class folder holds what was listed for it, and nothing else.
-    let mut expected: BTreeMap<&Path, u64> = BTreeMap::new();
-    for p in &plan {
-        *expected
-            .entry(p.to.parent().expect("a class folder"))
-            .or_default() += 1;
-    }
-    for (folder, n) in expected {
+    for (folder, names) in &folders {
+        let n = names.len() as u64;
         let found = files_in(folder)?.map_or(0, |f| f.len() as u64);
         ensure!(
             found == n,
