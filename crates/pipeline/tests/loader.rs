@@ -647,3 +647,40 @@ fn bench_loader_fails_on_a_bad_image_decoded_ahead_with_on_bad_image_fail() {
         "{err}"
     );
 }
+
+/// Issue 43: a file that says it is 9 GiB (a sparse file, a few kilobytes on disk) in an ImageFolder is a bad image
+/// refused from its size, as a shard's or a WebDataset member's is: it was read whole, 9 GiB of zeros into memory,
+/// before the decoder refused it.
+#[test]
+fn a_file_larger_than_an_image_may_be_is_a_bad_image_refused_from_its_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    let class = tmp.path().join("x/a");
+    std::fs::create_dir_all(&class).unwrap();
+    let photos = &jpeg_files("imagenet")[..3];
+    for f in photos {
+        std::fs::copy(f, class.join(f.file_name().unwrap())).unwrap();
+    }
+    let huge = class.join("zz_sparse.JPEG");
+    std::fs::copy(&photos[0], &huge).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&huge).unwrap();
+    f.set_len(9 << 30).unwrap();
+    assert!(
+        std::fs::metadata(&huge).unwrap().len() > rn50_pipeline::source::wds::MAX_IMAGE_BYTES,
+        "a sparse file of 9 GiB"
+    );
+    let ds = Dataset::open(tmp.path().join("x")).unwrap();
+    let cfg = LoaderConfig {
+        transform: Transform::train(32),
+        ..LoaderConfig::val(2, 2)
+    };
+    let loader = Loader::new(ds, cfg).unwrap();
+    let images: usize = loader.epoch(0, 0).map(|b| b.unwrap().labels().len()).sum();
+    let s = loader.stats();
+    assert_eq!((images, s.bad_images), (3, 1), "{s:?}");
+    assert!(
+        s.bad_examples
+            .iter()
+            .any(|e| e.contains("zz_sparse.JPEG") && e.contains("more than an image may have")),
+        "{s:?}"
+    );
+}

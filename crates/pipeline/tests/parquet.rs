@@ -1,8 +1,10 @@
 //! Hugging Face parquet files, written by `datasets` itself (an `Image()` / `ClassLabel` dataset holding the
 //! JPEG bytes, `to_parquet`) from the shared ImageNet photos: read by rn50 they are the same (image, class)
 //! samples as the ImageFolder of the same photos, with the Hub's human-readable class names or WordNet ids;
-//! files of another schema, unlabelled rows and non-parquet files are refused naming the file; a damaged
-//! image in a row is a bad image like any other; packed, they are the same samples again.
+//! files of another schema, unlabelled rows, a ClassLabel without names, footers claiming rows their row
+//! groups do not hold and non-parquet files are refused naming the file; a damaged image in a row is a bad
+//! image like any other; packed, they are the same samples again; training on the validation split is warned
+//! of.
 
 mod common;
 
@@ -237,4 +239,187 @@ fn a_damaged_image_in_a_row_is_a_bad_image_skipped_and_counted() {
         "{:?}",
         stats.bad_examples
     );
+}
+
+/// `file` with the footer's row count of row group `group` replaced by `rows` (what a damaged or hostile
+/// file claims), written back by the parquet crate's own metadata writer; the pages are untouched.
+fn with_footer_rows(file: &Path, group: usize, rows: i64) {
+    use parquet::file::metadata::{ParquetMetaDataReader, ParquetMetaDataWriter};
+    let mut bytes = std::fs::read(file).unwrap();
+    let n = bytes.len();
+    assert_eq!(&bytes[n - 4..], b"PAR1");
+    let footer = u32::from_le_bytes(bytes[n - 8..n - 4].try_into().unwrap()) as usize;
+    let start = n - 8 - footer;
+    let meta = ParquetMetaDataReader::decode_metadata(&bytes[start..n - 8]).unwrap();
+    let mut groups = meta.row_groups().to_vec();
+    groups[group] = groups[group]
+        .clone()
+        .into_builder()
+        .set_num_rows(rows)
+        .build()
+        .unwrap();
+    let meta = meta.into_builder().set_row_groups(groups).build();
+    bytes.truncate(start);
+    ParquetMetaDataWriter::new(&mut bytes, &meta)
+        .finish()
+        .unwrap();
+    std::fs::write(file, bytes).unwrap();
+}
+
+/// A row group whose footer claims 2^40 rows aborted rn50 (exit 134: the labels' buffers were sized from
+/// it), -5 or 2^62 rows panicked ("capacity overflow", exit 101); a few rows more or fewer than the group
+/// holds were taken as they were, or refused as "ends early". Each is refused, naming the file and the
+/// count, and nothing is sized from the count before the rows are read.
+#[test]
+fn a_footer_claiming_rows_the_row_group_does_not_hold_is_refused_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rows = labelled(&jpeg_files("imagenet")[..4]);
+    let good = tmp.path().join("good.parquet");
+    // Two row groups of two rows.
+    to_parquet(&good, 2, &rows, json!({"names": hub_names()}));
+    assert_eq!(Dataset::open(&good).unwrap().len(), 4);
+    let cases: [(i64, &str); 6] = [
+        (
+            1 << 40,
+            "row group 1 has 1099511627776 rows, more than a row group can hold",
+        ),
+        (-5, "row group 1 has -5 rows"),
+        (
+            1 << 62,
+            "row group 1 has 4611686018427387904 rows, more than",
+        ),
+        (
+            u32::MAX as i64,
+            "row group 1 has 4294967295 rows, but it holds 2",
+        ),
+        (3, "row group 1 has 3 rows, but it holds 2"),
+        (1, "row group 1 has 1 rows, but it holds more"),
+    ];
+    for (claimed, expected) in cases {
+        let file = tmp.path().join(format!("claims{claimed}.parquet"));
+        std::fs::copy(&good, &file).unwrap();
+        with_footer_rows(&file, 1, claimed);
+        let e = error_opening(&file);
+        assert!(e.contains(&format!("its footer says {expected}")), "{e}");
+        // Through `Dataset::open` (what every command calls) as well.
+        common::open_error(Dataset::open(&file), &file);
+    }
+}
+
+/// A ClassLabel without class names (`datasets` writes one, its rows labelled -1) was refused as "outside its
+/// 0 classes (0 to 18446744073709551615)"; it is refused as what it is, naming the file.
+#[test]
+fn a_class_label_without_names_is_refused_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rows: Vec<(PathBuf, i64)> = jpeg_files("imagenet")[..2]
+        .iter()
+        .map(|p| (p.clone(), -1))
+        .collect();
+    let file = tmp.path().join("nameless.parquet");
+    to_parquet(&file, 2, &rows, json!({"names": []}));
+    let e = error_opening(&file);
+    assert!(
+        e.contains("its label is a ClassLabel feature with no class names"),
+        "{e}"
+    );
+    assert!(!e.contains("18446744073709551615"), "{e}");
+}
+
+/// Runs `rn50 pack` with the arguments in `RN50_TEST_PACK_ARGS` (JSON) and rn50's log on stderr: the child
+/// process of `training_on_the_validation_split_is_warned_of_once`; a no-op without the child's environment.
+#[test]
+#[ignore = "a child process of training_on_the_validation_split_is_warned_of_once"]
+fn pack_logging_to_stderr() {
+    let Ok(args) = std::env::var("RN50_TEST_PACK_ARGS") else {
+        return;
+    };
+    let args: Vec<String> = serde_json::from_str(&args).unwrap();
+    rn50_util::log::init(None);
+    pack_command(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+}
+
+/// `--train-split validation` read the validation images as the training split without a word: the
+/// command warns, once, naming both splits. Not when the training split is another.
+#[test]
+fn training_on_the_validation_split_is_warned_of_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rows = labelled(&jpeg_files("imagenet"));
+    let names = json!({"names": hub_names()});
+    let repo = tmp.path().join("repo");
+    for (split, rows) in [("train", &rows[..4]), ("validation", &rows[100..104])] {
+        let file = repo.join(format!("data/{split}-00000-of-00001.parquet"));
+        to_parquet(&file, 4, rows, names.clone());
+    }
+    let pack = |out: &str, flags: &[&str]| {
+        let out = tmp.path().join(out);
+        let args = [&[repo.to_str().unwrap(), out.to_str().unwrap()][..], flags].concat();
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "pack_logging_to_stderr",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env("RN50_TEST_PACK_ARGS", serde_json::to_string(&args).unwrap())
+            .env("RUST_LOG", "info")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&child.stderr).to_string();
+        assert!(child.status.success(), "{stderr}");
+        let warnings: Vec<String> = stderr
+            .lines()
+            .filter(|l| l.contains(" WARN "))
+            .map(String::from)
+            .collect();
+        (warnings, stderr)
+    };
+    let (warnings, log) = pack("named", &["--train-split", "validation"]);
+    assert_eq!(warnings.len(), 1, "{log}");
+    assert!(
+        warnings[0].contains(
+            "the training split (--train-split validation) is the validation split (--val-split's \
+             default, the first found of val, validation, test): validation in"
+        ),
+        "{log}"
+    );
+    assert!(log.contains("packing 4 images"), "{log}");
+    let (warnings, log) = pack(
+        "both",
+        &["--train-split", "validation", "--val-split", "validation"],
+    );
+    assert_eq!(warnings.len(), 1, "{log}");
+    assert!(
+        warnings[0].contains(
+            "(--train-split validation) is the validation split (--val-split validation)"
+        ),
+        "{log}"
+    );
+    // The usual splits, or a training split that is not the validation one: no warning.
+    let (warnings, log) = pack("usual", &[]);
+    assert!(warnings.is_empty(), "{log}");
+    let (warnings, log) = pack(
+        "other",
+        &["--train-split", "validation", "--val-split", "train"],
+    );
+    assert!(warnings.is_empty(), "{log}");
+}
+
+/// The same check on a folder repository: the split `--train-split` names is compared with the one the
+/// validation split's names find, so `test` is the validation split only where there is no `val/` or
+/// `validation/`.
+#[test]
+fn the_training_split_is_compared_with_the_validation_split_found() {
+    use rn50_pipeline::source::training_on_validation;
+    let tmp = tempfile::tempdir().unwrap();
+    for d in ["train", "val", "test"] {
+        std::fs::create_dir_all(tmp.path().join(d)).unwrap();
+    }
+    let warns = |train, val| training_on_validation(tmp.path(), train, val);
+    assert!(warns(Split::Named("val"), VAL_SPLIT).is_some_and(|w| w.contains(": val in ")));
+    assert!(warns(Split::Named("test"), VAL_SPLIT).is_none());
+    assert!(warns(Split::Named("test"), Split::Named("test")).is_some());
+    assert!(warns(TRAIN_SPLIT, VAL_SPLIT).is_none());
+    assert!(warns(Split::Named("missing"), VAL_SPLIT).is_none());
+    std::fs::remove_dir(tmp.path().join("val")).unwrap();
+    assert!(warns(Split::Named("test"), VAL_SPLIT).is_some_and(|w| w.contains(": test in ")));
 }

@@ -743,3 +743,103 @@ fn a_pack_onto_a_full_disk_leaves_no_temporary_shard() {
     pack(&ds, &out, &options(None)).unwrap();
     assert_eq!(hidden_files(&out), vec![live]);
 }
+
+/// Writes a format 2 shard file at `path` holding `records` (bytes, length, label): each record's `bytes`
+/// followed by zeros up to its length, left as a hole in the file (a sparse file: a record can say 4 GiB in a
+/// few kilobytes). Each record's CRC-32 is that of its `bytes`, the metadata's index checksum is right.
+fn sparse_shard(path: &std::path::Path, records: &[(&[u8], u32, u32)], classes: &[&str]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::create(path).unwrap();
+    f.write_all_at(b"RN50SHD1", 0).unwrap();
+    let (mut at, mut index) = (8u64, Vec::new());
+    for (bytes, len, label) in records {
+        f.write_all_at(bytes, at).unwrap();
+        index.extend_from_slice(&at.to_le_bytes());
+        index.extend_from_slice(&len.to_le_bytes());
+        index.extend_from_slice(&label.to_le_bytes());
+        index.extend_from_slice(&crc32fast::hash(bytes).to_le_bytes());
+        at += *len as u64;
+    }
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&index);
+    crc.update(&serde_json::to_vec(classes).unwrap());
+    let meta = serde_json::to_vec(&serde_json::json!({
+        "format_version": 2, "classes": classes, "records": records.len(), "max_side": null,
+        "quality": null, "index_crc32": crc.finalize(),
+    }))
+    .unwrap();
+    let (index_off, meta_off) = (at, at + index.len() as u64);
+    let mut tail = [index, meta.clone()].concat();
+    for v in [index_off, records.len() as u64, meta_off, meta.len() as u64] {
+        tail.extend_from_slice(&v.to_le_bytes());
+    }
+    tail.extend_from_slice(b"RN50SHDE");
+    f.write_all_at(&tail, index_off).unwrap();
+}
+
+/// Issue 43, as for a WebDataset member: the read resized its buffer to the record's length, up to 4 GiB
+/// for any record of a sparse file, in each loader thread. A record longer than `MAX_IMAGE_BYTES` is a bad
+/// image, refused unread (nothing of its size allocated), skipped and counted; the others read.
+#[test]
+fn a_record_declaring_gigabytes_is_a_bad_image_skipped_and_counted() {
+    use rn50_pipeline::source::shards::MAX_IMAGE_BYTES;
+    let tmp = tempfile::tempdir().unwrap();
+    let photos: Vec<Vec<u8>> = jpeg_files("imagenet")[..2]
+        .iter()
+        .map(|f| std::fs::read(f).unwrap())
+        .collect();
+    let path = tmp.path().join("sparse.rn50shard");
+    let (a, b) = (&photos[0][..], &photos[1][..]);
+    sparse_shard(
+        &path,
+        &[
+            (a, a.len() as u32, 0),
+            (b, u32::MAX, 1),
+            (b, b.len() as u32, 1),
+        ],
+        &["a", "b"],
+    );
+    assert!(std::fs::metadata(&path).unwrap().len() > 4 << 30);
+    let set = ShardSet::open(&path).unwrap();
+    let mut buf = Vec::new();
+    let err = format!("{:#}", Source::read(&set, 1, &mut buf).unwrap_err());
+    assert!(
+        err.contains("record 1 of") && err.contains("more than an image may have (256 MiB)"),
+        "{err}"
+    );
+    assert!(
+        buf.capacity() as u64 <= MAX_IMAGE_BYTES,
+        "{}",
+        buf.capacity()
+    );
+    assert_eq!(Source::read(&set, 0, &mut buf).unwrap(), a);
+    assert_eq!(Source::read(&set, 2, &mut buf).unwrap(), b);
+    let (images, stats) = load_epoch(Dataset::open(&path).unwrap());
+    assert_eq!((images, stats.bad_images), (2, 1), "{stats:?}");
+    assert!(
+        stats.bad_examples[0].contains("more than an image may have"),
+        "{:?}",
+        stats.bad_examples
+    );
+}
+
+/// The same weakness at open: the metadata's buffer was as long as the footer said, within the file, which a
+/// sparse file makes 100 GiB in a few kilobytes, and the allocation aborted the process. A footer saying more
+/// metadata than a shard has is refused, naming the file.
+#[test]
+fn a_footer_declaring_gigabytes_of_metadata_is_refused() {
+    use std::os::unix::fs::FileExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("sparse.rn50shard");
+    let meta_len = 100u64 << 30;
+    let f = std::fs::File::create(&path).unwrap();
+    f.write_all_at(b"RN50SHD1", 0).unwrap();
+    let mut footer = Vec::new();
+    for v in [8, 0, 8, meta_len] {
+        footer.extend_from_slice(&u64::to_le_bytes(v));
+    }
+    footer.extend_from_slice(b"RN50SHDE");
+    f.write_all_at(&footer, 8 + meta_len).unwrap();
+    let err = common::open_error(ShardSet::open(&path), &path);
+    assert!(err.contains("corrupt footer"), "{err}");
+}

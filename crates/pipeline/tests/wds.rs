@@ -1,15 +1,19 @@
 //! WebDataset shards, written by webdataset's own `ShardWriter` from the shared ImageNet photos: read by
 //! rn50 they are the same (image, class) samples as the ImageFolder of the same photos, through a
 //! directory, a brace pattern or a split of a dataset repository; the per-tar index is cached and made
-//! again when the tar changes; bad shards are refused with an error naming the file, and a damaged image
-//! inside one is a bad image like any other; packed, they are the same samples again.
+//! again when the tar changes (rewritten in place with its size and mtime too) or the cached index does not
+//! fit it; bad shards are refused with an error naming the file, and a damaged image inside one, or a member
+//! declaring gigabytes, is a bad image like any other; a brace pattern naming too many files is refused;
+//! packed, they are the same samples again.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 
 use common::*;
-use rn50_pipeline::source::wds::{expand_braces, split_of, WebDataset};
+use rn50_pipeline::source::wds::{
+    expand_braces, split_of, WebDataset, MAX_IMAGE_BYTES, MAX_PATTERN_FILES,
+};
 use rn50_pipeline::source::{Source, Split, TRAIN_SPLIT, VAL_SPLIT};
 use rn50_pipeline::Dataset;
 use serde_json::json;
@@ -196,6 +200,271 @@ fn brace_patterns_expand_as_webdatasets() {
     for bad in ["a-{3..1}.tar", "a-{0..x}.tar", "a-{0..1.tar"] {
         assert!(expand_braces(bad).is_err(), "{bad}");
     }
+}
+
+/// Issue 43: each range was capped, their product was not: `x-{0..999999}-{0..999999}.tar` asked for 10^12
+/// names and aborted the process ("memory allocation of 24000000000000 bytes failed"). The names a pattern
+/// makes are counted, and refused past `MAX_PATTERN_FILES`, before any is made.
+#[test]
+fn a_brace_pattern_naming_too_many_files_is_refused_before_any_is_made() {
+    let err = |pattern: &str| format!("{:#}", expand_braces(pattern).unwrap_err());
+    let e = err("x-{0..999999}-{0..999999}.tar");
+    assert!(
+        e.contains("names 1000000000000 files, more than the 1048576"),
+        "{e}"
+    );
+    // Past u64, and lists multiply as ranges do.
+    let e = err("{0..18446744073709551615}{0..1}");
+    assert!(e.contains("over 2^64"), "{e}");
+    let e = err("{a,b,c,d}-{0..999999}.tar");
+    assert!(e.contains("names 4000000 files"), "{e}");
+    // At the limit they are all there; one more is too many.
+    let top = MAX_PATTERN_FILES - 1;
+    let names = expand_braces(&format!("{{0..{}}}-{{0..{}}}", 1023, top / 1024)).unwrap();
+    assert_eq!(names.len() as u64, MAX_PATTERN_FILES);
+    assert_eq!(names[0], "0-0");
+    assert_eq!(names.last().unwrap(), &format!("1023-{}", top / 1024));
+    assert!(expand_braces(&format!("{{0..{}}}{{a,b}}", top)).is_err());
+    // Long names count too: a million names of 1 kB would be a gigabyte of them.
+    let long = "d".repeat(1000);
+    let e = err(&format!("/{long}/x-{{0..999999}}.tar"));
+    assert!(e.contains("MiB of names"), "{e}");
+    // As `bench-loader`, `pack` and `eval` open DATA: an error, not an abort.
+    let e = format!(
+        "{:#}",
+        Dataset::open("/nonexistent/x-{0..999999}-{0..999999}.tar").unwrap_err()
+    );
+    assert!(e.contains("more than the 1048576"), "{e}");
+}
+
+/// A tar header (GNU's: a size past 8 GiB is written in base-256, as GNU tar writes it).
+fn tar_header(name: &str, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_path(name).unwrap();
+    h.set_size(size);
+    h.set_mode(0o644);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_cksum();
+    h
+}
+
+/// Writes a tar of `members` at `path` (replacing its contents in place, the inode kept): each (name, bytes,
+/// size) is a header saying `size` followed by `bytes`, then zeros up to `size`, left as a hole in the file
+/// (a sparse file: a member can say gigabytes in a few kilobytes); then the end-of-archive blocks.
+fn write_tar(path: &Path, members: &[(&str, &[u8], u64)]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .unwrap();
+    let mut at = 0u64;
+    for (name, bytes, size) in members {
+        assert!(bytes.len() as u64 <= *size);
+        f.write_all_at(tar_header(name, *size).as_bytes(), at)
+            .unwrap();
+        f.write_all_at(bytes, at + 512).unwrap();
+        at += 512 + size.div_ceil(512) * 512;
+    }
+    f.set_len(at + 1024).unwrap();
+}
+
+/// A tar of the samples `(key, image bytes, label)`, as webdataset writes them: `key.jpg`, then `key.cls`.
+fn photo_tar(path: &Path, samples: &[(&str, &[u8], u64)]) {
+    let labels: Vec<String> = samples.iter().map(|s| s.2.to_string()).collect();
+    let names: Vec<[String; 2]> = samples
+        .iter()
+        .map(|s| [format!("{}.jpg", s.0), format!("{}.cls", s.0)])
+        .collect();
+    let mut members = Vec::new();
+    for ((s, label), [jpg, cls]) in samples.iter().zip(&labels).zip(&names) {
+        members.push((jpg.as_str(), s.1, s.1.len() as u64));
+        members.push((cls.as_str(), label.as_bytes(), label.len() as u64));
+    }
+    write_tar(path, &members);
+}
+
+/// Issue 43: a member whose header says 9 GiB (a sparse tar of 36 KB on disk) aborted the loader: the read
+/// resized its buffer to what the header said. An image member longer than `MAX_IMAGE_BYTES` is a bad image,
+/// refused unread (nothing of its size allocated), skipped and counted as any other.
+#[test]
+fn a_member_declaring_gigabytes_is_a_bad_image_skipped_and_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let _cache = temp_cache();
+    let photos = jpeg_files("imagenet");
+    let photo = |i: usize| std::fs::read(&photos[i]).unwrap();
+    let (a, b, c) = (photo(0), photo(1), photo(2));
+    let label = |i: usize| imagenet_label(&photos[i]).to_string();
+    let tar = tmp.path().join("big-000000.tar");
+    let (la, lb, lc) = (label(0), label(1), label(2));
+    write_tar(
+        &tar,
+        &[
+            ("s0.jpg", &a, a.len() as u64),
+            ("s0.cls", la.as_bytes(), la.len() as u64),
+            // The image's bytes, then zeros to 9 GiB.
+            ("huge.jpg", &b, 9 << 30),
+            ("huge.cls", lb.as_bytes(), lb.len() as u64),
+            ("s2.jpg", &c, c.len() as u64),
+            ("s2.cls", lc.as_bytes(), lc.len() as u64),
+        ],
+    );
+    assert!(std::fs::metadata(&tar).unwrap().len() > 9 << 30);
+    let ds = Dataset::open(&tar).unwrap();
+    assert_eq!(ds.len(), 3);
+    let mut buf = Vec::new();
+    let err = format!("{:#}", ds.read(1, &mut buf).unwrap_err());
+    assert!(
+        err.contains("huge.jpg") && err.contains("more than an image may have (256 MiB)"),
+        "{err}"
+    );
+    assert!(
+        buf.capacity() as u64 <= MAX_IMAGE_BYTES,
+        "{}",
+        buf.capacity()
+    );
+    assert_eq!(ds.read(2, &mut buf).unwrap(), &c[..]);
+    // The loader's count, as for an ImageFolder's bad images.
+    let (images, stats) = load_epoch(ds);
+    assert_eq!((images, stats.bad_images), (2, 1), "{stats:?}");
+    assert!(
+        stats.bad_examples[0].contains("big-000000.tar: huge.jpg")
+            && stats.bad_examples[0].contains("more than an image may have"),
+        "{:?}",
+        stats.bad_examples
+    );
+}
+
+/// The cached index of `tar` in `cache` (the only one there), as JSON, and its file.
+fn cached_index(cache: &Path) -> (serde_json::Value, PathBuf) {
+    let files: Vec<PathBuf> = std::fs::read_dir(cache.join("wds-index"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let json = serde_json::from_slice(&std::fs::read(&files[0]).unwrap()).unwrap();
+    (json, files[0].clone())
+}
+
+fn labels(w: &WebDataset) -> Vec<i64> {
+    (0..w.len()).map(|i| w.label(i)).collect()
+}
+
+/// Issue 43: the cached index was used while the tar's size and mtime were those it was made from. A tar
+/// rewritten in place with both kept (`cp -p`, `rsync -t --inplace`, `tar x` keep mtimes; other labels,
+/// images of the same lengths) trained on the old labels and offsets, where an empty cache read the new ones.
+#[test]
+fn a_tar_rewritten_in_place_with_its_size_and_mtime_is_indexed_again() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let photos = jpeg_files("imagenet");
+    let (a, b) = (
+        std::fs::read(&photos[0]).unwrap(),
+        std::fs::read(&photos[1]).unwrap(),
+    );
+    let tar = tmp.path().join("s-000000.tar");
+    let cache = tmp.path().join("cache");
+    let open = || WebDataset::open(std::slice::from_ref(&tar), Some(&cache)).unwrap();
+    photo_tar(&tar, &[("s0", &a, 101), ("s1", &b, 202)]);
+    assert_eq!(labels(&open()), [101, 202]);
+    let before = std::fs::metadata(&tar).unwrap();
+    // Rewritten in place: the labels swapped, the same length; then its mtime set back, as `cp -p` does.
+    photo_tar(&tar, &[("s0", &a, 202), ("s1", &b, 101)]);
+    let f = std::fs::File::options().write(true).open(&tar).unwrap();
+    f.set_modified(before.modified().unwrap()).unwrap();
+    // The change time is the file system's clock at the change: one tick after the index was made, as for
+    // any real rewrite (a coarse clock may not have ticked yet when this test gets here).
+    let ctime = |m: &std::fs::Metadata| (m.ctime(), m.ctime_nsec());
+    while ctime(&std::fs::metadata(&tar).unwrap()) == ctime(&before) {
+        f.set_modified(before.modified().unwrap()).unwrap();
+    }
+    let after = std::fs::metadata(&tar).unwrap();
+    assert_eq!(
+        (after.len(), after.modified().unwrap(), after.ino()),
+        (before.len(), before.modified().unwrap(), before.ino())
+    );
+    assert_eq!(labels(&open()), [202, 101], "the old index was used");
+    assert_eq!(
+        labels(&WebDataset::open(std::slice::from_ref(&tar), None).unwrap()),
+        [202, 101]
+    );
+    // The new index is cached and used: a label edited in it shows.
+    let (mut index, file) = cached_index(&cache);
+    index["samples"][0]["label"] = json!(7);
+    std::fs::write(&file, index.to_string()).unwrap();
+    assert_eq!(labels(&open()), [7, 101]);
+}
+
+/// Issue 43: a cached entry was trusted as it was: an image length of 10^13 aborted the loader (the buffer
+/// resized to it). Each entry is checked against the tar (its image within the file, its label one of the
+/// classes); an index that does not fit, or of an older format, is made again from the tar.
+#[test]
+fn a_cached_index_that_does_not_fit_the_tar_is_made_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let photos = jpeg_files("imagenet");
+    let (a, b) = (
+        std::fs::read(&photos[0]).unwrap(),
+        std::fs::read(&photos[1]).unwrap(),
+    );
+    let tar = tmp.path().join("s-000000.tar");
+    let cache = tmp.path().join("cache");
+    photo_tar(&tar, &[("s0", &a, 3), ("s1", &b, 4)]);
+    let open = || WebDataset::open(std::slice::from_ref(&tar), Some(&cache)).unwrap();
+    let good = open();
+    let (index, file) = cached_index(&cache);
+    let size = std::fs::metadata(&tar).unwrap().len();
+    // (what, where in the index, what it is made)
+    let edits = [
+        (
+            "a length of 10^13",
+            "/samples/1/len",
+            json!(10_000_000_000_000u64),
+        ),
+        ("an offset past the end", "/samples/0/offset", json!(size)),
+        (
+            "an offset that wraps",
+            "/samples/0/offset",
+            json!(u64::MAX - 2),
+        ),
+        (
+            "an offset inside the first header",
+            "/samples/0/offset",
+            json!(0),
+        ),
+        ("a label past the classes", "/samples/1/label", json!(5000)),
+        ("no samples", "/samples", json!([])),
+    ];
+    for (what, at, value) in edits {
+        let mut edited = index.clone();
+        *edited.pointer_mut(at).unwrap() = value;
+        std::fs::write(&file, edited.to_string()).unwrap();
+        let w = open();
+        assert_eq!(labels(&w), [3, 4], "{what}");
+        let mut buf = Vec::new();
+        for (i, photo) in [&a, &b].into_iter().enumerate() {
+            assert_eq!(w.read(i, &mut buf).unwrap(), &photo[..], "{what}");
+        }
+        // Made again, and cached again.
+        assert_eq!(cached_index(&cache).0, index, "{what}");
+    }
+    // rn50 before issue 43 cached the size and mtime alone (format 2): not an error, no index; what it says
+    // (here an edited label) is not read.
+    let mut old = json!({
+        "format_version": 2,
+        "path": index["path"],
+        "size": size,
+        "mtime_ns": index["stamp"]["mtime_ns"],
+        "samples": index["samples"],
+    });
+    old["samples"][0]["label"] = json!(9);
+    std::fs::write(&file, old.to_string()).unwrap();
+    assert_eq!(labels(&open()), [3, 4]);
+    assert_eq!(cached_index(&cache).0, index);
+    // Nor is a file that is no index at all.
+    std::fs::write(&file, b"{not json").unwrap();
+    assert_eq!(labels(&open()), [3, 4]);
+    assert_eq!(labels(&good), [3, 4]);
 }
 
 #[test]

@@ -39,7 +39,7 @@ pub struct BenchLoaderArgs {
     /// Number of decode threads, 1 to 1024.
     #[arg(short = 'j', long = "workers", default_value_t = default_workers(), value_parser = usize_in(1..=MAX_THREADS))]
     pub workers: usize,
-    /// Images per batch, 1 to 65536; batch x size² x 3 bytes at most 16 GiB.
+    /// Images per batch, 1 to 65536; batch x image size² x 3 bytes at most 16 GiB.
     #[arg(short = 'b', long = "batch-size", default_value_t = 256, value_parser = usize_in(1..=MAX_BATCH))]
     pub batch_size: usize,
     /// Timed batches (epochs repeat as needed), at least 1.
@@ -51,10 +51,11 @@ pub struct BenchLoaderArgs {
     /// Use the evaluation transform (Resize + CenterCrop) instead of RandomResizedCrop + flip.
     #[arg(long)]
     pub val: bool,
-    /// Output side length (train crop, or val center crop), 1 to 4096 pixels.
-    #[arg(long, default_value_t = 224, value_parser = usize_in(1..=MAX_IMAGE_SIZE))]
-    pub size: usize,
-    /// Shorter side before the center crop (with --val), --size to 4096 pixels.
+    /// Output side length (train crop, or val center crop), 1 to 4096 pixels: `rn50 train` and `rn50 bench`
+    /// name it the same.
+    #[arg(long = "image-size", visible_alias = "size", default_value_t = 224, value_parser = usize_in(1..=MAX_IMAGE_SIZE))]
+    pub image_size: usize,
+    /// Shorter side before the center crop (with --val), --image-size to 4096 pixels.
     #[arg(long, default_value_t = 256, value_parser = usize_in(1..=MAX_IMAGE_SIZE))]
     pub val_resize: usize,
     /// Always decode at full resolution (no 1/2..1/8 DCT-domain downscaling).
@@ -82,10 +83,10 @@ pub struct BenchLoaderArgs {
 /// `rn50 bench-loader`.
 pub fn run(cmd: &BenchLoaderArgs) -> Result<()> {
     // Each flag's own range is clap's; these go between flags, checked before anything is made.
-    if cmd.val && cmd.size > cmd.val_resize {
+    if cmd.val && cmd.image_size > cmd.val_resize {
         bail!(UsageError::new(format!(
-            "--size {} is larger than --val-resize {}: the center crop is taken from the resized image",
-            cmd.size, cmd.val_resize
+            "--image-size {} is larger than --val-resize {}: the center crop is taken from the resized image",
+            cmd.image_size, cmd.val_resize
         )));
     }
     if cmd.val && cmd.train_split.train_split.is_some() {
@@ -108,8 +109,8 @@ pub fn run(cmd: &BenchLoaderArgs) -> Result<()> {
     check_batch_bytes(
         "--batch-size",
         cmd.batch_size as u64,
-        "--size",
-        cmd.size as u64,
+        "--image-size",
+        cmd.image_size as u64,
     )?;
     let dataset = match (&cmd.data, cmd.synthetic) {
         // A dataset repository's split (--val: its validation split), or DATA itself.
@@ -117,7 +118,9 @@ pub fn run(cmd: &BenchLoaderArgs) -> Result<()> {
             let split = if cmd.val {
                 cmd.val_split.split()
             } else {
-                cmd.train_split.split()
+                let train = cmd.train_split.split();
+                crate::source::warn_if_training_on_validation(path, train, cmd.val_split.split());
+                train
             };
             Dataset::open_split_or_whole(path, split)?
         }
@@ -138,9 +141,9 @@ pub fn run(cmd: &BenchLoaderArgs) -> Result<()> {
         (None, None) => bail!("give DATA or --synthetic N"),
     };
     let transform = if cmd.val {
-        Transform::val(cmd.val_resize, cmd.size)
+        Transform::val(cmd.val_resize, cmd.image_size)
     } else {
-        Transform::train(cmd.size)
+        Transform::train(cmd.image_size)
     };
     let base = if cmd.val {
         LoaderConfig::val(cmd.batch_size, cmd.workers)

@@ -65,6 +65,7 @@ pub struct PackArgs {
 /// `rn50 pack`.
 pub fn run(cmd: &PackArgs) -> Result<()> {
     let (train, val) = (cmd.train_split.split(), cmd.val_split.split());
+    crate::source::warn_if_training_on_validation(&cmd.data, train, val);
     let named = [train, val].iter().any(|s| matches!(s, Split::Named(_)));
     // A split named with --train-split or --val-split must be there; the usual names may not be.
     let open = |split: Split| match split {

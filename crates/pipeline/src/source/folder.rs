@@ -16,7 +16,9 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
+
+use super::shards::MAX_IMAGE_BYTES;
 
 use super::{refuse_empty_classes, Source};
 
@@ -196,13 +198,35 @@ impl Source for ImageFolder {
         self.labels[i] as i64
     }
 
+    /// The file's bytes; one longer than an image may be ([`MAX_IMAGE_BYTES`]: a sparse file can say 9 GiB in
+    /// a few kilobytes) is a bad image, refused from its size before a byte is read, as in a shard.
     fn read<'a>(&'a self, i: usize, buf: &'a mut Vec<u8>) -> Result<&'a [u8]> {
         use std::io::Read;
         let path = &self.files[i];
         buf.clear();
-        std::fs::File::open(path)
-            .and_then(|mut f| f.read_to_end(buf))
+        let mut f =
+            std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let len = f
+            .metadata()
+            .with_context(|| format!("cannot read {}", path.display()))?
+            .len();
+        ensure!(
+            len <= MAX_IMAGE_BYTES,
+            "{}: {len} bytes, more than an image may have ({} MiB): not read",
+            path.display(),
+            MAX_IMAGE_BYTES >> 20
+        );
+        // A file that grows while it is read stops at the limit too.
+        (&mut f)
+            .take(MAX_IMAGE_BYTES + 1)
+            .read_to_end(buf)
             .with_context(|| format!("cannot read {}", path.display()))?;
+        ensure!(
+            buf.len() as u64 <= MAX_IMAGE_BYTES,
+            "{}: more than an image may have ({} MiB): not read",
+            path.display(),
+            MAX_IMAGE_BYTES >> 20
+        );
         Ok(buf)
     }
 

@@ -12,7 +12,9 @@ pub mod shards;
 pub mod wds;
 
 /// Which split of a dataset repository to read ([`Dataset::open_split`]): one a user named (`--train-split`,
-/// `--val-split`, timm's flags), or the first found of the names a split usually goes by.
+/// `--val-split`, timm's flags), or the first found of the names a split usually goes by. A training split
+/// that is the validation split (`--train-split validation`) is read as asked, and warned of
+/// ([`warn_if_training_on_validation`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Split<'a> {
     Named(&'a str),
@@ -45,6 +47,80 @@ impl<'a> Split<'a> {
             names[0],
             names[0]
         )
+    }
+}
+
+/// Where [`Dataset::open_split`] finds a split: a folder, or files and what they are.
+enum Found {
+    Dir(PathBuf),
+    Tars(Vec<PathBuf>, String),
+    Parquet(Vec<PathBuf>, String),
+}
+
+/// The name under which `split` is found in `data`, and where ([`Dataset::open_split`]): a folder of one of its
+/// names, else WebDataset shards named for one, else parquet files (in `data/data`, else in `data`).
+fn find_split<'a>(data: &Path, split: Split<'a>) -> Result<Option<(&'a str, Found)>> {
+    let names = split.names();
+    for name in names {
+        let dir = data.join(name);
+        if dir.is_dir() {
+            return Ok(Some((name, Found::Dir(dir))));
+        }
+    }
+    if let Some(tars) = files_with_extension(data, "", wds::EXTENSION)? {
+        for name in names {
+            let split: Vec<PathBuf> = tars
+                .iter()
+                .filter(|t| wds::split_of(t) == Some(name))
+                .cloned()
+                .collect();
+            if !split.is_empty() {
+                let what = format!("WebDataset shards *-{name}-NNNN.tar in {}", data.display());
+                return Ok(Some((name, Found::Tars(split, what))));
+            }
+        }
+    }
+    for dir in [data.join("data"), data.to_path_buf()] {
+        for name in names {
+            if let Some(files) =
+                files_with_extension(&dir, &format!("{name}-"), parquet::EXTENSION)?
+            {
+                let what = format!("parquet files {name}-* in {}", dir.display());
+                return Ok(Some((name, Found::Parquet(files, what))));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The warning for a training split `train` that is, in `data`, the split `val` reads as validation (a
+/// `--train-split validation` or `--train-split val`, or the name `--val-split` gives): the model would
+/// train on the images its accuracy is measured on. `None` when they are different splits, or either is
+/// not there (opening it says so).
+pub fn training_on_validation(data: &Path, train: Split, val: Split) -> Option<String> {
+    let (t, _) = find_split(data, train).ok()??;
+    let (v, _) = find_split(data, val).ok()??;
+    if t != v {
+        return None;
+    }
+    let flag = |flag: &str, split: Split| match split {
+        Split::Named(name) => format!("{flag} {name}"),
+        Split::Usual(names) => format!("{flag}'s default, the first found of {}", names.join(", ")),
+    };
+    Some(format!(
+        "the training split ({}) is the validation split ({}): {t} in {}; the model will train on \
+         the images its accuracy is measured on",
+        flag("--train-split", train),
+        flag("--val-split", val),
+        data.display()
+    ))
+}
+
+/// Logs [`training_on_validation`]'s warning, if any: once, before `train`, `pack` or `bench-loader` read
+/// the training split `train` of `data`.
+pub fn warn_if_training_on_validation(data: &Path, train: Split, val: Split) {
+    if let Some(warning) = training_on_validation(data, train, val) {
+        tracing::warn!("{warning}");
     }
 }
 
@@ -192,39 +268,16 @@ impl Dataset {
     /// (`imagenet1k-<name>-0000.tar`), or the Hub's parquet files (`data/<name>-00000-of-00014.parquet`, also
     /// directly in `data`). The first of its names found wins.
     pub fn open_split(data: &Path, split: Split) -> Result<Option<Dataset>> {
-        let names = split.names();
-        for name in names {
-            let dir = data.join(name);
-            if dir.is_dir() {
-                let d =
-                    Dataset::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
-                return Ok(Some(d));
-            }
+        let Some((_, found)) = find_split(data, split)? else {
+            return Ok(None);
+        };
+        match found {
+            Found::Dir(dir) => Dataset::open(&dir)
+                .with_context(|| format!("opening {}", dir.display()))
+                .map(Some),
+            Found::Tars(tars, what) => Dataset::open_tars(tars, what).map(Some),
+            Found::Parquet(files, what) => Dataset::open_parquet(files, what).map(Some),
         }
-        if let Some(tars) = files_with_extension(data, "", wds::EXTENSION)? {
-            for name in names {
-                let split: Vec<PathBuf> = tars
-                    .iter()
-                    .filter(|t| wds::split_of(t) == Some(name))
-                    .cloned()
-                    .collect();
-                if !split.is_empty() {
-                    let what = format!("WebDataset shards *-{name}-NNNN.tar in {}", data.display());
-                    return Dataset::open_tars(split, what).map(Some);
-                }
-            }
-        }
-        for dir in [data.join("data"), data.to_path_buf()] {
-            for name in names {
-                if let Some(files) =
-                    files_with_extension(&dir, &format!("{name}-"), parquet::EXTENSION)?
-                {
-                    let what = format!("parquet files {name}-* in {}", dir.display());
-                    return Dataset::open_parquet(files, what).map(Some);
-                }
-            }
-        }
-        Ok(None)
     }
 
     /// The split `split` of `data` ([`Dataset::open_split`]), or an error saying what was looked for: what

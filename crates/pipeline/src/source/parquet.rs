@@ -14,8 +14,12 @@
 //! Positioned reads (`pread`), so the threads share each file without sharing an offset.
 //!
 //! Refused at open, naming the file: not a parquet file, no `image.bytes` or `label` column (another
-//! schema), a row without a label or with one outside the classes, files with different classes, another
-//! compression. A row without image bytes, or with damaged ones, is a bad image (skipped and counted).
+//! schema), a `ClassLabel` without class names, a row without a label or with one outside the classes, files
+//! with different classes, another compression, a row group whose footer claims other rows than its label
+//! column holds (a negative count, more than 2^32 - 1, or just not the rows there: a damaged file). The
+//! counts and sizes in a file are only its word: no buffer is sized from them before the rows or bytes are
+//! there (the labels are read in batches, a read past the file's end is refused before its buffer is made).
+//! A row without image bytes, or with damaged ones, is a bad image (skipped and counted).
 
 use std::fs::File;
 use std::io::Read;
@@ -26,7 +30,8 @@ use std::sync::Arc;
 use anyhow::{bail, ensure, Context, Result};
 use parquet::basic::{Compression, Type as PhysicalType};
 use parquet::column::page::{Page, PageMetadata, PageReader};
-use parquet::column::reader::{get_column_reader, ColumnReader};
+use parquet::column::reader::{get_column_reader, ColumnReader, ColumnReaderImpl};
+use parquet::data_type::DataType;
 use parquet::file::reader::{ChunkReader, FileReader, Length};
 use parquet::file::serialized_reader::SerializedFileReader;
 use rayon::prelude::*;
@@ -71,7 +76,18 @@ impl ChunkReader for Positioned {
         }))
     }
 
+    /// The buffer is made only for bytes the file has: the offsets and sizes come from the file (its footer's
+    /// column chunks, its page headers), and a damaged one must not set aside gigabytes before the read fails.
     fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
+        if start
+            .checked_add(length as u64)
+            .is_none_or(|end| end > self.len)
+        {
+            return Err(parquet::errors::ParquetError::EOF(format!(
+                "{length} bytes from byte {start} run past the end of the file ({} bytes)",
+                self.len
+            )));
+        }
         let mut buf = vec![0; length];
         self.file.read_exact_at(&mut buf, start)?;
         Ok(buf.into())
@@ -179,6 +195,74 @@ fn class_label_names(reader: &SerializedFileReader<Positioned>) -> Option<Vec<St
     names.iter().map(|n| n.as_str().map(String::from)).collect()
 }
 
+/// Labels are read this many at a time: the column reader sizes its buffers by the rows it is asked for, and
+/// the rows a footer claims are only the file's word until they are read.
+const LABELS_AT_ONCE: usize = 1 << 16;
+
+/// The most rows of a row group: a row's position in its group is kept in 32 bits.
+const MAX_GROUP_ROWS: u64 = u32::MAX as u64;
+
+/// The rows row group `g` of `path` has, as its footer says: refused if no row group could have them.
+fn claimed_rows(path: &Path, g: usize, claimed: i64) -> Result<usize> {
+    ensure!(
+        claimed >= 0,
+        "{}: its footer says row group {g} has {claimed} rows (a damaged file?)",
+        path.display()
+    );
+    ensure!(
+        claimed as u64 <= MAX_GROUP_ROWS,
+        "{}: its footer says row group {g} has {claimed} rows, more than a row group can hold here \
+         ({MAX_GROUP_ROWS}; a damaged file?)",
+        path.display()
+    );
+    Ok(claimed as usize)
+}
+
+/// Appends the labels of row group `g` of `path` to `labels`, and their definition levels (0: no label) to
+/// `defs`, reading until the `rows` its footer claims are read: refused if the column holds fewer or more.
+/// The buffers grow as labels are read, [`LABELS_AT_ONCE`] at most at a time.
+fn read_labels<T: DataType>(
+    mut r: ColumnReaderImpl<T>,
+    (path, g, rows): (&Path, usize, usize),
+    labels: &mut Vec<i64>,
+    defs: &mut Vec<i16>,
+) -> Result<()>
+where
+    T::T: Into<i64>,
+{
+    let what = || {
+        format!(
+            "{}: cannot read the labels of row group {g}",
+            path.display()
+        )
+    };
+    let mut values = Vec::new();
+    let mut read = 0;
+    while read < rows {
+        let want = (rows - read).min(LABELS_AT_ONCE);
+        let (records, _, _) = r
+            .read_records(want, Some(&mut *defs), None, &mut values)
+            .with_context(what)?;
+        ensure!(
+            records > 0,
+            "{}: its footer says row group {g} has {rows} rows, but it holds {read} (a damaged \
+             file?)",
+            path.display()
+        );
+        labels.extend(values.drain(..).map(Into::into));
+        read += records;
+    }
+    let (more, _, _) = r
+        .read_records(1, Some(&mut Vec::new()), None, &mut values)
+        .with_context(what)?;
+    ensure!(
+        more == 0,
+        "{}: its footer says row group {g} has {rows} rows, but it holds more (a damaged file?)",
+        path.display()
+    );
+    Ok(())
+}
+
 /// The classes `names` stand for (see the module doc).
 fn classes_of(names: Option<Vec<String>>) -> Vec<String> {
     let wnids = crate::imagenet::wnids();
@@ -230,10 +314,19 @@ fn open_file(path: &Path) -> Result<(ParquetFile, Vec<Vec<i64>>, Vec<String>)> {
         "{}: its label column holds {label_type}, not integers",
         path.display()
     );
-    let classes = classes_of(class_label_names(&reader));
+    let names = class_label_names(&reader);
+    ensure!(
+        names.as_ref().is_none_or(|n| !n.is_empty()),
+        "{}: its label is a ClassLabel feature with no class names (the huggingface metadata's \
+         info.features.label.names is empty), so no row has a class",
+        path.display()
+    );
+    let classes = classes_of(names);
     let mut labels = Vec::new();
     for g in 0..reader.num_row_groups() {
-        let group = reader.get_row_group(g)?;
+        let group = reader
+            .get_row_group(g)
+            .with_context(|| format!("{}: cannot read row group {g}", path.display()))?;
         let codec = group.metadata().column(image).compression();
         ensure!(
             matches!(codec, Compression::UNCOMPRESSED | Compression::SNAPPY),
@@ -241,28 +334,15 @@ fn open_file(path: &Path) -> Result<(ParquetFile, Vec<Vec<i64>>, Vec<String>)> {
              or none",
             path.display()
         );
-        let rows = group.metadata().num_rows() as usize;
-        let (mut values, mut defs) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
-        let mut read = 0;
-        match group.get_column_reader(label)? {
-            ColumnReader::Int64ColumnReader(mut r) => {
-                while read < rows {
-                    let (records, _, _) =
-                        r.read_records(rows - read, Some(&mut defs), None, &mut values)?;
-                    ensure!(records > 0, "{}: row group {g} ends early", path.display());
-                    read += records;
-                }
-            }
-            ColumnReader::Int32ColumnReader(mut r) => {
-                let mut v32 = Vec::with_capacity(rows);
-                while read < rows {
-                    let (records, _, _) =
-                        r.read_records(rows - read, Some(&mut defs), None, &mut v32)?;
-                    ensure!(records > 0, "{}: row group {g} ends early", path.display());
-                    read += records;
-                }
-                values = v32.into_iter().map(i64::from).collect();
-            }
+        let rows = claimed_rows(path, g, group.metadata().num_rows())?;
+        let (mut values, mut defs) = (Vec::new(), Vec::new());
+        let at = (path, g, rows);
+        match group
+            .get_column_reader(label)
+            .with_context(|| format!("{}: cannot read row group {g}", path.display()))?
+        {
+            ColumnReader::Int64ColumnReader(r) => read_labels(r, at, &mut values, &mut defs)?,
+            ColumnReader::Int32ColumnReader(r) => read_labels(r, at, &mut values, &mut defs)?,
             _ => unreachable!("checked above"),
         }
         if values.len() < rows {
@@ -316,7 +396,7 @@ impl ParquetSet {
                         file.path.display(),
                         row + r,
                         set.classes.len(),
-                        set.classes.len() - 1
+                        set.classes.len().saturating_sub(1)
                     );
                     set.entries.push(Entry {
                         file: i as u32,

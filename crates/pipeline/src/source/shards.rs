@@ -28,6 +28,12 @@
 //! without images (as an ImageFolder's).
 //! Readers use positioned reads (`pread`), not mmap, so a file shrinking under us is an I/O
 //! error rather than a SIGBUS.
+//!
+//! What a file says about its own sizes is not trusted with memory: a record longer than
+//! [`MAX_IMAGE_BYTES`] (a sparse file can say 4 GiB in a few kilobytes) is a bad image, refused
+//! before anything is allocated, and every buffer sized from the file (metadata, index, records)
+//! is reserved fallibly, so that a size the machine cannot hold is an error naming the file, not
+//! an abort of the process.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -49,8 +55,18 @@ pub const MANIFEST_VERSION: u32 = 1;
 const MAGIC: &[u8; 8] = b"RN50SHD1";
 const END_MAGIC: &[u8; 8] = b"RN50SHDE";
 const FOOTER_LEN: u64 = 40;
+/// The largest metadata read (the class names and a few numbers: ImageNet's 1,000 are 12 kB).
+const MAX_META_BYTES: u64 = 64 << 20;
 /// The format [`ShardWriter`] writes.
 pub const FORMAT_VERSION: u32 = 2;
+/// The largest encoded image a source reads (a record here, a member of a WebDataset tar): a longer
+/// one is a bad image, refused before its bytes are read, not a buffer of whatever size a damaged or
+/// crafted file declares (a sparse tar says 9 GiB in 36 KB). 256 MiB is 3 bytes for each of
+/// Pillow's `MAX_IMAGE_PIXELS` ([`crate::decode::MAX_IMAGE_PIXELS`], "a 24-bit image of 256 MiB"):
+/// the pixels of the largest image decoded by default, which its encoded bytes only exceed stored
+/// without compression, and then at more than 8 bits or with alpha. Each loader thread may hold one
+/// such buffer. An ImageFolder's files are read whole: there is no other limit in rn50 to share.
+pub const MAX_IMAGE_BYTES: u64 = 256 << 20;
 
 /// Bytes of one index entry in format `version`.
 fn index_entry_len(version: u32) -> Result<usize> {
@@ -334,6 +350,42 @@ impl ShardSet {
     }
 }
 
+/// A buffer of `len` zero bytes, or an error (not an abort) when memory runs out.
+pub(crate) fn zeroed(len: u64) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    reserve(&mut buf, len)?;
+    buf.resize(len as usize, 0);
+    Ok(buf)
+}
+
+/// Makes room for `len` bytes in `buf` (emptied), or an error when memory runs out.
+fn reserve(buf: &mut Vec<u8>, len: u64) -> Result<()> {
+    buf.clear();
+    usize::try_from(len)
+        .ok()
+        .and_then(|n| buf.try_reserve_exact(n).ok())
+        .with_context(|| format!("cannot allocate {len} bytes"))
+}
+
+/// Reads the `len` bytes at `offset` of `file` into `buf`: an image ([`MAX_IMAGE_BYTES`] at most, a
+/// longer one is refused unread), in memory reserved fallibly.
+pub(crate) fn read_image_at<'a>(
+    file: &File,
+    offset: u64,
+    len: u64,
+    buf: &'a mut Vec<u8>,
+) -> Result<&'a [u8]> {
+    ensure!(
+        len <= MAX_IMAGE_BYTES,
+        "{len} bytes, more than an image may have ({} MiB): not read",
+        MAX_IMAGE_BYTES >> 20
+    );
+    reserve(buf, len)?;
+    buf.resize(len as usize, 0);
+    file.read_exact_at(buf, offset)?;
+    Ok(buf)
+}
+
 fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
@@ -371,7 +423,11 @@ fn read_shard(path: &Path) -> Result<(File, ShardMeta, Vec<Entry>, u32)> {
         meta_off.checked_add(meta_len) == Some(size - FOOTER_LEN),
         "corrupt footer"
     );
-    let mut meta = vec![0u8; meta_len as usize];
+    ensure!(
+        meta_len <= MAX_META_BYTES,
+        "corrupt footer (metadata of {meta_len} bytes)"
+    );
+    let mut meta = zeroed(meta_len)?;
     file.read_exact_at(&mut meta, meta_off)?;
     let meta: ShardMeta = serde_json::from_slice(&meta).context("corrupt metadata")?;
     let entry_len = index_entry_len(meta.format_version)?;
@@ -383,9 +439,13 @@ fn read_shard(path: &Path) -> Result<(File, ShardMeta, Vec<Entry>, u32)> {
         "corrupt footer"
     );
     ensure!(meta.records == count, "metadata and index disagree");
-    let mut index = vec![0u8; index_len as usize];
+    // Within the file (checked above), which may still be larger than memory (a sparse one).
+    let mut index = zeroed(index_len)?;
     file.read_exact_at(&mut index, index_off)?;
-    let mut entries = Vec::with_capacity(count as usize);
+    let mut entries = Vec::new();
+    entries
+        .try_reserve_exact(count as usize)
+        .with_context(|| format!("cannot allocate the index of {count} records"))?;
     for e in index.chunks_exact(entry_len) {
         let entry = Entry {
             file: 0,
@@ -435,8 +495,7 @@ impl Source for ShardSet {
     fn read<'a>(&'a self, i: usize, buf: &'a mut Vec<u8>) -> Result<&'a [u8]> {
         let e = self.entries[i];
         let (path, file) = &self.files[e.file as usize];
-        buf.resize(e.len as usize, 0);
-        file.read_exact_at(buf, e.offset)
+        read_image_at(file, e.offset, e.len as u64, buf)
             .with_context(|| format!("cannot read record {i} of {}", path.display()))?;
         if let Some(stored) = e.crc {
             let computed = crc32fast::hash(buf);

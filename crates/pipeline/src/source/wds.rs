@@ -14,32 +14,50 @@
 //! `n01440764_10026`) when that is not its label's class in this order.
 //!
 //! Each tar's members are indexed once, at open (the image's offset and length, the label), in parallel, and
-//! the index is kept in a cache directory ([`default_cache_dir`]), used again while the tar's size and mtime
-//! are those it was made from. Images are read by offset (`pread`).
+//! the index is kept in a cache directory ([`default_cache_dir`]), used again while the tar is the file it was
+//! made from: the same device, inode, size, mtime and ctime. Size and mtime alone are not enough: `rsync -t`,
+//! `cp -p` and `tar x` give a rewritten tar its old mtime, often with the same size (other labels, other
+//! images of the same lengths), and the stale index would train on the old labels and offsets. No tool sets a
+//! ctime: any rewrite (and the `touch` that set the old mtime back) makes a new one. A cached index is also
+//! checked against the file: each image within it, each label one of the classes; one that is not, or of
+//! another format (an older rn50's), or unreadable, is no index: the tar is indexed again. A cache directory
+//! that cannot be written is one warning per process, naming it; the tars are then indexed at every open.
+//! Images are read by offset (`pread`).
 //!
 //! Bad input is refused at open with an error naming the tar: not a tar (a header's checksum is wrong), a
 //! truncated one (a member running past the end of the file, or no end-of-archive blocks), a sample without
 //! an image, without a label or with a label outside the classes, two members of a sample with one
-//! extension, a tar with no sample. A damaged image is a bad image, skipped and counted by the loader.
+//! extension, a tar with no sample. A damaged image is a bad image, skipped and counted by the loader, and so
+//! is an image member longer than [`MAX_IMAGE_BYTES`] (a sparse tar's header can say 9 GiB in 36 KB): it is
+//! refused unread, and no buffer of the size a member declares is allocated before that check.
+//!
+//! A brace pattern ([`expand_braces`]) names at most [`MAX_PATTERN_FILES`] files, counted before any name is
+//! made: `x-{0..999999}-{0..999999}.tar` is refused, not 10^12 names.
 
 use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::time::UNIX_EPOCH;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{bail, ensure, Context, Result};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+pub use super::shards::MAX_IMAGE_BYTES;
 use super::Source;
 
 /// The extension of WebDataset shards.
 pub const EXTENSION: &str = "tar";
 /// Image members, in the order one is chosen when a sample has several.
 pub const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "webp"];
-/// The format of the cached indexes.
-const INDEX_VERSION: u32 = 2;
+/// The format of the cached indexes: 3 is keyed on [`FileStamp`] (2 on the size and mtime alone, read as no
+/// index).
+const INDEX_VERSION: u32 = 3;
+/// The most files a brace pattern may name (webdataset's shards of ImageNet are 1,024 or 2,048 files).
+pub const MAX_PATTERN_FILES: u64 = 1 << 20;
+/// The most bytes of names a brace pattern may expand to: [`MAX_PATTERN_FILES`] names of 256 bytes.
+const MAX_PATTERN_BYTES: u64 = MAX_PATTERN_FILES << 8;
 const BLOCK: u64 = 512;
 
 /// Where tar indexes are kept unless told otherwise: `$RN50_CACHE_DIR`, else `$XDG_CACHE_HOME/rn50`, else
@@ -55,15 +73,26 @@ pub fn default_cache_dir() -> Option<PathBuf> {
         .or_else(|| var("HOME").map(|d| d.join(".cache/rn50")))
 }
 
-/// One tar's samples, as indexed (and cached): valid for the file of `size` bytes modified at `mtime_ns`.
+/// One tar's samples, as indexed (and cached): valid for the file `stamp` describes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct TarIndex {
     format_version: u32,
     /// The tar's absolute path.
     path: PathBuf,
-    size: u64,
-    mtime_ns: u64,
+    stamp: FileStamp,
     samples: Vec<IndexedSample>,
+}
+
+/// What a cached index is checked against: the file's identity (device and inode), its size, and its
+/// modification and change times (ns since the epoch). The ctime is the one a rewrite cannot keep: `touch
+/// -d`, `rsync -t`, `cp -p` and `tar x` set the mtime, and setting it is a change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i64,
+    ctime_ns: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -78,14 +107,17 @@ struct IndexedSample {
     wnid: Option<String>,
 }
 
-/// The size and mtime (ns since the epoch) an index is checked against.
-fn stamp(meta: &std::fs::Metadata) -> (u64, u64) {
-    let mtime = meta
-        .modified()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos() as u64);
-    (meta.len(), mtime)
+impl FileStamp {
+    fn of(meta: &std::fs::Metadata) -> FileStamp {
+        let ns = |s: i64, ns: i64| s.saturating_mul(1_000_000_000).saturating_add(ns);
+        FileStamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.len(),
+            mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
+            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
+        }
+    }
 }
 
 /// webdataset's `base_plus_ext`: (key, extension) of a member's path, `None` without a dot in its file name.
@@ -161,7 +193,8 @@ fn wnid_in_name(name: &str) -> Option<&str> {
 }
 
 /// Reads `path`'s members and groups them into samples.
-fn index_tar(path: &Path, size: u64, mtime_ns: u64) -> Result<TarIndex> {
+fn index_tar(path: &Path, stamp: FileStamp) -> Result<TarIndex> {
+    let size = stamp.size;
     let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut archive = tar::Archive::new(file);
     let mut samples = Vec::new();
@@ -248,10 +281,28 @@ fn index_tar(path: &Path, size: u64, mtime_ns: u64) -> Result<TarIndex> {
     Ok(TarIndex {
         format_version: INDEX_VERSION,
         path: path.to_path_buf(),
-        size,
-        mtime_ns,
+        stamp,
         samples,
     })
+}
+
+impl TarIndex {
+    /// Whether this cached index may stand for the tar `path`, now `stamp`: of this format, made from this
+    /// file as it is, each sample's image within the file (after a header) and its label one of the classes.
+    /// Anything else (an older format, another file, an edited or damaged entry) is made again from the tar.
+    fn fits(&self, path: &Path, stamp: &FileStamp, classes: u64) -> bool {
+        self.format_version == INDEX_VERSION
+            && self.path == path
+            && self.stamp == *stamp
+            && !self.samples.is_empty()
+            && self.samples.iter().all(|s| {
+                s.offset >= BLOCK
+                    && s.offset
+                        .checked_add(s.len)
+                        .is_some_and(|end| end <= stamp.size)
+                    && s.label < classes
+            })
+    }
 }
 
 /// Where `path`'s index is cached in `dir`: its file name and a checksum of its full path.
@@ -264,30 +315,29 @@ fn cache_file(dir: &Path, path: &Path) -> PathBuf {
         .join(format!("{name}.{hash:08x}.json"))
 }
 
-/// `path`'s index: the cached one while it matches the file's size and mtime, else made and cached.
-fn load_index(path: &Path, cache: Option<&Path>) -> Result<TarIndex> {
+/// Whether this process has warned that it cannot keep indexes: once is enough (a directory that cannot be
+/// written is the same for all 1,024 tars).
+static CACHE_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// `path`'s index: the cached one while it fits the file ([`TarIndex::fits`]), else made and cached.
+fn load_index(path: &Path, cache: Option<&Path>, classes: u64) -> Result<TarIndex> {
     let path =
         std::fs::canonicalize(path).with_context(|| format!("cannot open {}", path.display()))?;
     let meta =
         std::fs::metadata(&path).with_context(|| format!("cannot open {}", path.display()))?;
     ensure!(meta.is_file(), "{} is not a file", path.display());
-    let (size, mtime_ns) = stamp(&meta);
-    let cached = cache.map(|dir| cache_file(dir, &path));
-    if let Some(file) = &cached {
+    let stamp = FileStamp::of(&meta);
+    let cached = cache.map(|dir| (dir, cache_file(dir, &path)));
+    if let Some((_, file)) = &cached {
         let index = std::fs::read(file)
             .ok()
             .and_then(|text| serde_json::from_slice::<TarIndex>(&text).ok());
-        if let Some(index) = index.filter(|i| {
-            i.format_version == INDEX_VERSION
-                && i.path == path
-                && i.size == size
-                && i.mtime_ns == mtime_ns
-        }) {
+        if let Some(index) = index.filter(|i| i.fits(&path, &stamp, classes)) {
             return Ok(index);
         }
     }
-    let index = index_tar(&path, size, mtime_ns)?;
-    if let Some(file) = &cached {
+    let index = index_tar(&path, stamp)?;
+    if let Some((dir, file)) = &cached {
         // A cache: failing to keep it costs time, not correctness.
         let write = || -> Result<()> {
             std::fs::create_dir_all(file.parent().expect("in wds-index/"))?;
@@ -295,11 +345,14 @@ fn load_index(path: &Path, cache: Option<&Path>) -> Result<TarIndex> {
             Ok(())
         };
         if let Err(e) = write() {
-            tracing::warn!(
-                "cannot cache the index of {} in {}: {e:#}",
-                path.display(),
-                file.display()
-            );
+            if !CACHE_WARNED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "cannot keep WebDataset tar indexes in {} ({}: {e:#}): each tar is indexed at every \
+                     open (set RN50_CACHE_DIR to a writable directory); not repeated for other tars",
+                    dir.display(),
+                    file.display()
+                );
+            }
         }
     }
     Ok(index)
@@ -331,7 +384,7 @@ impl WebDataset {
             .collect();
         let indexes: Vec<TarIndex> = tars
             .par_iter()
-            .map(|t| load_index(t, cache))
+            .map(|t| load_index(t, cache, classes.len() as u64))
             .collect::<Result<_>>()?;
         let mut set = WebDataset {
             files: Vec::with_capacity(tars.len()),
@@ -397,12 +450,10 @@ impl Source for WebDataset {
     fn read<'a>(&'a self, i: usize, buf: &'a mut Vec<u8>) -> Result<&'a [u8]> {
         let e = self.entries[i];
         let path = &self.files[e.file as usize];
-        buf.resize(e.len as usize, 0);
+        let context = || format!("cannot read {} in {}", self.members[i], path.display());
         // Opened per read, as an ImageFolder's files are: 1,024 shards stay under the usual limit of open files.
-        File::open(path)
-            .and_then(|f| f.read_exact_at(buf, e.offset))
-            .with_context(|| format!("cannot read {} in {}", self.members[i], path.display()))?;
-        Ok(buf)
+        let file = File::open(path).with_context(context)?;
+        super::shards::read_image_at(&file, e.offset, e.len, buf).with_context(context)
     }
 
     fn name(&self, i: usize) -> String {
@@ -415,43 +466,87 @@ impl Source for WebDataset {
     }
 }
 
-/// Expands webdataset's brace notation: `{0000..0099}` (zero-padded as written) and `{a,b}`, as many as
-/// there are, left to right.
-pub fn expand_braces(pattern: &str) -> Result<Vec<String>> {
-    let Some(open) = pattern.find('{') else {
-        return Ok(vec![pattern.to_string()]);
-    };
-    let close = open
-        + pattern[open..]
-            .find('}')
-            .with_context(|| format!("{pattern:?}: a '{{' without its '}}'"))?;
-    let (head, body, tail) = (
-        &pattern[..open],
-        &pattern[open + 1..close],
-        &pattern[close + 1..],
-    );
-    let choices: Vec<String> = if let Some((a, b)) = body.split_once("..") {
-        let (lo, hi): (u64, u64) = match (a.parse(), b.parse()) {
-            (Ok(lo), Ok(hi)) if lo <= hi => (lo, hi),
-            _ => bail!("{pattern:?}: {{{body}}} is not a range of numbers, low to high"),
-        };
-        ensure!(
-            hi - lo < 1 << 20,
-            "{pattern:?}: {{{body}}} names too many files"
-        );
-        let width = if a.starts_with('0') { a.len() } else { 0 };
-        (lo..=hi).map(|n| format!("{n:0width$}")).collect()
-    } else {
-        body.split(',').map(String::from).collect()
-    };
-    let tails = expand_braces(tail)?;
-    let mut out = Vec::with_capacity(choices.len() * tails.len());
-    for c in &choices {
-        for rest in &tails {
-            out.push(format!("{head}{c}{rest}"));
+/// One part of a brace pattern: its choices, one of which each name holds.
+enum Part<'a> {
+    /// Text outside braces, or a list `{a,b}`.
+    Choices(Vec<&'a str>),
+    /// `{lo..hi}`, zero-padded to `width` digits.
+    Range { lo: u64, hi: u64, width: usize },
+}
+
+impl Part<'_> {
+    /// How many choices (`None` past `u64`'s range).
+    fn count(&self) -> Option<u64> {
+        match self {
+            Part::Choices(c) => Some(c.len() as u64),
+            Part::Range { lo, hi, .. } => (hi - lo).checked_add(1),
         }
     }
-    Ok(out)
+
+    /// The longest choice's length.
+    fn longest(&self) -> u64 {
+        match self {
+            Part::Choices(c) => c.iter().map(|c| c.len() as u64).max().unwrap_or(0),
+            Part::Range { hi, width, .. } => (hi.to_string().len().max(*width)) as u64,
+        }
+    }
+}
+
+/// Expands webdataset's brace notation: `{0000..0099}` (zero-padded as written) and `{a,b}`, as many as
+/// there are, left to right. The names are counted first: a pattern naming more than [`MAX_PATTERN_FILES`]
+/// files (the product of its ranges and lists), or names of more than 256 MiB in all, is refused before any
+/// is made.
+pub fn expand_braces(pattern: &str) -> Result<Vec<String>> {
+    let mut parts = Vec::new();
+    let mut rest = pattern;
+    while let Some(open) = rest.find('{') {
+        let close = open
+            + rest[open..]
+                .find('}')
+                .with_context(|| format!("{pattern:?}: a '{{' without its '}}'"))?;
+        let body = &rest[open + 1..close];
+        parts.push(Part::Choices(vec![&rest[..open]]));
+        parts.push(if let Some((a, b)) = body.split_once("..") {
+            let (lo, hi): (u64, u64) = match (a.parse(), b.parse()) {
+                (Ok(lo), Ok(hi)) if lo <= hi => (lo, hi),
+                _ => bail!("{pattern:?}: {{{body}}} is not a range of numbers, low to high"),
+            };
+            let width = if a.starts_with('0') { a.len() } else { 0 };
+            Part::Range { lo, hi, width }
+        } else {
+            Part::Choices(body.split(',').collect())
+        });
+        rest = &rest[close + 1..];
+    }
+    parts.push(Part::Choices(vec![rest]));
+    let count = parts
+        .iter()
+        .try_fold(1u64, |n, p| p.count().and_then(|c| n.checked_mul(c)));
+    let count = match count {
+        Some(n) if n <= MAX_PATTERN_FILES => n,
+        n => bail!(
+            "{pattern:?} names {} files, more than the {MAX_PATTERN_FILES} a pattern may name",
+            n.map_or("over 2^64".into(), |n| n.to_string())
+        ),
+    };
+    let longest: u64 = parts.iter().map(Part::longest).sum();
+    ensure!(
+        count.saturating_mul(longest) <= MAX_PATTERN_BYTES,
+        "{pattern:?} names {count} files of up to {longest} bytes: more than {} MiB of names to list",
+        MAX_PATTERN_BYTES >> 20
+    );
+    let mut names = vec![String::new()];
+    for part in &parts {
+        let choices: Vec<String> = match part {
+            Part::Choices(c) => c.iter().map(|c| c.to_string()).collect(),
+            Part::Range { lo, hi, width } => (*lo..=*hi).map(|n| format!("{n:0width$}")).collect(),
+        };
+        names = names
+            .iter()
+            .flat_map(|name| choices.iter().map(move |c| format!("{name}{c}")))
+            .collect();
+    }
+    Ok(names)
 }
 
 /// The split a shard's name gives, as timm's are named: `imagenet1k-train-0000.tar` → `train`, `validation-0003.tar`
