@@ -48,10 +48,12 @@ fn colour(i: usize) -> RGBColor {
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum LineStyle {
-    /// Line through the points with a marker on each.
+    /// Line through the points with a marker on each (unless `markers` is off: per-step curves).
     Solid,
-    /// Dashed, no markers: reference lines (ideal scaling).
+    /// Dashed, no markers: reference lines (ideal scaling), top-5.
     Dashed,
+    /// Dotted, with hollow markers: a second measurement of the same thing (the EMA's accuracy).
+    Dotted,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -60,6 +62,8 @@ pub struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
     pub style: LineStyle,
+    /// A marker on each point (solid and dotted lines); off for dense per-step curves.
+    pub markers: bool,
     /// Palette index; None: the series' position. Lets an ideal line share its measurement's colour.
     pub colour: Option<usize>,
 }
@@ -70,17 +74,36 @@ impl Series {
             name: name.into(),
             points,
             style: LineStyle::Solid,
+            markers: true,
             colour: None,
         }
     }
     pub fn dashed(mut self) -> Series {
         self.style = LineStyle::Dashed;
+        self.markers = false;
+        self
+    }
+    pub fn dotted(mut self) -> Series {
+        self.style = LineStyle::Dotted;
+        self
+    }
+    /// A plain line: no marker on each point (thousands of steps).
+    pub fn without_markers(mut self) -> Series {
+        self.markers = false;
         self
     }
     pub fn colour(mut self, index: usize) -> Series {
         self.colour = Some(index);
         self
     }
+}
+
+/// A vertical line across the plot at `x` (data units): an event on the x axis, such as where a resumed attempt
+/// started. Drawn grey and dashed; `name` goes in the legend (empty: not in it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Marker {
+    pub x: f64,
+    pub name: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -97,17 +120,11 @@ pub enum YAxis {
     Log10,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Legend {
-    UpperLeft,
-    UpperRight,
-    LowerLeft,
-    LowerRight,
-}
-
 #[derive(Clone, Debug, PartialEq)]
 pub struct Chart {
     pub title: String,
+    /// A line under the title, in red: what the reader must know before reading the curves (a partial run).
+    pub subtitle: Option<String>,
     pub x_label: String,
     pub y_label: String,
     pub series: Vec<Series>,
@@ -117,7 +134,8 @@ pub struct Chart {
     pub y_from_zero: bool,
     /// The y axis ends here at most (accuracy: 100%), whatever room the margins and the legend would take.
     pub y_max: Option<f64>,
-    pub legend: Legend,
+    /// Vertical lines across the plot.
+    pub markers: Vec<Marker>,
     pub width: u32,
     pub height: u32,
 }
@@ -130,6 +148,7 @@ impl Chart {
     ) -> Chart {
         Chart {
             title: title.into(),
+            subtitle: None,
             x_label: x_label.into(),
             y_label: y_label.into(),
             series: vec![],
@@ -137,7 +156,7 @@ impl Chart {
             y_axis: YAxis::Linear,
             y_from_zero: false,
             y_max: None,
-            legend: Legend::UpperRight,
+            markers: vec![],
             width: 1000,
             height: 640,
         }
@@ -190,19 +209,110 @@ fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
     out
 }
 
-/// Length in pixels of a legend entry's line, and the space between it and the entry's text (plotters starts the
-/// text right where its legend area ends).
+/// Length in pixels of a legend entry's line, and the space between it and the entry's text.
 const LEGEND_LINE: i32 = 30;
 const LEGEND_GAP: i32 = 12;
+/// The legend's text size, the height of one of its rows, and the space between its columns.
+const LEGEND_FONT: u32 = 20;
+const LEGEND_ROW: i32 = 28;
+const LEGEND_COLUMN_GAP: i32 = 30;
+/// Room left of the plot for the y axis' labels and description; the legend starts there too.
+const Y_LABEL_AREA: i32 = 100;
 
-/// Legend entries: every series with a name.
-fn legend_entries(chart: &Chart) -> usize {
-    chart.series.iter().filter(|s| !s.name.is_empty()).count()
+/// What a legend entry shows: a series' line, or a vertical marker's.
+#[derive(Clone, Copy)]
+enum Sample {
+    Line {
+        style: LineStyle,
+        markers: bool,
+        colour: RGBColor,
+    },
+    Marker,
+}
+
+const MARKER_COLOUR: RGBColor = RGBColor(110, 110, 110);
+const SUBTITLE_COLOUR: RGBColor = RGBColor(180, 20, 20);
+
+/// Legend entries: every series with a name, then every marker with one (the first of each name).
+fn legend_entries(chart: &Chart) -> Vec<(String, Sample)> {
+    let mut out: Vec<(String, Sample)> = chart
+        .series
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !s.name.is_empty())
+        .map(|(i, s)| {
+            let sample = Sample::Line {
+                style: s.style,
+                markers: s.markers,
+                colour: colour(s.colour.unwrap_or(i)),
+            };
+            (s.name.clone(), sample)
+        })
+        .collect();
+    for m in &chart.markers {
+        if !m.name.is_empty() && !out.iter().any(|(n, _)| *n == m.name) {
+            out.push((m.name.clone(), Sample::Marker));
+        }
+    }
+    out
+}
+
+/// Where the legend's entries go: beneath the plot, outside the curves, in columns of equal width (as many as
+/// fit beside each other from the plot's left edge), in rows below the x axis' description.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct LegendLayout {
+    column: i32,
+    columns: usize,
+    /// The legend's height, which the image has beyond the chart's `height` (0: no legend).
+    height: i32,
+}
+
+/// Margin around everything.
+const MARGIN: i32 = 20;
+
+fn legend_layout(chart: &Chart) -> LegendLayout {
+    register();
+    let entries = legend_entries(chart);
+    if entries.is_empty() {
+        return LegendLayout {
+            column: 0,
+            columns: 1,
+            height: 0,
+        };
+    }
+    // Text is measured the same on any bitmap: a one-pixel one will do.
+    let mut buf = [0u8; 3];
+    let probe = BitMapBackend::with_buffer(&mut buf, (1, 1)).into_drawing_area();
+    let font = TextStyle::from((FAMILY, LEGEND_FONT).into_font());
+    let widest = entries
+        .iter()
+        .map(|(name, _)| {
+            probe
+                .estimate_text_size(name, &font)
+                .map_or(0, |(w, _)| w as i32)
+        })
+        .max()
+        .unwrap_or(0);
+    let column = widest + LEGEND_LINE + LEGEND_GAP + LEGEND_COLUMN_GAP;
+    let width = chart.width as i32 - 2 * MARGIN - Y_LABEL_AREA;
+    let columns = (width / column.max(1)).max(1) as usize;
+    let rows = entries.len().div_ceil(columns) as i32;
+    LegendLayout {
+        column,
+        columns,
+        height: rows * LEGEND_ROW + 16,
+    }
+}
+
+/// The image's size: the chart's, and the legend's rows beneath it (so that however many entries, the plot keeps
+/// its size).
+pub fn image_size(chart: &Chart) -> (u32, u32) {
+    let legend = legend_layout(chart);
+    (chart.width, chart.height + legend.height as u32)
 }
 
 /// The y axis' ends for values `ys` (in axis units): the data's range (from zero with `y_from_zero`), a margin,
-/// room at the top for the legend (about 28 px per entry out of the ~500 px plot, so that lines never run under
-/// it), and no higher than `y_max`.
+/// and no higher than `y_max`. The legend is beneath the plot, so no room is kept for it among the curves.
 fn y_range(chart: &Chart, ys: impl Iterator<Item = f64>) -> (f64, f64) {
     let log10 = chart.y_axis == YAxis::Log10;
     let (mut y0, mut y1) = range(ys).unwrap_or((0.0, 1.0));
@@ -214,16 +324,11 @@ fn y_range(chart: &Chart, ys: impl Iterator<Item = f64>) -> (f64, f64) {
         y0 -= d;
         y1 += d;
     }
-    // A margin around the data (none below a zero baseline), then room at the top for the legend.
+    // A margin around the data (none below a zero baseline).
     let pad = (y1 - y0) * 0.06;
     y1 += pad;
     if !(chart.y_from_zero && y0 == 0.0) {
         y0 -= pad;
-    }
-    let entries = legend_entries(chart);
-    if entries > 0 {
-        let f = ((entries as f64 * 28.0 + 24.0) / (chart.height as f64 - 180.0)).min(0.6);
-        y1 = y0 + (y1 - y0) / (1.0 - f);
     }
     if let Some(max) = chart.y_max.filter(|m| *m > y0) {
         y1 = y1.min(if log10 { max.log10() } else { max });
@@ -233,11 +338,11 @@ fn y_range(chart: &Chart, ys: impl Iterator<Item = f64>) -> (f64, f64) {
 
 /// Renders `chart` to a PNG at `path`.
 pub fn render(chart: &Chart, path: &Path) -> Result<(), ReportError> {
-    let root = BitMapBackend::new(path, (chart.width, chart.height)).into_drawing_area();
+    let root = BitMapBackend::new(path, image_size(chart)).into_drawing_area();
     draw(chart, root, path)
 }
 
-/// Draws `chart` on `root`, a bitmap of the chart's size (`path`: where it goes, for the messages).
+/// Draws `chart` on `root`, a bitmap of its [`image_size`] (`path`: where it goes, for the messages).
 fn draw(
     chart: &Chart,
     root: DrawingArea<BitMapBackend, Shift>,
@@ -255,10 +360,9 @@ fn draw(
     // Only points of a size an axis can span can be drawn: finite, within ±MAX_PLOTTED (an axis over ±1e308
     // overflows to infinity and the tick search never ends), and positive on a logarithmic axis. The others are
     // left out, and said so.
-    let drawable = |&(x, y): &(f64, f64)| {
-        let plain = |v: f64| v.is_finite() && v.abs() <= MAX_PLOTTED;
-        plain(x) && plain(y) && (!log2 || x > 0.0) && (!log10 || y > 0.0)
-    };
+    let plain = |v: f64| v.is_finite() && v.abs() <= MAX_PLOTTED;
+    let drawable =
+        |&(x, y): &(f64, f64)| plain(x) && plain(y) && (!log2 || x > 0.0) && (!log10 || y > 0.0);
     // (palette index, series, drawable points in axis units)
     type Drawable<'a> = (usize, &'a Series, Vec<(f64, f64)>);
     let series: Vec<Drawable> = chart
@@ -284,10 +388,17 @@ fn draw(
             (s.colour.unwrap_or(i), s, pts)
         })
         .collect();
+    let markers: Vec<f64> = chart
+        .markers
+        .iter()
+        .map(|m| m.x)
+        .filter(|&x| plain(x) && (!log2 || x > 0.0))
+        .map(tx)
+        .collect();
     let all = || series.iter().flat_map(|(_, _, p)| p.iter());
-    let (mut x0, mut x1) = range(all().map(|p| p.0)).unwrap_or((0.0, 1.0));
+    let (mut x0, mut x1) =
+        range(all().map(|p| p.0).chain(markers.iter().copied())).unwrap_or((0.0, 1.0));
     let (y0, y1) = y_range(chart, all().map(|p| p.1));
-    let entries = legend_entries(chart);
     if x1 - x0 < 1e-12 {
         x0 -= 1.0;
         x1 += 1.0;
@@ -302,11 +413,23 @@ fn draw(
     }
 
     root.fill(&WHITE).map_err(|e| err(&e))?;
-    let mut ctx = ChartBuilder::on(&root)
-        .caption(&chart.title, (FAMILY, 30))
-        .margin(20)
+    let inner = root.margin(MARGIN, MARGIN, MARGIN, MARGIN);
+    let (_, inner_h) = inner.dim_in_pixel();
+    // The legend beneath the plot, in rows the image has beyond the chart's height.
+    let entries = legend_entries(chart);
+    let legend = legend_layout(chart);
+    let (upper, legend_area) = inner.split_vertically(inner_h as i32 - legend.height);
+    let mut area = upper
+        .titled(&chart.title, (FAMILY, 30))
+        .map_err(|e| err(&e))?;
+    if let Some(sub) = &chart.subtitle {
+        area = area
+            .titled(sub, (FAMILY, 22).into_font().color(&SUBTITLE_COLOUR))
+            .map_err(|e| err(&e))?;
+    }
+    let mut ctx = ChartBuilder::on(&area)
         .x_label_area_size(70)
-        .y_label_area_size(100)
+        .y_label_area_size(Y_LABEL_AREA)
         .build_cartesian_2d(x0..x1, y0..y1)
         .map_err(|e| err(&e))?;
 
@@ -370,17 +493,23 @@ fn draw(
                 .map_err(|e| err(&e))?;
         }
     }
+    // Markers under the curves.
+    for &x in &markers {
+        ctx.draw_series(DashedLineSeries::new(
+            [(x, y0), (x, y1)],
+            8,
+            6,
+            MARKER_COLOUR.stroke_width(2),
+        ))
+        .map_err(|e| err(&e))?;
+    }
 
     for (ci, s, pts) in &series {
         let c = colour(*ci);
-        let width = if s.style == LineStyle::Dashed { 2 } else { 3 };
-        let drawn = match s.style {
-            LineStyle::Solid => {
-                let a = ctx
-                    .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(3)))
-                    .map_err(|e| err(&e))?;
-                a
-            }
+        match s.style {
+            LineStyle::Solid => ctx
+                .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(3)))
+                .map(|_| ()),
             LineStyle::Dashed => ctx
                 .draw_series(DashedLineSeries::new(
                     pts.iter().copied(),
@@ -388,48 +517,92 @@ fn draw(
                     8,
                     c.stroke_width(2),
                 ))
-                .map_err(|e| err(&e))?,
-        };
-        if !s.name.is_empty() {
-            let a = drawn.label(s.name.clone());
-            if s.style == LineStyle::Dashed {
-                a.legend(move |(x, y)| {
-                    let dash = LEGEND_LINE * 3 / 8;
-                    EmptyElement::at((x, y))
-                        + PathElement::new(vec![(0, 0), (dash, 0)], c.stroke_width(width))
-                        + PathElement::new(
-                            vec![(LEGEND_LINE - dash, 0), (LEGEND_LINE, 0)],
-                            c.stroke_width(width),
-                        )
-                });
-            } else {
-                a.legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + LEGEND_LINE, y)], c.stroke_width(width))
-                });
-            }
+                .map(|_| ()),
+            LineStyle::Dotted => ctx
+                .draw_series(DottedLineSeries::new(pts.iter().copied(), 0, 9, move |p| {
+                    Circle::new(p, 2, c.filled())
+                }))
+                .map(|_| ()),
         }
-        if s.style == LineStyle::Solid {
-            ctx.draw_series(pts.iter().map(|&p| Circle::new(p, 5, c.filled())))
-                .map_err(|e| err(&e))?;
+        .map_err(|e| err(&e))?;
+        if s.markers {
+            match s.style {
+                LineStyle::Dotted => ctx
+                    .draw_series(pts.iter().map(|&p| Circle::new(p, 5, c.stroke_width(2))))
+                    .map(|_| ()),
+                _ => ctx
+                    .draw_series(pts.iter().map(|&p| Circle::new(p, 5, c.filled())))
+                    .map(|_| ()),
+            }
+            .map_err(|e| err(&e))?;
         }
     }
-    if entries > 0 {
-        let pos = match chart.legend {
-            Legend::UpperLeft => SeriesLabelPosition::UpperLeft,
-            Legend::UpperRight => SeriesLabelPosition::UpperRight,
-            Legend::LowerLeft => SeriesLabelPosition::LowerLeft,
-            Legend::LowerRight => SeriesLabelPosition::LowerRight,
-        };
-        ctx.configure_series_labels()
-            .position(pos)
-            .label_font((FAMILY, 20))
-            .legend_area_size(LEGEND_LINE + LEGEND_GAP)
-            .background_style(WHITE.mix(0.85))
-            .border_style(RGBColor(180, 180, 180))
-            .draw()
+    if !entries.is_empty() {
+        let font = TextStyle::from((FAMILY, LEGEND_FONT).into_font());
+        draw_legend(&legend_area, &entries, &font, legend.column, legend.columns)
             .map_err(|e| err(&e))?;
     }
     root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+/// The legend's entries in `area` (beneath the plot), row by row, `columns` of `column` pixels from the plot's left
+/// edge: each a sample of its line and its text.
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    entries: &[(String, Sample)],
+    font: &TextStyle,
+    column: i32,
+    columns: usize,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let text = font.pos(Pos::new(HPos::Left, VPos::Center));
+    for (k, (name, sample)) in entries.iter().enumerate() {
+        let x = Y_LABEL_AREA + (k % columns) as i32 * column;
+        let y = 8 + (k / columns) as i32 * LEGEND_ROW + LEGEND_ROW / 2;
+        let (l, r) = (x, x + LEGEND_LINE);
+        match *sample {
+            Sample::Line {
+                style,
+                markers,
+                colour: c,
+            } => match style {
+                LineStyle::Solid => {
+                    area.draw(&PathElement::new(vec![(l, y), (r, y)], c.stroke_width(3)))?;
+                }
+                LineStyle::Dashed => {
+                    let dash = LEGEND_LINE * 3 / 8;
+                    area.draw(&PathElement::new(
+                        vec![(l, y), (l + dash, y)],
+                        c.stroke_width(2),
+                    ))?;
+                    area.draw(&PathElement::new(
+                        vec![(r - dash, y), (r, y)],
+                        c.stroke_width(2),
+                    ))?;
+                }
+                LineStyle::Dotted => {
+                    for dx in (0..=LEGEND_LINE).step_by(9) {
+                        area.draw(&Circle::new((l + dx, y), 2, c.filled()))?;
+                    }
+                    if markers {
+                        area.draw(&Circle::new((l + LEGEND_LINE / 2, y), 5, c.stroke_width(2)))?;
+                    }
+                }
+            },
+            Sample::Marker => {
+                let mid = l + LEGEND_LINE / 2;
+                area.draw(&PathElement::new(
+                    vec![(mid, y - 10), (mid, y - 3)],
+                    MARKER_COLOUR.stroke_width(2),
+                ))?;
+                area.draw(&PathElement::new(
+                    vec![(mid, y + 3), (mid, y + 10)],
+                    MARKER_COLOUR.stroke_width(2),
+                ))?;
+            }
+        }
+        area.draw(&Text::new(name.as_str(), (r + LEGEND_GAP, y), &text))?;
+    }
     Ok(())
 }
 
@@ -479,9 +652,10 @@ mod tests {
         let mut c = Chart::new("t", "x", "y");
         c.series
             .push(Series::new("Acc@1", vec![(0.0, 0.0), (1.0, 1.0)]));
-        let (w, h) = (c.width as usize, c.height as usize);
-        let mut buf = vec![0u8; w * h * 3];
-        let root = BitMapBackend::with_buffer(&mut buf, (c.width, c.height)).into_drawing_area();
+        let (w, h) = image_size(&c);
+        let mut buf = vec![0u8; w as usize * h as usize * 3];
+        let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
+        let (w, h) = (w as usize, h as usize);
         draw(&c, root, Path::new("memory")).unwrap();
         let px = |x: usize, y: usize| &buf[(y * w + x) * 3..(y * w + x) * 3 + 3];
         let line = colour(0);
@@ -497,6 +671,8 @@ mod tests {
                 })
             })
             .expect("no legend line found");
+        // Beneath the plot, outside its curves: below the chart's own height (the image is taller by the legend).
+        assert!(y + 20 > c.height as usize, "legend line at y {y} of {h}");
         for x in end + 1..=end + 6 {
             for yy in y - 10..=y + 10 {
                 assert!(

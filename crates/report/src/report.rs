@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::plot::{self, Chart, Legend, Series, XAxis, YAxis};
+use crate::plot::{self, Chart, Series, XAxis, YAxis};
 use crate::run_report::{accuracy_chart, loss_chart, write_atomic};
 use crate::schema::{read_inputs, Input, TrainRun};
 use crate::table::{
     bench_row, compare, grouped_throughput, row_efficiency, sweep_rows, throughput_table,
-    train_row, train_table, ThroughputRow, TrainRow,
+    train_row, train_table, Coverage, ThroughputRow, TrainRow,
 };
 
 #[derive(clap::Args, Clone, Debug)]
@@ -46,7 +46,15 @@ pub struct TrainEntry {
     pub acc1: Option<f64>,
     pub acc5: Option<f64>,
     pub best_acc1: Option<f64>,
+    /// With `--ema`: the average's top-1, last epoch and best.
+    pub ema_acc1: Option<f64>,
+    pub best_ema_acc1: Option<f64>,
     pub images_per_sec: Option<f64>,
+    /// What the run covers: steps per epoch trained and of a whole pass, validation images evaluated and of the
+    /// split ([`Coverage`]); `partial` when fewer.
+    #[serde(flatten)]
+    pub coverage: Coverage,
+    pub partial: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -102,6 +110,21 @@ pub fn markdown(c: &Collected) -> String {
     if !c.runs.is_empty() {
         s.push_str("\n## Training runs\n\n");
         let rows: Vec<TrainRow> = c.runs.iter().map(train_row).collect();
+        let partial: Vec<&str> = rows
+            .iter()
+            .filter(|r| r.coverage.is_partial())
+            .map(|r| r.name.as_str())
+            .collect();
+        if !partial.is_empty() {
+            s.push_str(&format!(
+                "> **⚠ Partial runs: {}.** Their \"covers\" says what they trained and evaluated (\"full\": whole \
+                 epochs and every validation image; \"—\": not recorded): epochs cut short \
+                 (--steps-per-epoch; steps per epoch of a whole pass) or validation on a subset (--val-max-images; \
+                 images of the split). Smoke runs, not results: their accuracy, wall clock and img/s say nothing of \
+                 a full run's, and their efficiencies compare them only with runs that cover as much.\n\n",
+                partial.join(", ")
+            ));
+        }
         s.push_str(&train_table(&rows, true).to_markdown());
         s.push_str(
             "\nWall-clock: training and evaluation of all epochs. Acc@1/Acc@5: last epoch, percent. Efficiency \
@@ -109,6 +132,12 @@ pub fn markdown(c: &Collected) -> String {
              width, image size, dataset, hardware, precision, batch per rank and epochs the same): T1/(N·TN) \
              from wall-clock time, X_N/(N·X_1) from mean img/s.\n",
         );
+        if rows.iter().any(TrainRow::has_ema) {
+            s.push_str(
+                "\nEMA Acc@1: the weights' moving average (--ema) evaluated on the same images, last epoch and \
+                 best; Acc@1 and best Acc@1 are the trained weights'.\n",
+            );
+        }
     }
     s
 }
@@ -136,7 +165,11 @@ pub fn json(c: &Collected, files: Vec<PathBuf>) -> ReportJson {
                 acc1: r.acc1,
                 acc5: r.acc5,
                 best_acc1: r.best_acc1,
+                ema_acc1: r.ema_acc1,
+                best_ema_acc1: r.best_ema_acc1,
                 images_per_sec: r.images_per_sec,
+                partial: r.coverage.is_partial(),
+                coverage: r.coverage,
             }
         })
         .collect();
@@ -177,10 +210,8 @@ pub fn scaling_charts(rows: &[ThroughputRow]) -> (Chart, Chart) {
     );
     tp.x_axis = XAxis::Log2;
     tp.y_from_zero = true;
-    tp.legend = Legend::UpperLeft;
     eff.x_axis = XAxis::Log2;
     eff.y_from_zero = true;
-    eff.legend = Legend::UpperLeft;
     let groups = grouped_throughput(rows);
     let configs: std::collections::BTreeSet<&str> =
         rows.iter().map(|r| r.config.as_str()).collect();
@@ -310,6 +341,18 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
     if !c.runs.is_empty() {
         let rows: Vec<TrainRow> = c.runs.iter().map(train_row).collect();
         println!("{}", train_table(&rows, true).to_text());
+        let partial: Vec<&str> = rows
+            .iter()
+            .filter(|r| r.coverage.is_partial())
+            .map(|r| r.name.as_str())
+            .collect();
+        if !partial.is_empty() {
+            println!(
+                "⚠ partial runs, smoke runs and not results (epochs cut short or validation on a subset; see \
+                 \"covers\"): {}\n",
+                partial.join(", ")
+            );
+        }
     }
     if let Some(path) = &args.json {
         let mut text = serde_json::to_string_pretty(&json(&c, files.clone()))?;

@@ -326,6 +326,11 @@ pub struct StepRecord {
     #[serde(default)]
     pub acc1: Option<f64>,
     pub lr: f64,
+    /// The run's clock at this step, seconds: the logged epochs' `seconds` and this epoch's so far (a resumed
+    /// epoch's before its checkpoint included). A resume tells from it how far a killed attempt had trained past
+    /// its checkpoint (`TrainSummary::redone_s`). Absent in older logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_s: Option<f64>,
 }
 
 /// One line of a run's `metrics.jsonl`: one finished epoch, as `rn50 train` writes it and the report reads it.
@@ -361,8 +366,11 @@ pub struct EpochMetrics {
     #[serde(default)]
     pub ema_val_loss: Option<f64>,
     /// That epoch's wall time: training and evaluation, and the checkpoint of the epoch before (written after
-    /// that epoch's record).
+    /// that epoch's record); a resumed epoch's includes its attempts' seconds up to their checkpoints.
     pub seconds: Option<f64>,
+    /// Of `seconds`, those in the training loop (rank 0), which `images_per_sec` is over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_seconds: Option<f64>,
     /// Training resolution (pixels), which progressive resizing changes between epochs.
     #[serde(default)]
     pub resolution: Option<u64>,
@@ -420,6 +428,13 @@ pub struct TrainSummary {
     pub precision: String,
     /// Dataset path or name ("imagenet", "/data/ilsvrc", "dummy").
     pub dataset: String,
+    /// Optimizer steps each epoch trained, and those of a whole pass over the training set: fewer trained than
+    /// whole when `--steps-per-epoch` cut the epochs short (a smoke run, not a result). Absent in older summaries
+    /// (and the whole pass with --dummy).
+    pub steps_per_epoch: Option<u64>,
+    pub full_steps_per_epoch: Option<u64>,
+    /// The validation split's images; an epoch's `val_images` fewer when `--val-max-images` evaluated a subset.
+    pub val_images_total: Option<u64>,
     /// `train --target-accuracy`: the top-1 (percent) the run stops at; absent without one.
     pub target_acc1: Option<f64>,
     /// The epochs trained when the first evaluation reached `target_acc1`, and their wall-clock seconds
@@ -427,6 +442,12 @@ pub struct TrainSummary {
     /// absent when not reached.
     pub target_epochs: Option<u64>,
     pub time_to_target_s: Option<f64>,
+    /// Seconds of training done twice: what attempts killed without a checkpoint at the end (kill -9, a node
+    /// lost) trained past their last checkpoint, which the resume trained again. Not in `wall_clock_s` (the
+    /// epochs' seconds), which is what the run takes uninterrupted; the two add up to what it cost. Absent
+    /// when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redone_s: Option<f64>,
 }
 
 impl EpochMetrics {

@@ -197,6 +197,11 @@ pub fn fmt_rate(x: f64) -> String {
     }
 }
 
+/// A count with thousands separators: 50000 → "50,000".
+pub fn fmt_count(n: u64) -> String {
+    group_thousands(n as i64)
+}
+
 fn group_thousands(n: i64) -> String {
     let digits = n.unsigned_abs().to_string();
     let mut out = String::new();
@@ -520,6 +525,122 @@ pub fn throughput_table(rows: &[ThroughputRow]) -> Table {
     out
 }
 
+/// What a training run covers: the optimizer steps each epoch trained of a whole pass over the training set, and
+/// the validation images its evaluation took of the split. A smoke run (`--steps-per-epoch`, `--val-max-images`)
+/// covers less than a result does, and says so wherever it is reported. A field a run has not recorded (an older
+/// summary, `--dummy` data, no evaluation yet) is None, and nothing is claimed of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Coverage {
+    /// Optimizer steps each epoch trained (summary.json).
+    pub steps_per_epoch: Option<u64>,
+    /// Optimizer steps of a whole pass over the training set (summary.json; absent with --dummy).
+    pub full_steps_per_epoch: Option<u64>,
+    /// The images the last evaluation took (metrics.jsonl's `val_images`, evaluated, and `val_bad_images`,
+    /// unreadable): a subset with --val-max-images.
+    pub val_images: Option<u64>,
+    /// The validation split's images (summary.json).
+    pub val_images_total: Option<u64>,
+}
+
+impl Coverage {
+    /// The coverage of `run`: its summary's steps and split size, its last evaluation's images.
+    pub fn of(run: &TrainRun) -> Coverage {
+        let s = run.summary.as_ref();
+        let last_eval = run.epochs.iter().rev().find(|e| e.val_images.is_some());
+        Coverage {
+            steps_per_epoch: s.and_then(|s| s.steps_per_epoch),
+            full_steps_per_epoch: s.and_then(|s| s.full_steps_per_epoch),
+            val_images: last_eval
+                .map(|e| e.val_images.unwrap_or(0) + e.val_bad_images.unwrap_or(0)),
+            val_images_total: s.and_then(|s| s.val_images_total),
+        }
+    }
+
+    /// (trained, whole) steps per epoch when the epochs were cut short.
+    pub fn short_epochs(&self) -> Option<(u64, u64)> {
+        match (self.steps_per_epoch, self.full_steps_per_epoch) {
+            (Some(s), Some(f)) if s < f => Some((s, f)),
+            _ => None,
+        }
+    }
+
+    /// (evaluated, total) validation images when the evaluation took a subset.
+    pub fn val_subset(&self) -> Option<(u64, u64)> {
+        match (self.val_images, self.val_images_total) {
+            (Some(v), Some(t)) if v < t => Some((v, t)),
+            _ => None,
+        }
+    }
+
+    /// Epochs cut short or validation on a subset: not a result.
+    pub fn is_partial(&self) -> bool {
+        self.short_epochs().is_some() || self.val_subset().is_some()
+    }
+
+    /// Whole epochs, known to be (and no subset evaluation).
+    pub fn is_full(&self) -> bool {
+        !self.is_partial()
+            && matches!(
+                (self.steps_per_epoch, self.full_steps_per_epoch),
+                (Some(s), Some(f)) if s >= f
+            )
+    }
+
+    /// What a partial run covers, short for a table cell ("20 of 5,005 steps/epoch, val 500 of 50,000") or in
+    /// words ("20 of 5,005 steps per epoch, validation on 500 of 50,000 images"); None for a run not known to be
+    /// partial.
+    pub fn describe(&self, short: bool) -> Option<String> {
+        let n = |x: u64| group_thousands(x as i64);
+        let mut parts = vec![];
+        if let Some((s, f)) = self.short_epochs() {
+            let per = if short {
+                "steps/epoch"
+            } else {
+                "steps per epoch"
+            };
+            parts.push(format!("{} of {} {per}", n(s), n(f)));
+        }
+        if let Some((v, t)) = self.val_subset() {
+            parts.push(match short {
+                true => format!("val {} of {}", n(v), n(t)),
+                false => format!("validation on {} of {} images", n(v), n(t)),
+            });
+        }
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
+
+    /// The warning a partial run's report opens with: what it covers and what that means for its numbers.
+    pub fn partial_note(&self) -> Option<String> {
+        let what = self.describe(false)?;
+        let mut s = format!("Partial run: {what}.");
+        if self.short_epochs().is_some() {
+            s.push_str(
+                " A smoke run, not a result: its epochs are not whole passes over the training set, so its \
+                 accuracy, wall clock and img/s say nothing of a full run's.",
+            );
+        }
+        if let Some((v, _)) = self.val_subset() {
+            s.push_str(&format!(
+                " Acc@1 and Acc@5 are over those {} images, not the whole validation set.",
+                group_thousands(v as i64)
+            ));
+        }
+        Some(s)
+    }
+
+    /// The "covers" cell: "⚠ …" for a partial run, "full" for one known whole, "—" when unknown.
+    fn cell(&self) -> Cell {
+        match self.describe(true) {
+            Some(d) => Cell {
+                display: format!("⚠ {d}"),
+                raw: d,
+            },
+            None if self.is_full() => Cell::text("full"),
+            None => Cell::empty(),
+        }
+    }
+}
+
 /// A training run as a row of Kempner's table. Fields a run has not recorded are None.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainRow {
@@ -540,7 +661,11 @@ pub struct TrainRow {
     pub acc1: Option<f64>,
     pub acc5: Option<f64>,
     pub best_acc1: Option<f64>,
+    /// With `--ema`: the average's top-1, last epoch and best.
+    pub ema_acc1: Option<f64>,
+    pub best_ema_acc1: Option<f64>,
     pub images_per_sec: Option<f64>,
+    pub coverage: Coverage,
 }
 
 /// The row of a run: its summary.json where there is one, metrics.jsonl for the rest.
@@ -566,26 +691,53 @@ pub fn train_row(run: &TrainRun) -> TrainRow {
         acc1: s.map_or(m.acc1, |s| s.acc1),
         acc5: s.map_or(m.acc5, |s| s.acc5),
         best_acc1: s.map_or(m.best_acc1, |s| s.best_acc1),
+        // A summary older than its EMA fields has none: the metrics have them then.
+        ema_acc1: s.and_then(|s| s.ema_acc1).or(m.ema_acc1),
+        best_ema_acc1: s.and_then(|s| s.best_ema_acc1).or(m.best_ema_acc1),
         images_per_sec: Some(s.map_or(m.images_per_sec, |s| s.images_per_sec)).filter(|x| *x > 0.0),
+        coverage: Coverage::of(run),
+    }
+}
+
+impl TrainRow {
+    /// Whether the run has an EMA accuracy to show.
+    pub fn has_ema(&self) -> bool {
+        [self.ema_acc1, self.best_ema_acc1]
+            .iter()
+            .any(|a| a.is_some_and(f64::is_finite))
     }
 }
 
 /// What must be the same for two runs to be compared for scaling: everything but the worker count (and what follows
-/// from it: the global batch and the learning rate scaled to it).
+/// from it: the global batch and the learning rate scaled to it). A partial run compares only with runs that cover
+/// as much (full runs, whether their summary says so or is older, compare with each other).
 fn comparable(r: &TrainRow) -> impl PartialEq + '_ {
     (
         (&r.arch, r.width, r.image_size, &r.dataset),
         (&r.hardware, &r.precision, r.batch, r.epochs),
+        (
+            r.coverage.short_epochs().map(|s| s.0),
+            r.coverage.val_subset().map(|v| v.0),
+        ),
     )
 }
 
 /// Kempner's table: model (arch, width, image size) and dataset, GPUs, batch, lr, wall-clock time, Acc@1, Acc@5,
 /// img/s, and with `efficiency` the time- and throughput-based scaling efficiency against the run with the fewest
 /// workers among those that differ from it in worker count alone ([`comparable`]).
+///
+/// What each run covers ([`Coverage`]): a "covers" column after the run's name, shown when some run is partial
+/// ("⚠ 20 of 5,005 steps/epoch, val 500 of 50,000"), and in the CSV always, with the numbers apart
+/// (steps_per_epoch, full_steps_per_epoch, val_images, val_images_total) for a script to filter on. The EMA's
+/// final and best top-1 when some run has them.
 pub fn train_table(rows: &[TrainRow], efficiency: bool) -> Table {
     use Align::*;
+    let partial = rows.iter().any(|r| r.coverage.is_partial());
+    let ema = rows.iter().any(TrainRow::has_ema);
     let mut columns = vec![
         col("run", "run", Left),
+        // CSV only unless some run is partial.
+        col(if partial { "covers" } else { "" }, "covers", Left),
         col("arch", "arch", Left),
         col("width", "width", Right),
         col("image size", "image_size", Right),
@@ -601,11 +753,24 @@ pub fn train_table(rows: &[TrainRow], efficiency: bool) -> Table {
         col("Acc@1", "acc1", Right),
         col("Acc@5", "acc5", Right),
         col("best Acc@1", "best_acc1", Right),
-        col("img/s", "images_per_sec", Right),
     ];
+    if ema {
+        columns.push(col("EMA Acc@1", "ema_acc1", Right));
+        columns.push(col("best EMA Acc@1", "best_ema_acc1", Right));
+    }
+    columns.push(col("img/s", "images_per_sec", Right));
     if efficiency {
         columns.push(col("eff. T1/(N·TN)", "efficiency_time", Right));
         columns.push(col("eff. X_N/(N·X_1)", "efficiency_throughput", Right));
+    }
+    // CSV only: what the "covers" column says, as numbers.
+    for key in [
+        "steps_per_epoch",
+        "full_steps_per_epoch",
+        "val_images",
+        "val_images_total",
+    ] {
+        columns.push(col("", key, Right));
     }
     let acc = |a: f64| format!("{a:.2}");
     let mut table = Table {
@@ -615,6 +780,7 @@ pub fn train_table(rows: &[TrainRow], efficiency: bool) -> Table {
     for r in rows {
         let mut cells = vec![
             Cell::text(&r.name),
+            r.coverage.cell(),
             r.arch.as_deref().map_or_else(Cell::empty, Cell::text),
             r.width.map_or_else(Cell::empty, int_cell),
             r.image_size.map_or_else(Cell::empty, int_cell),
@@ -630,8 +796,12 @@ pub fn train_table(rows: &[TrainRow], efficiency: bool) -> Table {
             opt_cell(r.acc1, acc),
             opt_cell(r.acc5, acc),
             opt_cell(r.best_acc1, acc),
-            opt_cell(r.images_per_sec, fmt_rate),
         ];
+        if ema {
+            cells.push(opt_cell(r.ema_acc1, acc));
+            cells.push(opt_cell(r.best_ema_acc1, acc));
+        }
+        cells.push(opt_cell(r.images_per_sec, fmt_rate));
         if efficiency {
             // Baseline: fewest workers among the comparable runs (first given on a tie).
             let base = rows
@@ -653,6 +823,15 @@ pub fn train_table(rows: &[TrainRow], efficiency: bool) -> Table {
             };
             cells.push(opt_cell(et, fmt_pct));
             cells.push(opt_cell(ex, fmt_pct));
+        }
+        let c = &r.coverage;
+        for x in [
+            c.steps_per_epoch,
+            c.full_steps_per_epoch,
+            c.val_images,
+            c.val_images_total,
+        ] {
+            cells.push(x.map_or_else(Cell::empty, int_cell));
         }
         table.rows.push(cells);
     }
@@ -738,7 +917,10 @@ mod tests {
             acc1: None,
             acc5: None,
             best_acc1: None,
+            ema_acc1: None,
+            best_ema_acc1: None,
             images_per_sec: None,
+            coverage: Coverage::default(),
         }
     }
 
@@ -756,14 +938,14 @@ mod tests {
             lines
                 .next()
                 .unwrap()
-                .starts_with("run,arch,width,image_size,dataset,hardware,"),
+                .starts_with("run,covers,arch,width,image_size,dataset,hardware,"),
             "{csv}"
         );
         assert!(
             lines
                 .next()
                 .unwrap()
-                .starts_with("one,resnet50,64,224,imagenet,"),
+                .starts_with("one,,resnet50,64,224,imagenet,"),
             "{csv}"
         );
         let eff = t
@@ -777,6 +959,97 @@ mod tests {
         );
         // 128 px at 4 workers: its own baseline, not 250% of the 224 px run on 1 worker.
         assert_eq!(t.rows[2][eff].raw, "1");
+    }
+
+    fn coverage(steps: (u64, u64), val: (u64, u64)) -> Coverage {
+        Coverage {
+            steps_per_epoch: Some(steps.0),
+            full_steps_per_epoch: Some(steps.1),
+            val_images: Some(val.0),
+            val_images_total: Some(val.1),
+        }
+    }
+
+    #[test]
+    fn coverage_says_what_a_run_left_out() {
+        let smoke = coverage((20, 5005), (500, 50_000));
+        assert!(smoke.is_partial() && !smoke.is_full());
+        assert_eq!(
+            smoke.describe(true).unwrap(),
+            "20 of 5,005 steps/epoch, val 500 of 50,000"
+        );
+        assert_eq!(
+            smoke.cell().display,
+            "⚠ 20 of 5,005 steps/epoch, val 500 of 50,000"
+        );
+        let full = coverage((5005, 5005), (50_000, 50_000));
+        assert!(full.is_full() && full.describe(false).is_none());
+        assert_eq!(full.cell().raw, "full");
+        // Only the evaluation a subset: no "smoke run", the accuracy's images said.
+        let note = coverage((5005, 5005), (500, 50_000))
+            .partial_note()
+            .unwrap();
+        assert!(
+            note.starts_with("Partial run: validation on 500 of 50,000 images."),
+            "{note}"
+        );
+        assert!(!note.contains("smoke"), "{note}");
+        // --dummy (no whole pass) and older summaries: nothing claimed either way.
+        let dummy = Coverage {
+            steps_per_epoch: Some(100),
+            ..Default::default()
+        };
+        assert!(!dummy.is_partial() && !dummy.is_full());
+        assert_eq!(dummy.cell().raw, "");
+    }
+
+    /// The images an evaluation took are those evaluated and those unreadable: a few unreadable images of the
+    /// whole set do not make it a subset.
+    #[test]
+    fn unreadable_validation_images_are_not_a_subset() {
+        let run = TrainRun {
+            dir: "r".into(),
+            name: "r".into(),
+            epochs: vec![crate::schema::EpochMetrics {
+                val_images: Some(49_997),
+                val_bad_images: Some(3),
+                ..Default::default()
+            }],
+            summary: Some(TrainSummary {
+                steps_per_epoch: Some(5005),
+                full_steps_per_epoch: Some(5005),
+                val_images_total: Some(50_000),
+                ..Default::default()
+            }),
+        };
+        let c = Coverage::of(&run);
+        assert_eq!(c.val_images, Some(50_000));
+        assert!(c.is_full(), "{c:?}");
+    }
+
+    /// A smoke run is not a full run's baseline, nor a full run its: each compares with runs covering as much.
+    #[test]
+    fn partial_runs_compare_only_with_runs_that_cover_as_much() {
+        let mut smoke = run("smoke", 1, 224, 10.0);
+        smoke.coverage = coverage((20, 5005), (500, 50_000));
+        let rows = [smoke, run("four", 4, 224, 250.0)];
+        let t = train_table(&rows, true);
+        let eff = t
+            .columns
+            .iter()
+            .position(|c| c.key == "efficiency_time")
+            .unwrap();
+        assert_eq!(
+            t.rows[1][eff].raw, "1",
+            "its own baseline, not 1 % of the smoke run's"
+        );
+        let covers = t.columns.iter().position(|c| c.key == "covers").unwrap();
+        assert_eq!(t.columns[covers].title, "covers");
+        // Without a partial run the column is the CSV's alone.
+        let t = train_table(&rows[1..], true);
+        assert_eq!(t.columns[covers].title, "");
+        assert!(!t.to_text().contains("covers"));
+        assert!(t.to_csv().starts_with("run,covers,"));
     }
 
     #[test]

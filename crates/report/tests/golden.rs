@@ -5,7 +5,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use rn50_report::report::{collect, json, markdown, write_report};
-use rn50_report::run_report::{metrics_table, summary_markdown};
+use rn50_report::run_report::{lr_chart, lr_per_step, metrics_table, read_steps, summary_markdown};
 use rn50_report::schema::{read_input, read_inputs, read_train_run, Input};
 use rn50_report::table::{throughput_table, train_row, train_table, TrainRow};
 use rn50_report::{summary_text, write_run_report, TrainSummary};
@@ -158,10 +158,7 @@ fn run_without_summary_uses_metrics_and_dedups_resumed_epochs() {
     assert_eq!(r.epochs, 3);
     assert!((r.wall_clock_s - (95.1 + 96.4 + 96.0)).abs() < 1e-9);
     assert_eq!(r.best_acc1, Some(49.75));
-    check_golden(
-        "nosummary-metrics.csv",
-        &metrics_table(&run.epochs).to_csv(),
-    );
+    check_golden("nosummary-metrics.csv", &metrics_table(&run).to_csv());
     check_golden("nosummary-summary.md", &summary_markdown(&run));
 }
 
@@ -259,7 +256,7 @@ fn a_run_that_just_started() {
 fn directories_stand_for_what_they_hold() {
     let f = fixtures();
     let runs = read_inputs(&[f.join("runs")]).unwrap();
-    assert_eq!(runs.len(), 3);
+    assert_eq!(runs.len(), 5);
     assert!(runs.iter().all(|i| matches!(i, Input::Train(_))));
     // The fixtures directory itself: 4 bench results and a sweep; subdirectories that are not runs are not
     // entered.
@@ -345,4 +342,277 @@ fn sweep_point_from_repeats() {
     assert_eq!(p.global_batch, 64);
     assert_eq!((p.min, p.max), (17.9, 18.6));
     assert!((p.median - 18.3).abs() < 1e-12);
+}
+
+/// Copies a fixture run into a temporary directory, where its report can be written.
+fn copy_run(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join(name);
+    fs::create_dir(&run).unwrap();
+    for e in fs::read_dir(fixtures().join("runs").join(name)).unwrap() {
+        let p = e.unwrap().path();
+        fs::copy(&p, run.join(p.file_name().unwrap())).unwrap();
+    }
+    (dir, run)
+}
+
+fn keep_pngs(run: &Path, prefix: &str) {
+    if let Some(keep) = std::env::var_os("RN50_KEEP_REPORT") {
+        let keep = PathBuf::from(keep);
+        fs::create_dir_all(&keep).unwrap();
+        for png in ["loss.png", "accuracy.png", "lr.png"] {
+            fs::copy(run.join(png), keep.join(format!("{prefix}-{png}"))).unwrap();
+        }
+    }
+}
+
+/// A smoke run (`--steps-per-epoch 20 --val-max-images 500`) says so in summary.md before its table and in the
+/// table's "covers" column, and in the terminal's summary; a full run's shows neither.
+#[test]
+fn a_smoke_runs_summary_says_what_it_covers() {
+    let (_dir, run) = copy_run("fixture-r50-smoke");
+    write_run_report(&run).unwrap();
+    let md = fs::read_to_string(run.join("summary.md")).unwrap();
+    check_golden("smoke-summary.md", &md);
+    let text = summary_text(&run).unwrap();
+    check_golden("smoke-summary.txt", &text);
+    check_golden(
+        "smoke-metrics.csv",
+        &fs::read_to_string(run.join("metrics.csv")).unwrap(),
+    );
+    keep_pngs(&run, "smoke");
+    for s in [&md, &text] {
+        assert!(
+            s.contains(
+                "Partial run: 20 of 5,005 steps per epoch, validation on 500 of 50,000 images."
+            ),
+            "{s}"
+        );
+        assert!(s.contains("not a result"), "{s}");
+        assert!(s.contains("covers"), "{s}");
+        assert!(
+            s.contains("⚠ 20 of 5,005 steps/epoch, val 500 of 50,000"),
+            "{s}"
+        );
+    }
+    // Before the table, where a reader starts.
+    assert!(
+        md.find("Partial run").unwrap() < md.find("| run |").unwrap(),
+        "{md}"
+    );
+    // No EMA, no EMA columns.
+    assert!(!md.contains("EMA"), "{md}");
+
+    let full = read_train_run(&fixtures().join("runs/fixture-r50-1gpu")).unwrap();
+    let md = summary_markdown(&full);
+    for absent in ["⚠", "covers", "Partial", "EMA"] {
+        assert!(!md.contains(absent), "{absent}: {md}");
+    }
+}
+
+/// A run with --ema shows its average's final and best top-1 in summary.md (and the per-epoch EMA columns in
+/// metrics.csv); a whole run says nothing of coverage.
+#[test]
+fn an_ema_runs_summary_has_its_ema_accuracy() {
+    let (_dir, run) = copy_run("fixture-r50-ema");
+    write_run_report(&run).unwrap();
+    let md = fs::read_to_string(run.join("summary.md")).unwrap();
+    check_golden("ema-summary.md", &md);
+    let csv = fs::read_to_string(run.join("metrics.csv")).unwrap();
+    check_golden("ema-metrics.csv", &csv);
+    keep_pngs(&run, "ema");
+    assert!(md.contains("| EMA Acc@1 | best EMA Acc@1 |"), "{md}");
+    assert!(md.contains("| 38.02 | 38.02 |"), "{md}");
+    assert!(!md.contains("⚠") && !md.contains("covers"), "{md}");
+    assert!(csv.starts_with("epoch,"), "{csv}");
+    assert!(
+        csv.lines().next().unwrap().contains(",ema_acc1,ema_acc5,"),
+        "{csv}"
+    );
+}
+
+fn mixed_inputs() -> Vec<PathBuf> {
+    let f = fixtures().join("runs");
+    vec![
+        f.join("fixture-r50-1gpu"),
+        f.join("fixture-r50-smoke"),
+        f.join("fixture-r50-ema"),
+    ]
+}
+
+/// `rn50 report` over a full run, a smoke run and an EMA run: the "covers" column and the warning before the
+/// table, EMA columns, and the CSV's coverage columns a script filters on.
+#[test]
+fn report_marks_partial_runs_and_shows_ema() {
+    let c = collect(&mixed_inputs()).unwrap();
+    let md = markdown(&c);
+    check_golden("report-mixed.md", &md);
+    let rows: Vec<TrainRow> = c.runs.iter().map(train_row).collect();
+    let t = train_table(&rows, true);
+    check_golden("train-mixed.csv", &t.to_csv());
+    check_golden("train-mixed.txt", &t.to_text());
+    assert!(
+        md.contains("**⚠ Partial runs: fixture-r50-smoke.**"),
+        "{md}"
+    );
+    assert!(md.contains("| run | covers | arch |"), "{md}");
+    assert!(
+        md.contains("| fixture-r50-1gpu | — |"),
+        "older summary, unknown: {md}"
+    );
+    assert!(md.contains("| fixture-r50-ema | full |"), "{md}");
+    assert!(
+        md.contains("| best Acc@1 | EMA Acc@1 | best EMA Acc@1 | img/s |"),
+        "{md}"
+    );
+    // The smoke run is not the full runs' baseline, nor they its.
+    let csv = t.to_csv();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let col = |k: &str| header.iter().position(|h| *h == k).unwrap();
+    let smoke: Vec<String> = csv_fields(
+        csv.lines()
+            .find(|l| l.starts_with("fixture-r50-smoke"))
+            .unwrap(),
+    );
+    assert_eq!(smoke[col("steps_per_epoch")], "20");
+    assert_eq!(smoke[col("full_steps_per_epoch")], "5005");
+    assert_eq!(smoke[col("val_images")], "500");
+    assert_eq!(smoke[col("val_images_total")], "50000");
+    assert_eq!(
+        smoke[col("covers")],
+        "20 of 5,005 steps/epoch, val 500 of 50,000"
+    );
+    assert_eq!(smoke[col("ema_acc1")], "");
+    assert_eq!(smoke[col("efficiency_time")], "1");
+    let j = json(&c, vec![]);
+    let v = serde_json::to_value(&j.train).unwrap();
+    assert_eq!(v[1]["partial"], true);
+    assert_eq!(v[1]["steps_per_epoch"], 20);
+    assert_eq!(v[1]["val_images_total"], 50000);
+    assert_eq!(v[0]["partial"], false);
+    assert_eq!(v[2]["best_ema_acc1"], 38.02);
+    let dir = tempfile::tempdir().unwrap();
+    for f in write_report(&c, dir.path()).unwrap() {
+        if let (Some(keep), true) = (
+            std::env::var_os("RN50_KEEP_REPORT"),
+            f.extension().is_some_and(|e| e == "png"),
+        ) {
+            let name = format!("mixed-{}", f.file_name().unwrap().to_string_lossy());
+            fs::copy(&f, PathBuf::from(keep).join(name)).unwrap();
+        }
+    }
+
+    // Full runs alone: no covers column, no EMA columns, no warning; the CSV still has the coverage columns.
+    let full = collect(&[fixtures().join("runs/fixture-r50-1gpu")]).unwrap();
+    let md = markdown(&full);
+    for absent in ["⚠", "covers", "Partial", "EMA"] {
+        assert!(!md.contains(absent), "{absent}: {md}");
+    }
+    let rows: Vec<TrainRow> = full.runs.iter().map(train_row).collect();
+    let csv = train_table(&rows, true).to_csv();
+    let header = csv.lines().next().unwrap();
+    assert!(!header.contains("ema"), "{header}");
+    assert!(
+        header.ends_with(",steps_per_epoch,full_steps_per_epoch,val_images,val_images_total"),
+        "{header}"
+    );
+}
+
+/// Splits a CSV line (quoted fields with commas).
+fn csv_fields(line: &str) -> Vec<String> {
+    let (mut out, mut cur, mut quoted) = (vec![], String::new(), false);
+    let mut chars = line.chars().peekable();
+    while let Some(ch) = chars.next() {
+        match ch {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(std::mem::take(&mut cur)),
+            _ => cur.push(ch),
+        }
+    }
+    out.push(cur);
+    out
+}
+
+/// lr.png is per logged step from steps.jsonl: x = epoch + (step + 1) / steps per epoch, so the warm-up is a ramp
+/// and each epoch ends at a whole number.
+#[test]
+fn the_lr_plot_is_per_step() {
+    let dir = fixtures().join("runs/fixture-r50-smoke");
+    let run = read_train_run(&dir).unwrap();
+    let steps = read_steps(&dir.join("steps.jsonl")).unwrap();
+    assert_eq!(steps.len(), 20);
+    let chart = lr_chart(&run, &steps);
+    let pts = &chart.series[0].points;
+    assert_eq!(pts.len(), 20);
+    assert_eq!(pts[0], (0.1, 0.005), "epoch 0 step 1 of 20");
+    assert_eq!(pts[9], (1.0, 0.05), "epoch 0's last step");
+    assert_eq!(pts[19], (2.0, 0.1));
+    assert!(pts.windows(2).all(|w| w[0].1 < w[1].1), "warm-up: {pts:?}");
+    assert!(chart.markers.is_empty(), "no resume in this log");
+    // A whole run's steps: 5 logged of 5,005 per epoch.
+    let dir = fixtures().join("runs/fixture-r50-ema");
+    let run = read_train_run(&dir).unwrap();
+    let chart = lr_chart(&run, &read_steps(&dir.join("steps.jsonl")).unwrap());
+    let xs: Vec<f64> = chart.series[0].points.iter().map(|p| p.0).collect();
+    assert_eq!(xs.len(), 15);
+    assert_eq!((xs[0], xs[4], xs[14]), (1001.0 / 5005.0, 1.0, 3.0));
+    // No steps.jsonl: the epochs' last rates.
+    let run = read_train_run(&fixtures().join("runs/fixture-r50-1gpu")).unwrap();
+    let chart = lr_chart(&run, &[]);
+    assert_eq!(chart.series[0].points.len(), 5);
+}
+
+/// An older rn50 appended a resumed attempt's steps after the killed attempt's: the later records replace the
+/// earlier ones of the same steps, and the plot marks where the attempt started. rn50 now trims the log to the
+/// checkpoint instead, which leaves no such mark.
+#[test]
+fn a_resume_in_an_older_log_is_marked_where_the_attempt_started() {
+    let rec = |epoch, step, lr| rn50_report::StepRecord {
+        epoch,
+        step,
+        loss: 1.0,
+        lr,
+        ..Default::default()
+    };
+    // 4 steps per epoch; attempt 1 ran to epoch 1 step 2, attempt 2 went on from epoch 1 step 0.
+    let steps = [
+        rec(0, 1, 0.1),
+        rec(0, 3, 0.2),
+        rec(1, 1, 0.3),
+        rec(1, 3, 0.4),
+        rec(1, 1, 0.31),
+        rec(1, 3, 0.41),
+        rec(2, 1, 0.5),
+    ];
+    let (points, resumes) = lr_per_step(&steps, 4);
+    assert_eq!(resumes, [1.5]);
+    assert_eq!(
+        points,
+        [(0.5, 0.1), (1.0, 0.2), (1.5, 0.31), (2.0, 0.41), (2.5, 0.5)]
+    );
+    // The plot draws it, with its legend entry.
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("resumed");
+    fs::create_dir(&run).unwrap();
+    fs::write(run.join("metrics.jsonl"), "{\"epoch\":0,\"lr\":0.2}\n").unwrap();
+    let lines: Vec<String> = steps
+        .iter()
+        .map(|s| serde_json::to_string(s).unwrap() + "\n")
+        .collect();
+    // And a torn last line (a record being written) is left out.
+    fs::write(
+        run.join("steps.jsonl"),
+        lines.concat() + "{\"epoch\":2,\"st",
+    )
+    .unwrap();
+    assert_eq!(read_steps(&run.join("steps.jsonl")).unwrap().len(), 7);
+    let r = read_train_run(&run).unwrap();
+    let chart = lr_chart(&r, &read_steps(&run.join("steps.jsonl")).unwrap());
+    assert_eq!(chart.markers.len(), 1);
+    write_run_report(&run).unwrap();
+    keep_pngs(&run, "resumed");
 }
