@@ -4,6 +4,8 @@ use anyhow::{bail, Result};
 use clap::Args;
 use tch::Device;
 
+use rn50_args::{usize_in, MAX_THREADS};
+
 use crate::model::memory_format;
 use crate::step::Precision;
 
@@ -37,6 +39,14 @@ pub struct ComputeArgs {
     /// graph (bf16 there), the block runs without it and says so once.
     #[arg(long)]
     pub fused_block: bool,
+    /// CPU threads of libtorch's intra-op pool (convolutions, matmuls and elementwise ops on CPU), 1 to 1024
+    /// [default: bench: the CPUs this process may use, divided between the ranks of its node; elsewhere
+    /// OMP_NUM_THREADS if set, else in train with several ranks on a node that same share, else libtorch's own:
+    /// the CPUs of this process's affinity mask, a container's CPU quota not counted]. On a loaded or shared node fewer threads can be much faster
+    /// (one ran 3.4x faster at 1 thread than at the default): `rn50 doctor` says when the default oversubscribes
+    /// the CPUs this process may use.
+    #[arg(long, value_name = "N", value_parser = usize_in(1..=MAX_THREADS))]
+    pub threads: Option<usize>,
 }
 
 /// [`ComputeArgs`] resolved against this machine.
@@ -54,8 +64,12 @@ pub struct Compute {
 impl ComputeArgs {
     /// Resolves the flags for local rank `local_rank` of a job (0 alone) computing a network whose narrowest
     /// convolution has `narrowest_conv` output channels (which can rule out bf16 on some CPUs, and channels_last
-    /// on all: see [`Precision::resolve`] and [`memory_format::resolve`]).
+    /// on all: see [`Precision::resolve`] and [`memory_format::resolve`]). `--threads`, when given, becomes
+    /// libtorch's intra-op thread count here, before any work.
     pub fn resolve(&self, local_rank: usize, narrowest_conv: i64) -> Result<Compute> {
+        if let Some(n) = self.threads {
+            tch::set_num_threads(n as i32);
+        }
         let device = select(&self.device, local_rank)?;
         let cpu = crate::machine::cpu_info();
         let precision = Precision::resolve(self.precision, device, &cpu, narrowest_conv)?;

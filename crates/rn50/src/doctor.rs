@@ -143,6 +143,98 @@ fn launcher_fix(env: &HashMap<String, String>) -> &'static str {
     }
 }
 
+/// What the threads check looks at.
+#[derive(Clone, Debug)]
+pub struct Threads {
+    /// The CPUs this process may use: its affinity mask and a container's CPU quota
+    /// (`std::thread::available_parallelism`).
+    pub usable: usize,
+    /// The CPUs of the machine (online).
+    pub online: usize,
+    /// libtorch's intra-op threads as this process starts (`torch.get_num_threads()`): OMP_NUM_THREADS, else the
+    /// CPUs of the affinity mask, a CPU quota not counted.
+    pub torch: usize,
+    /// OMP_NUM_THREADS as set.
+    pub omp: Option<String>,
+    /// Processes of this job on this node (the launcher's local world size; 1 alone).
+    pub local_ranks: usize,
+}
+
+/// The CPUs of this machine that are online (`sysconf(_SC_NPROCESSORS_ONLN)`), whatever this process may use.
+fn online_cpus() -> usize {
+    // SAFETY: sysconf reads a system setting; no memory is handed over.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(1).max(1)
+}
+
+/// Whether libtorch's intra-op threads, as a process started here gets them, oversubscribe the CPUs: more threads
+/// than this process may use (a CPU quota libtorch does not look at, or OMP_NUM_THREADS set too high), or, with
+/// several ranks on this node and no OMP_NUM_THREADS, the ranks' default threads together more than the
+/// machine's CPUs. Oversubscribed threads wait on each other at every parallel op: a loaded node ran 3.4x faster
+/// at 1 thread than at the default.
+pub fn threads_check(t: &Threads) -> Check {
+    let usable = t.usable.max(1);
+    let omp = t.omp.as_deref().map(str::trim).filter(|v| !v.is_empty());
+    let share = (usable / t.local_ranks.max(1)).max(1);
+    let fix = format!(
+        "give --threads {share} to train, bench, eval and classify, or export OMP_NUM_THREADS={share} (the CPUs \
+         this process may use{})",
+        match t.local_ranks {
+            1 => String::new(),
+            n => format!(", divided between the {n} ranks of this node"),
+        }
+    );
+    match omp.map(|v| (v, v.parse::<usize>().ok())) {
+        Some((v, Some(n))) if n > usable => warn(
+            "threads",
+            format!("OMP_NUM_THREADS={v} exceeds the {usable} CPUs this process may use"),
+            fix,
+        ),
+        Some((v, None)) => warn(
+            "threads",
+            format!("OMP_NUM_THREADS={v:?} is not a thread count: libtorch ignores it"),
+            fix,
+        ),
+        Some(_) => ok(
+            "threads",
+            format!(
+                "libtorch intra-op threads: {} (OMP_NUM_THREADS), {usable} CPUs usable",
+                t.torch
+            ),
+        ),
+        None if t.torch > usable => warn(
+            "threads",
+            format!(
+                "libtorch's default of {} intra-op threads oversubscribes the {usable} CPUs this process may use \
+                 (a CPU quota or affinity libtorch does not count): its threads wait on each other, and a loaded \
+                 node ran 3.4x faster at 1 thread",
+                t.torch
+            ),
+            fix,
+        ),
+        None if t.local_ranks > 1 && t.torch * t.local_ranks > t.online => warn(
+            "threads",
+            format!(
+                "OMP_NUM_THREADS is not set with {} ranks on this node: each libtorch defaults to {} threads, {} \
+                 in all on {} CPUs (rn50 train and bench divide the CPUs between the ranks they see; other programs \
+                 of the job do not)",
+                t.local_ranks,
+                t.torch,
+                t.torch * t.local_ranks,
+                t.online
+            ),
+            fix,
+        ),
+        None => ok(
+            "threads",
+            format!(
+                "libtorch intra-op threads: {} (its default), {usable} CPUs usable",
+                t.torch
+            ),
+        ),
+    }
+}
+
 /// The libtorch rn50 was compiled against (its headers) and the one loaded now (its build settings), both in
 /// the supported range and the same.
 fn libtorch_check(m: &MachineInfo, config: &str) -> Check {
@@ -255,23 +347,13 @@ pub fn checks(m: &MachineInfo) -> Vec<Check> {
             "train on this CPU with --precision fp32",
         )
     });
-    match std::env::var("OMP_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        Some(n) if n > c.logical_cores => out.push(warn(
-            "threads",
-            format!(
-                "OMP_NUM_THREADS={n} exceeds the {} usable CPUs",
-                c.logical_cores
-            ),
-            "unset OMP_NUM_THREADS or lower it; rn50 sets its own thread count (--threads)",
-        )),
-        _ => out.push(ok(
-            "threads",
-            format!("libtorch intra-op threads: {}", m.torch_threads),
-        )),
-    }
+    out.push(threads_check(&Threads {
+        usable: c.logical_cores,
+        online: online_cpus(),
+        torch: m.torch_threads.max(1) as usize,
+        omp: std::env::var("OMP_NUM_THREADS").ok(),
+        local_ranks: WorldInfo::from_env().map_or(1, |w| w.local_world_size.max(1)),
+    }));
 
     let built_cuda = build_setting(&config, "CUDA_VERSION");
     let seen = tch::Cuda::device_count();
@@ -545,6 +627,87 @@ mod tests {
             m.torch_version = v.into();
             assert_eq!(status(&m, v).0, Status::Fail, "{v}");
         }
+    }
+
+    /// Issue 44: the default thread count oversubscribing this process's CPUs is a warning naming the fix; so is
+    /// OMP_NUM_THREADS above them, and a node shared by ranks that all default to the machine's CPUs.
+    #[test]
+    fn oversubscribed_threads_are_warned_of() {
+        let t = Threads {
+            usable: 4,
+            online: 64,
+            torch: 4,
+            omp: None,
+            local_ranks: 1,
+        };
+        let check = |t: &Threads| {
+            let c = threads_check(t);
+            (c.status, c.detail, c.fix.unwrap_or_default())
+        };
+        let (status, detail, _) = check(&t);
+        assert_eq!(status, Status::Ok, "{detail}");
+        assert!(
+            detail.contains("4 (its default), 4 CPUs usable"),
+            "{detail}"
+        );
+        // A container's quota of 4 CPUs on a machine whose 64 libtorch takes.
+        let (status, detail, fix) = check(&Threads {
+            torch: 64,
+            ..t.clone()
+        });
+        assert_eq!(status, Status::Warn);
+        assert!(
+            detail.contains("default of 64 intra-op threads oversubscribes the 4 CPUs"),
+            "{detail}"
+        );
+        assert!(
+            fix.contains("--threads 4") && fix.contains("OMP_NUM_THREADS=4"),
+            "{fix}"
+        );
+        let omp = |v: &str| Threads {
+            omp: Some(v.into()),
+            ..t.clone()
+        };
+        let (status, detail, _) = check(&omp("8"));
+        assert_eq!(status, Status::Warn);
+        assert!(
+            detail.contains("OMP_NUM_THREADS=8 exceeds the 4 CPUs"),
+            "{detail}"
+        );
+        assert_eq!(check(&omp("2")).0, Status::Ok);
+        assert_eq!(check(&omp("four")).0, Status::Warn);
+        // 8 ranks on a 64-CPU node, each seeing all of it: 8 x 64 threads.
+        let shared = Threads {
+            usable: 64,
+            torch: 64,
+            local_ranks: 8,
+            ..t.clone()
+        };
+        let (status, detail, fix) = check(&shared);
+        assert_eq!(status, Status::Warn);
+        assert!(
+            detail.contains("8 ranks") && detail.contains("512 in all on 64 CPUs"),
+            "{detail}"
+        );
+        assert!(
+            fix.contains("--threads 8") && fix.contains("the 8 ranks"),
+            "{fix}"
+        );
+        // The same ranks each bound to their own 8 CPUs (srun --cpus-per-task 8), or OMP_NUM_THREADS set: fine.
+        let bound = Threads {
+            usable: 8,
+            torch: 8,
+            ..shared.clone()
+        };
+        assert_eq!(check(&bound).0, Status::Ok);
+        assert_eq!(
+            check(&Threads {
+                omp: Some("8".into()),
+                ..shared
+            })
+            .0,
+            Status::Ok
+        );
     }
 
     #[test]

@@ -96,6 +96,7 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         no_channels_last: true,
         no_fused_bn: true,
         fused_block: false,
+        threads: None,
     };
     let file = WeightsFile::read(&args.weights)?;
     let run = Inference::new(&file, args.arch, &ValSizeArgs::default())?;
@@ -174,7 +175,7 @@ fn save_module(module: &CModule, path: &Path) -> Result<()> {
 /// (`.NAME.tmpPID` of a process that is gone; a live writer's, and other files' temporaries, are left alone: the
 /// folder is the user's, not rn50's), then checks that its folder exists and takes a new file, by creating and
 /// removing this process's own temporary file there. Each failure is one line naming `path`.
-fn prepare_out(flag: &str, path: &Path) -> Result<()> {
+pub(crate) fn prepare_out(flag: &str, path: &Path) -> Result<()> {
     let tmp = rn50_util::atomic::temp_path(path)
         .map_err(|e| anyhow!("{flag} {}: {e}", path.display()))?;
     let dir = tmp.parent().unwrap_or(Path::new("."));

@@ -16,7 +16,7 @@ const BASES: &[(&str, &[&str])] = &[
         "train",
         &[
             "train", "--dummy", "--arch", "resnet18", "--width", "8", "--image-size", "32", "--val-crop",
-            "32", "--val-resize", "32", "--batch-size", "2", "--epochs", "1", "--steps-per-epoch", "1",
+            "32", "--val-resize", "32", "--batch-size", "2", "--epochs", "1", "--max-steps-per-epoch", "1",
             "--device", "cpu", "--workers", "1", "--out", "{dir}/run",
         ],
     ),
@@ -38,7 +38,15 @@ const BASES: &[(&str, &[&str])] = &[
         "bench-loader",
         &[
             "bench-loader", "--synthetic", "4", "--workers", "1", "-b", "2", "--steps", "1", "--warmup",
-            "0", "--size", "32", "--json", "{dir}/loader.json",
+            "0", "--image-size", "32", "--json", "{dir}/loader.json",
+        ],
+    ),
+    // The same without --image-size, for its alias --size.
+    (
+        "bench-loader at 224",
+        &[
+            "bench-loader", "--synthetic", "4", "--workers", "1", "-b", "2", "--steps", "1", "--warmup",
+            "0", "--json", "{dir}/loader.json",
         ],
     ),
     ("pack", &["pack", "{dir}/data", "{dir}/shards"]),
@@ -90,7 +98,11 @@ const CASES: &[(&str, &[&str], &str)] = &[
     ("train", &["--end-ramp", "nan"], "--end-ramp"),
     ("train", &["--val-resize", "0"], "--val-resize"),
     ("train", &["--val-crop", "100000"], "--val-crop"),
-    ("train", &["--steps-per-epoch", "0"], "--steps-per-epoch"),
+    ("train", &["--max-steps-per-epoch", "0"], "--max-steps-per-epoch"),
+    // Under its alias too, named by its name.
+    ("train", &["--steps-per-epoch", "0"], "--max-steps-per-epoch"),
+    ("train", &["--threads", "0"], "--threads"),
+    ("train", &["--threads", "1025"], "--threads"),
     ("train", &["--val-max-images", "0"], "--val-max-images"),
     ("train", &["--checkpoint-minutes", "nan"], "--checkpoint-minutes"),
     ("train", &["--checkpoint-minutes", "1e300"], "--checkpoint-minutes"),
@@ -132,6 +144,8 @@ const CASES: &[(&str, &[&str], &str)] = &[
     ("eval", &["--val-resize", "256", "--val-crop", "300"], "--val-crop"),
     ("eval", &["--resize", "256", "--crop", "300"], "--val-crop"),
     ("eval", &["--print-freq", "0"], "--print-freq"),
+    ("eval", &["--threads", "0"], "--threads"),
+    ("eval", &["--threads", "1025"], "--threads"),
     ("eval", &["--batch-size", "65536", "--val-resize", "4096", "--val-crop", "4096"], "--batch-size"),
     // bench
     ("bench", &["--batch-size", "0"], "--batch-size"),
@@ -142,6 +156,7 @@ const CASES: &[(&str, &[&str], &str)] = &[
     ("bench", &["--image-size", "100000"], "--image-size"),
     ("bench", &["--steps", "0"], "--steps"),
     ("bench", &["--threads", "0"], "--threads"),
+    ("bench", &["--threads", "1025"], "--threads"),
     ("bench", &["--workers", "0"], "--workers"),
     ("bench", &["--synthetic-images", "0"], "--synthetic-images"),
     ("bench", &["--world-sizes", "1,0"], "--world-sizes"),
@@ -155,16 +170,18 @@ const CASES: &[(&str, &[&str], &str)] = &[
     ("bench-loader", &["--workers", "0"], "--workers"),
     ("bench-loader", &["--synthetic", "0"], "--synthetic"),
     ("bench-loader", &["--steps", "0"], "--steps"),
-    ("bench-loader", &["--size", "0"], "--size"),
-    ("bench-loader", &["--size", "100000"], "--size"),
+    ("bench-loader", &["--image-size", "0"], "--image-size"),
+    ("bench-loader", &["--image-size", "100000"], "--image-size"),
+    // Under its alias too, named by its name.
+    ("bench-loader at 224", &["--size", "0"], "--image-size"),
     ("bench-loader", &["--val-resize", "100000"], "--val-resize"),
     ("bench-loader", &["--prefetch", "0"], "--prefetch"),
     ("bench-loader", &["--prefetch", "2049"], "--prefetch"),
     ("bench-loader", &["--ra-magnitude", "31"], "--ra-magnitude"),
     ("bench-loader", &["--random-erase", "-0.1"], "--random-erase"),
     ("bench-loader", &["--auto-augment", "ta_wide", "--ra-magnitude", "3"], "--ra-magnitude"),
-    ("bench-loader", &["--val", "--size", "64", "--val-resize", "32"], "--size"),
-    ("bench-loader", &["-b", "65536", "--size", "4096"], "--batch-size"),
+    ("bench-loader", &["--val", "--image-size", "64", "--val-resize", "32"], "--image-size"),
+    ("bench-loader", &["-b", "65536", "--image-size", "4096"], "--batch-size"),
     // pack, prepare
     ("pack", &["--max-side", "0"], "--max-side"),
     ("pack", &["--quality", "0"], "--quality"),
@@ -400,7 +417,7 @@ fn every_default_parses_and_is_unchanged() {
     assert_eq!((t.mixup_alpha, t.cutmix_alpha), (0.0, 0.0));
     assert_eq!(
         (t.start_ramp, t.end_ramp, t.val_resize, t.val_crop),
-        (0.0, None, 256, 224)
+        (0.0, None, None, None)
     );
     assert_eq!(
         (t.steps_per_epoch, t.seed, t.checkpoint_minutes),
@@ -410,6 +427,7 @@ fn every_default_parses_and_is_unchanged() {
         (t.keep_checkpoints, t.bucket_cap_mb, t.print_freq),
         (2, 25.0, 10)
     );
+    assert_eq!(t.compute.threads, None, "libtorch's own unless given");
 
     let Sub::Eval(e) = parse(&["eval", "data", "--weights", "w"]) else {
         unreachable!()
@@ -430,7 +448,13 @@ fn every_default_parses_and_is_unchanged() {
         unreachable!()
     };
     assert_eq!(
-        (b.batch_size, b.warmup, b.steps, b.threads, b.workers),
+        (
+            b.batch_size,
+            b.warmup,
+            b.steps,
+            b.compute.threads,
+            b.workers
+        ),
         (None, None, None, None, None)
     );
     assert_eq!(
@@ -455,7 +479,7 @@ fn every_default_parses_and_is_unchanged() {
         (None, cpus, 256, 20, 2)
     );
     assert_eq!(
-        (l.size, l.val_resize, l.prefetch, l.seed),
+        (l.image_size, l.val_resize, l.prefetch, l.seed),
         (224, 256, None, 0)
     );
 

@@ -295,3 +295,263 @@ fn class_names_from_a_file_print_with_control_characters_escaped() {
     let j: serde_json::Value = serde_json::from_slice(&text).unwrap();
     assert_eq!(j["class_names"], serde_json::json!(names));
 }
+
+/// Issue 43: a weights file's recorded evaluation is anyone's to write, and `classify` and `export` took it
+/// unchecked where `eval` checked some of it: a recorded crop of 0 panicked `classify` (exit 101), 10^6 aborted it
+/// (134), `export` wrote crop 0 into its JSON with exit 0, a resize of 10^9 was taken everywhere, and a std of 0
+/// gave `NaN%`. Every one of the three commands now refuses each such file, exit 1, with one line naming the file
+/// and the key, and `export` writes nothing.
+#[test]
+fn recorded_sizes_and_stats_outside_the_flags_ranges_are_refused_by_every_command() {
+    use rn50::model::weights::{save, EvalTransform, Interpolation, Recorded};
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = rn50::model::ResNetConfig::new(rn50::model::Arch::ResNet18);
+    (cfg.width, cfg.num_classes) = (8, 3);
+    let model = rn50::model::Model::new(cfg.clone(), tch::Device::Cpu);
+    let good = EvalTransform {
+        resize: 36,
+        crop: 32,
+        interpolation: Interpolation::Bilinear,
+        mean: [0.485, 0.456, 0.406],
+        std: [0.229, 0.224, 0.225],
+    };
+    let data = dir.path().join("data");
+    common::image_tree(&data, "val", 3, 1);
+    let photo = common::imagenet_photos()[0].clone();
+    let cases = [
+        (
+            "crop0",
+            EvalTransform { crop: 0, ..good },
+            "\"eval_crop\" is 0",
+        ),
+        (
+            "huge",
+            EvalTransform {
+                resize: 1_000_000,
+                crop: 1_000_000,
+                ..good
+            },
+            "\"eval_resize\" is 1000000",
+        ),
+        (
+            "magnified",
+            EvalTransform {
+                resize: 1_000_000_000,
+                ..good
+            },
+            "\"eval_resize\" is 1000000000",
+        ),
+        (
+            "std0",
+            EvalTransform {
+                std: [0.0; 3],
+                ..good
+            },
+            "\"std\" is [0.0, 0.0, 0.0]",
+        ),
+        (
+            "negative",
+            EvalTransform {
+                std: [0.229, -0.224, 0.225],
+                ..good
+            },
+            "\"std\" is [0.229, -0.224, 0.225]",
+        ),
+    ];
+    let good_file = dir.path().join("good.safetensors");
+    save(&model, &good_file, &Recorded::of_run(&cfg, None, 32, good)).unwrap();
+    for (name, eval, want) in cases {
+        let weights = dir.path().join(format!("{name}.safetensors"));
+        save(&model, &weights, &Recorded::of_run(&cfg, None, 32, eval)).unwrap();
+        let w = weights.to_str().unwrap();
+        let exported = dir.path().join(format!("{name}.pt"));
+        let json = dir.path().join(format!("{name}.json"));
+        let runs: [(&str, Vec<&str>); 3] = [
+            (
+                "classify",
+                vec![
+                    "classify",
+                    "--weights",
+                    w,
+                    "--device",
+                    "cpu",
+                    photo.to_str().unwrap(),
+                ],
+            ),
+            (
+                "export",
+                vec![
+                    "export",
+                    "--weights",
+                    w,
+                    "--out",
+                    exported.to_str().unwrap(),
+                    "--json",
+                    json.to_str().unwrap(),
+                ],
+            ),
+            (
+                "eval",
+                vec![
+                    "eval",
+                    "--weights",
+                    w,
+                    "--device",
+                    "cpu",
+                    data.to_str().unwrap(),
+                ],
+            ),
+        ];
+        for (command, args) in runs {
+            let out = common::rn50(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{command} of {name}: {err}");
+            let line = err.trim_end().lines().last().unwrap_or_default();
+            assert!(
+                line.contains(&format!("{name}.safetensors: the metadata's {want}")),
+                "{command} of {name}: {err}"
+            );
+        }
+        assert!(
+            !exported.exists() && !json.exists(),
+            "export of {name} wrote"
+        );
+    }
+    // The same network with the sizes in range runs in all three.
+    let out = common::rn50(&[
+        "classify",
+        "--weights",
+        good_file.to_str().unwrap(),
+        "--device",
+        "cpu",
+        photo.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Issue 44, item 6: a directory stands for the JPEG and PNG files directly in it, in name order (its
+/// subdirectories not entered, other files skipped, the log line counting both), and `--json FILE` has each
+/// image's path, top classes (index, name, probability, as printed) and logits (whose softmax they are).
+/// `--json -` writes the JSON to stdout instead of the table; a directory without images is an error.
+#[test]
+fn directories_and_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let names: Vec<String> = ["cat", "dog", "eel"].map(String::from).to_vec();
+    let mut cfg = rn50::model::ResNetConfig::new(rn50::model::Arch::ResNet18);
+    (cfg.width, cfg.num_classes) = (8, 3);
+    let model = rn50::model::Model::new(cfg, tch::Device::Cpu);
+    let weights = dir.path().join("w.safetensors");
+    let recorded = rn50::model::weights::Recorded::with_classes(Some(&names));
+    rn50::model::weights::save(&model, &weights, &recorded).unwrap();
+
+    let photos = common::imagenet_photos();
+    let images = dir.path().join("images");
+    std::fs::create_dir_all(images.join("sub")).unwrap();
+    for (name, photo) in [
+        ("b.JPEG", &photos[0]),
+        ("a.jpg", &photos[1]),
+        ("sub/c.jpg", &photos[2]),
+    ] {
+        std::fs::copy(photo, images.join(name)).unwrap();
+    }
+    std::fs::write(images.join("notes.txt"), "not an image").unwrap();
+    let json = dir.path().join("out.json");
+    let classify = |extra: &[&str]| {
+        let mut args = vec![
+            "classify",
+            "--weights",
+            weights.to_str().unwrap(),
+            "-a",
+            "resnet18",
+            "--resize",
+            "32",
+            "--crop",
+            "32",
+            "--top",
+            "2",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+        ];
+        args.extend_from_slice(extra);
+        common::rn50(&args)
+    };
+    let single = photos[3].to_str().unwrap();
+    let out = classify(&[
+        "--json",
+        json.to_str().unwrap(),
+        images.to_str().unwrap(),
+        single,
+    ]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    let listed = vec![
+        images.join("a.jpg"),
+        images.join("b.JPEG"),
+        photos[3].clone(),
+    ];
+    let tops = parse(&stdout, &listed);
+    assert_eq!(tops.len(), 3, "{stdout}");
+    assert!(
+        stderr.contains("2 images (1 subdirectories not entered, 1 other files skipped)"),
+        "{stderr}"
+    );
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(
+        (j["classes"].as_u64(), j["crop"].as_u64()),
+        (Some(3), Some(32))
+    );
+    let results = j["images"].as_array().unwrap();
+    assert_eq!(results.len(), 3, "{j}");
+    for ((r, path), top) in results.iter().zip(&listed).zip(&tops) {
+        assert_eq!(r["path"].as_str(), path.to_str());
+        let logits: Vec<f64> = r["logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(logits.len(), 3, "{r}");
+        let sum: f64 = logits.iter().map(|l| l.exp()).sum();
+        let classes = r["top"].as_array().unwrap();
+        assert_eq!(classes.len(), 2, "{r}");
+        for (c, (_, pct, index, name)) in classes.iter().zip(top) {
+            let i = c["index"].as_u64().unwrap() as usize;
+            let p = c["probability"].as_f64().unwrap();
+            assert_eq!((i, c["name"].as_str().unwrap()), (*index, name.as_str()));
+            assert!((100.0 * p - pct).abs() <= 0.006, "{p} printed as {pct}%");
+            assert!((logits[i].exp() / sum - p).abs() < 1e-5, "{r}");
+        }
+    }
+
+    // To stdout: the same JSON, and no table.
+    let out = classify(&["--json", "-", images.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j2: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j2["images"][1], j["images"][1]);
+
+    // A directory of no images (only a subdirectory of them): an error naming it and why.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(empty.join("sub")).unwrap();
+    std::fs::copy(&photos[0], empty.join("sub/x.jpg")).unwrap();
+    let out = classify(&[empty.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("has no image files") && err.contains("1 subdirectories are not entered"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+}

@@ -299,10 +299,24 @@ fn start_line_shows_the_effective_rate_and_config_toml_runs_the_same_again() {
     let out_a = dir.path().join("a");
     let mut direct = resolved_tiny(&tiny(&out_a).flags("--lr-base 0.2 --lr-base-size 4"));
     let mut written: toml::Table = config.parse().unwrap();
-    // What config.toml adds: the precision the machine chose, and the [run] table.
+    // What config.toml adds: the precision and memory format the machine chose, and the [run] table. Width 8 on
+    // a CPU resolves to NCHW (oneDNN's channels_last crashes below 16 channels).
     let run = written.remove("run").expect("a [run] table");
     assert!(written.contains_key("precision") && !direct.contains_key("precision"));
     direct.insert("precision".into(), written["precision"].clone());
+    assert_eq!(
+        (&direct["channels-last"], &direct["no-channels-last"]),
+        (&false.into(), &false.into()),
+        "neither given"
+    );
+    assert_eq!(
+        (&written["channels-last"], &written["no-channels-last"]),
+        (&false.into(), &true.into()),
+        "resolved: NCHW"
+    );
+    for key in ["channels-last", "no-channels-last"] {
+        direct.insert(key.into(), written[key].clone());
+    }
     assert_eq!(written, direct);
     let saved = write(dir.path(), "again.toml", &config);
     assert_eq!(resolved(&["--config", &saved]), written);
@@ -427,6 +441,11 @@ fn config_toml_is_portable_and_says_what_differs() {
         .as_str()
         .expect("the resolved precision");
     assert!(["fp32", "bf16"].contains(&precision), "{precision}");
+    let memory_format = (
+        config["channels-last"].as_bool(),
+        config["no-channels-last"].as_bool(),
+    );
+    assert_eq!(memory_format, (Some(false), Some(true)), "resolved NCHW");
     let run = config["run"].as_table().expect("[run]");
     assert_eq!(run["processes"].as_integer(), Some(1));
     assert_eq!(run["global-batch"].as_integer(), Some(2));
@@ -475,6 +494,61 @@ fn config_toml_is_portable_and_says_what_differs() {
         "{err}"
     );
     assert!(!elsewhere.join("gpu").exists(), "nothing written");
+}
+
+/// Issue 44, item 6: `--max-steps-per-epoch` is the flag's name, `--steps-per-epoch` its alias. A config.toml
+/// written before the rename (`steps-per-epoch = N`) still runs: the key is read as the flag it is an alias of,
+/// and the resolved flags (the new config.toml) name it `max-steps-per-epoch`. A file that gives it under both
+/// names is the same flag twice, the later one winning as on the command line.
+#[test]
+fn steps_per_epoch_is_an_alias_in_config_files_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = write(
+        dir.path(),
+        "old.toml",
+        "dummy = true\nsteps-per-epoch = 3\n",
+    );
+    let new = write(
+        dir.path(),
+        "new.toml",
+        "dummy = true\nmax-steps-per-epoch = 3\n",
+    );
+    let from_old = resolved(&["--config", &old]);
+    assert_eq!(from_old["max-steps-per-epoch"].as_integer(), Some(3));
+    assert!(!from_old.contains_key("steps-per-epoch"), "{from_old:?}");
+    assert_eq!(from_old, resolved(&["--config", &new]));
+    assert_eq!(from_old, resolved(&["--dummy", "--steps-per-epoch", "3"]));
+    // The command line overrides the file under either name.
+    let over = resolved(&["--config", &old, "--max-steps-per-epoch", "5"]);
+    assert_eq!(over["max-steps-per-epoch"].as_integer(), Some(5));
+    // And an old file trains: one epoch of its 2 steps, its config.toml naming the flag by its new name.
+    let old_run = write(
+        dir.path(),
+        "old-run.toml",
+        "dummy = true\narch = \"resnet18\"\ndevice = \"cpu\"\nwidth = 8\nimage-size = 32\n\
+         batch-size = 2\nepochs = 1\nsteps-per-epoch = 2\nworkers = 1\n",
+    );
+    let run = dir.path().join("run");
+    let o = rn50(
+        &[
+            "train",
+            "--config",
+            &old_run,
+            "--out",
+            run.to_str().unwrap(),
+        ],
+        false,
+    );
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps_per_epoch"], 2, "{summary}");
+    let written: toml::Table = std::fs::read_to_string(run.join("config.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(written["max-steps-per-epoch"].as_integer(), Some(2));
+    assert!(!written.contains_key("steps-per-epoch"));
 }
 
 /// Issue 26: main.py's and timm's flags. Where the meaning is rn50's, the flag is an alias and resolves to the

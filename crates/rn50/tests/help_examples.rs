@@ -247,3 +247,239 @@ fn every_quick_start_command_parses() {
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
+
+/// One option of a `--help` text: its long name, and the aliases shown with it (`[aliases: --a, --b]`).
+#[derive(Debug)]
+struct HelpOption {
+    long: String,
+    aliases: Vec<String>,
+}
+
+/// The options of a help text, each with the aliases its description shows. Options are the lines of the
+/// "Options:" section (and any other heading's) that start, after the indentation, with `-x, --name` or `--name`;
+/// the description is everything up to the next one, joined.
+fn help_options(help: &str) -> Vec<HelpOption> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut in_args = false;
+    for line in help.lines() {
+        if !line.starts_with(' ') && line.ends_with(':') {
+            in_args = line == "Arguments:";
+            continue;
+        }
+        let t = line.trim_start();
+        let indent = line.len() - t.len();
+        // Option lines are indented 2 (with a short) or 6 (without); descriptions 10.
+        if !in_args && indent <= 6 && t.starts_with('-') {
+            let long = t
+                .split_whitespace()
+                .find_map(|w| w.trim_end_matches(',').strip_prefix("--"))
+                .map(|w| w.split('=').next().unwrap().to_string());
+            if let Some(long) = long {
+                out.push((long, String::new()));
+                continue;
+            }
+        }
+        if let Some((_, text)) = out.last_mut() {
+            text.push(' ');
+            text.push_str(t);
+        }
+    }
+    out.into_iter()
+        .map(|(long, text)| {
+            // clap writes `[alias: --a]` for one, `[aliases: --a, --b]` for more.
+            let aliases = text
+                .split("[alias: ")
+                .nth(1)
+                .or_else(|| text.split("[aliases: ").nth(1))
+                .and_then(|rest| rest.split(']').next())
+                .map(|list| {
+                    list.split(',')
+                        .map(|a| a.trim().trim_start_matches("--").to_string())
+                        .collect()
+                })
+                .unwrap_or_default();
+            HelpOption { long, aliases }
+        })
+        .collect()
+}
+
+/// Whether `help` mentions the flag `--name` (not as the start of a longer name).
+fn mentions(help: &str, name: &str) -> bool {
+    let flag = format!("--{name}");
+    help.match_indices(&flag).any(|(at, _)| {
+        let before = help[..at].chars().next_back();
+        let after = help[at + flag.len()..].chars().next();
+        !before.is_some_and(|c| c.is_alphanumeric() || c == '-')
+            && !after.is_some_and(|c| c.is_alphanumeric() || c == '-' || c == '_')
+    })
+}
+
+/// Every subcommand's clap definition, by name, nested ones reached through [`clap::Command::find_subcommand`]:
+/// what the binary's `Command` enum holds (main.rs). [`one_name_per_thing`] checks that the list is complete.
+fn definitions() -> Vec<clap::Command> {
+    use clap::{Args, Command};
+    vec![
+        rn50_data::cli::PrepareArgs::augment_args(Command::new("prepare")),
+        rn50_pipeline::cli::pack::PackArgs::augment_args(Command::new("pack")),
+        rn50::bench::BenchArgs::augment_args(Command::new("bench")),
+        rn50::train::TrainArgs::augment_args(Command::new("train")),
+        rn50::train::EvalArgs::augment_args(Command::new("eval")),
+        rn50::classify::ClassifyArgs::augment_args(Command::new("classify")),
+        rn50::export::ExportArgs::augment_args(Command::new("export")),
+        rn50_pipeline::cli::bench_loader::BenchLoaderArgs::augment_args(Command::new(
+            "bench-loader",
+        )),
+        rn50_distributed::launch::LaunchArgs::augment_args(Command::new("launch")),
+        rn50_report::report::ReportArgs::augment_args(Command::new("report")),
+        rn50_report::scaling::ScalingArgs::augment_args(Command::new("scaling")),
+        rn50::doctor::DoctorArgs::augment_args(Command::new("doctor")),
+    ]
+}
+
+/// Names that say the same thing: the first is the name, the others its aliases, in every command that has any
+/// of them (issue 44, item 6: `train` had `--steps-per-epoch` with `--max-steps-per-epoch` a hidden alias, and
+/// `bench-loader` had `--size` where `train` and `bench` say `--image-size`).
+const SYNONYMS: &[&[&str]] = &[
+    &["max-steps-per-epoch", "steps-per-epoch"],
+    &["image-size", "size"],
+];
+
+/// Issue 44, item 6, "one name per thing", over every subcommand's `--help` (the real binary's):
+/// - no name is given to two options, or is one option's name and another's alias;
+/// - the names of [`SYNONYMS`] are one option, under the first name, the others shown as its aliases;
+/// - across commands, a name that is an alias in one is no option's name in another;
+/// - every alias the help mentions (`timm's --min-lr`) is shown as an alias (`[aliases: --min-lr]`): a hidden
+///   alias is a second name the reader cannot see is the same flag.
+#[test]
+fn one_name_per_thing() {
+    let helps = all_helps();
+    let defs = definitions();
+    // The definitions are the binary's commands, all of them.
+    let top: Vec<String> = subcommands(&helps.iter().find(|(p, _)| p.is_empty()).unwrap().1);
+    let defined: Vec<String> = defs.iter().map(|c| c.get_name().to_string()).collect();
+    assert_eq!(
+        {
+            let mut t = top.clone();
+            t.sort();
+            t
+        },
+        {
+            let mut d = defined.clone();
+            d.sort();
+            d
+        },
+        "tests/help_examples.rs's definitions() are not main.rs's commands"
+    );
+    let mut bad = Vec::new();
+    let mut primaries: Vec<(String, String)> = Vec::new();
+    let mut shown_aliases: Vec<(String, String)> = Vec::new();
+    for (path, help) in helps.iter().filter(|(p, _)| !p.is_empty()) {
+        let name = path.join(" ");
+        let def = path[1..]
+            .iter()
+            .try_fold(
+                defs.iter().find(|c| c.get_name() == path[0]).unwrap(),
+                |c, sub| c.find_subcommand(sub),
+            )
+            .unwrap_or_else(|| panic!("no definition of {name}"));
+        let options = help_options(help);
+        assert!(
+            options.iter().any(|o| o.long == "help"),
+            "no options found in `rn50 {name} --help`: is the parsing broken?\n{help}"
+        );
+        let mut seen: Vec<&str> = Vec::new();
+        for o in &options {
+            for n in std::iter::once(&o.long).chain(&o.aliases) {
+                if seen.contains(&n.as_str()) {
+                    bad.push(format!("rn50 {name}: --{n} names two options"));
+                }
+                seen.push(n);
+            }
+            primaries.push((o.long.clone(), name.clone()));
+            shown_aliases.extend(o.aliases.iter().map(|a| (a.clone(), name.clone())));
+        }
+        for group in SYNONYMS {
+            let named = options.iter().find(|o| o.long == group[0]);
+            for alias in group[1..].iter().filter(|a| seen.contains(a)) {
+                if !named.is_some_and(|o| o.aliases.iter().any(|a| a == alias)) {
+                    bad.push(format!(
+                        "rn50 {name}: --{alias} is not shown as an alias of --{}, the name of that thing",
+                        group[0]
+                    ));
+                }
+            }
+        }
+        // Aliases clap hides, mentioned in the help anyway.
+        for arg in def.get_arguments() {
+            let visible = arg.get_visible_aliases().unwrap_or_default();
+            for alias in arg.get_all_aliases().unwrap_or_default() {
+                if !visible.contains(&alias) && mentions(help, alias) {
+                    bad.push(format!(
+                        "rn50 {name}: the help mentions --{alias}, an alias of --{} it does not show as one",
+                        arg.get_long().unwrap_or(arg.get_id().as_str())
+                    ));
+                }
+            }
+        }
+    }
+    for (alias, command) in &shown_aliases {
+        for (long, other) in primaries.iter().filter(|(l, _)| l == alias) {
+            bad.push(format!(
+                "--{alias} is an alias in rn50 {command} but the name of an option of rn50 {other} (--{long})"
+            ));
+        }
+    }
+    // The issue's two pairs, as they are now.
+    let option = |command: &str, long: &str| {
+        let help = &helps
+            .iter()
+            .find(|(p, _)| p.join(" ") == command)
+            .unwrap()
+            .1;
+        help_options(help).into_iter().find(|o| o.long == long)
+    };
+    for (command, long, alias) in [
+        ("train", "max-steps-per-epoch", "steps-per-epoch"),
+        ("bench-loader", "image-size", "size"),
+    ] {
+        let o = option(command, long).unwrap_or_else(|| panic!("rn50 {command} has no --{long}"));
+        assert!(
+            o.aliases.iter().any(|a| a == alias),
+            "rn50 {command} --{long}: {o:?}"
+        );
+    }
+    for command in ["train", "bench"] {
+        assert!(option(command, "image-size").is_some(), "rn50 {command}");
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// The checks of [`one_name_per_thing`] on made-up help texts: a pair under two names, an alias hidden but
+/// mentioned.
+#[test]
+fn the_name_checker_reads_aliases_and_mentions() {
+    let help = "Usage: rn50 x [OPTIONS]\n\nOptions:\n  -b, --batch-size <B>\n          Batch.\n\n      \
+                --max-steps-per-epoch <N>\n          Stop early; not --max-steps.\n\n          [alias: \
+                --steps-per-epoch]\n\n      --size <S>\n          Side.\n\n          [aliases: --a, --b]\n  -h, --help\n          Print help\n";
+    let options = help_options(help);
+    let names: Vec<(&str, Vec<&str>)> = options
+        .iter()
+        .map(|o| {
+            (
+                o.long.as_str(),
+                o.aliases.iter().map(String::as_str).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("batch-size", vec![]),
+            ("max-steps-per-epoch", vec!["steps-per-epoch"]),
+            ("size", vec!["a", "b"]),
+            ("help", vec![]),
+        ]
+    );
+    assert!(mentions(help, "max-steps") && mentions(help, "size"));
+    assert!(!mentions(help, "steps") && !mentions(help, "batch"));
+}

@@ -264,6 +264,130 @@ fn resume_reproduces_losses(copies: usize, extra: &str) {
 
 /// Every file of a run directory with its bytes, but the lock file (which records the pid of the last run).
 /// The scalars of every TensorBoard event file of run directory `out`, files in name (creation) order.
+/// Reads `err` (a child's stderr) on until a line contains `text`; panics if it ends first.
+fn read_on_until(err: &mut impl std::io::BufRead, text: &str) {
+    let mut line = String::new();
+    while !line.contains(text) {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "ended before {text:?}"
+        );
+    }
+}
+
+/// Pauses `child` for `secs` seconds (SIGSTOP, SIGCONT): wall-clock time that passes while it is in the middle
+/// of an epoch, as on a loaded or preempted node.
+fn pause(child: &std::process::Child, secs: u64) {
+    unsafe { libc::kill(child.id() as i32, libc::SIGSTOP) };
+    std::thread::sleep(std::time::Duration::from_secs(secs));
+    unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+}
+
+/// Issue 44: a run stopped by a real signal mid-epoch (after a pause), resumed, killed with SIGKILL in the next
+/// epoch past its checkpoint (after another pause) and resumed again reports what the straight run reports: every
+/// epoch's train_loss, train_acc1 and counts to the last bit, each step logged once with the run's clock rising;
+/// the interrupted epoch's seconds hold the first attempt's (its pause included; they held only the resume's),
+/// and the training the kill made the resume redo is counted apart (`redone_s`), not in the epochs' seconds.
+#[test]
+fn a_preempted_and_killed_run_reports_what_the_straight_run_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    image_tree(&data, "train", 4, 2);
+    image_tree(&data, "val", 4, 1);
+    let args = |run: &Path| -> Vec<String> {
+        let flags = "-a resnet18 -j 2 --image-size 64 --epochs 2 --steps-per-epoch 6 -p 1 -b 1 \
+                     --device cpu --precision fp32";
+        let mut v = vec!["train".to_string(), data.to_str().unwrap().into()];
+        v.extend(["--out".into(), run.to_str().unwrap().into()]);
+        v.extend(flags.split_whitespace().map(String::from));
+        v
+    };
+    let whole = dir.path().join("whole");
+    let r = Command::new(env!("CARGO_BIN_EXE_rn50"))
+        .args(args(&whole))
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+
+    let part = dir.path().join("part");
+    let spawn = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_rn50"))
+            .args(args(&part))
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Attempt 1: paused 3 s in epoch 0, then SIGTERM: a checkpoint where it stops, exit 3.
+    let mut child = spawn(&[]);
+    let _err = common::read_stderr_until(&mut child, "epoch 0 [    2/");
+    pause(&child, 3);
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert_eq!(child.wait().unwrap().code(), Some(3));
+    let (pos, _) =
+        rn50::train::checkpoint::read_meta(&part.join("checkpoint.safetensors")).unwrap();
+    assert!(pos.epoch == 0 && pos.batch_in_epoch >= 2, "{pos:?}");
+    assert!(
+        pos.so_far.seconds >= 3.0,
+        "the pause is the epoch's: {pos:?}"
+    );
+    // Attempt 2: resumed, paused 2 s after epoch 1's third step, killed after its fourth: its last checkpoint is
+    // epoch 0's end, so epoch 1's first steps are trained again.
+    let mut child = spawn(&["--resume", "auto"]);
+    let mut err = common::read_stderr_until(&mut child, "epoch 1 [    3/");
+    pause(&child, 2);
+    read_on_until(&mut err, "epoch 1 [    4/");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Attempt 3: to the end.
+    let r = Command::new(env!("CARGO_BIN_EXE_rn50"))
+        .args(args(&part))
+        .args(["--resume", "auto"])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{log}");
+    assert!(log.contains("past its checkpoint"), "{log}");
+
+    let (want, got) = (metrics(&whole), metrics(&part));
+    assert_eq!(got.len(), 2);
+    for (w, g) in want.iter().zip(&got) {
+        let bits = |x: Option<f64>| x.map(f64::to_bits);
+        assert_eq!(bits(g.train_loss), bits(w.train_loss), "epoch {}", g.epoch);
+        assert_eq!(bits(g.train_acc1), bits(w.train_acc1), "epoch {}", g.epoch);
+        assert_eq!(bits(g.acc1), bits(w.acc1), "epoch {}", g.epoch);
+        assert_eq!(
+            (g.bad_images, g.skipped_batches),
+            (w.bad_images, w.skipped_batches)
+        );
+        assert!(g.train_seconds.is_some_and(|t| t > 0.0), "{g:?}");
+    }
+    let seconds = |m: &rn50_report::EpochMetrics| m.seconds.unwrap();
+    assert!(
+        seconds(&got[0]) >= 3.0,
+        "epoch 0 holds attempt 1's pause: {got:?}"
+    );
+    let summary: rn50_report::TrainSummary =
+        serde_json::from_slice(&std::fs::read(part.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary.wall_clock_s, seconds(&got[0]) + seconds(&got[1]));
+    let redone = summary
+        .redone_s
+        .expect("the kill's redone training is counted");
+    assert!(
+        redone >= 2.0,
+        "attempt 2's pause was past its checkpoint: {redone}"
+    );
+    let md = std::fs::read_to_string(part.join("summary.md")).unwrap();
+    assert!(md.contains("done twice"), "{md}");
+    // Each step once, on the run's clock, which only goes forward across the resumes.
+    let steps = common::steps(&part);
+    assert_eq!(steps.len(), 12);
+    let clock: Vec<f64> = steps.iter().map(|s| s.time_s.unwrap()).collect();
+    assert!(clock.windows(2).all(|w| w[0] <= w[1]), "{clock:?}");
+    assert!(clock[11] <= summary.wall_clock_s, "{clock:?}");
+}
+
 fn tensorboard_scalars(out: &Path) -> Vec<rn50_report::tensorboard::Scalar> {
     let mut files: Vec<_> = std::fs::read_dir(out.join("tensorboard"))
         .unwrap()
@@ -1133,7 +1257,7 @@ fn batches_with_nothing_to_train_on_are_skipped_and_counted() {
         .filter(|p| p.to_string_lossy().contains("checkpoint-"))
         .find(|p| {
             let (pos, _) = rn50::train::checkpoint::read_meta(p).unwrap();
-            pos.epoch == 0 && pos.batch_in_epoch > 0 && pos.bad_images > 0
+            pos.epoch == 0 && pos.batch_in_epoch > 0 && pos.so_far.bad_images > 0
         })
         .expect("a checkpoint inside epoch 0 after an unreadable image");
     let mut resume = args(&part, &every_step);

@@ -72,9 +72,6 @@ pub struct BenchArgs {
     /// Measured steps, at least 1 [default: 20 on CPU, 100 on GPU].
     #[arg(long, value_parser = usize_in(1..))]
     pub steps: Option<usize>,
-    /// CPU threads for libtorch's intra-op pool, 1 to 1024 [default: the CPUs this process may use].
-    #[arg(long, value_parser = usize_in(1..=MAX_THREADS))]
-    pub threads: Option<usize>,
     /// Where the batches come from (see `--help`): device, host, pipeline, real [default: real with
     /// --data-dir, else device].
     #[arg(long = "data", value_enum)]
@@ -176,7 +173,7 @@ impl BenchArgs {
                 channels_last: Some(compute.channels_last),
                 warmup: Some(self.warmup.unwrap_or(if gpu { 20 } else { 3 }) as u64),
                 steps: Some(steps as u64),
-                threads: Some(self.threads.unwrap_or(per_rank) as u64),
+                threads: Some(self.compute.threads.unwrap_or(per_rank) as u64),
                 device: Some(device_name(device)),
                 data: Some(data.name().into()),
                 data_dir: self.data_dir.clone(),

@@ -99,7 +99,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if args.world_sizes.is_empty() {
         bail!("--world-sizes needs at least one size");
     }
-    if args.threads.is_some() {
+    if args.compute.threads.is_some() {
         bail!("--sweep splits the CPUs between the ranks itself: leave out --threads");
     }
     if args.profile {
@@ -332,7 +332,7 @@ mod tests {
             got.as_object_mut().unwrap().remove(k).unwrap();
         }
         assert_eq!(got, want, "{argv:?}");
-        assert!(!point.sweep && point.threads == Some(2) && point.profile_steps == 7);
+        assert!(!point.sweep && point.compute.threads == Some(2) && point.profile_steps == 7);
         assert!(point.compute.channels_last && !point.compute.no_channels_last);
         // Flags left at their defaults are not needed, but a point given them explicitly is the same point.
         let argv = point_args(&parse(&["bench", "--sweep"]), None, json).unwrap();

@@ -199,13 +199,16 @@ impl Recorded {
             field(metadata, STD_KEY, path)?,
         ) {
             (Some(resize), Some(crop), Some(interpolation), Some(mean), Some(std)) => {
-                Some(EvalTransform {
+                let eval = EvalTransform {
                     resize,
                     crop,
                     interpolation,
                     mean,
                     std,
-                })
+                };
+                eval.check()
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                Some(eval)
             }
             (None, None, None, None, None) => None,
             _ => {
@@ -218,12 +221,69 @@ impl Recorded {
                 ]))
             }
         };
+        let image_size = field(metadata, IMAGE_SIZE_KEY, path)?;
+        if let Some(side) = image_size {
+            check_size(IMAGE_SIZE_KEY, side, TRAIN_SIZES, "--image-size")
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        }
         Ok(Self {
             classes,
             net,
-            image_size: field(metadata, IMAGE_SIZE_KEY, path)?,
+            image_size,
             eval,
         })
+    }
+}
+
+/// The sides `rn50 train --image-size` takes, which a recorded `image_size` must be within.
+const TRAIN_SIZES: std::ops::RangeInclusive<usize> = 32..=rn50_args::MAX_IMAGE_SIZE as usize;
+/// The sides `--val-resize` and `--val-crop` take, which the recorded evaluation sizes must be within.
+const EVAL_SIZES: std::ops::RangeInclusive<usize> = 1..=rn50_args::MAX_IMAGE_SIZE as usize;
+
+/// A recorded size within the range of the flag that sets it; the error names the key, the value and the flag.
+fn check_size(
+    key: &str,
+    value: usize,
+    range: std::ops::RangeInclusive<usize>,
+    flag: &str,
+) -> Result<(), String> {
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(format!(
+        "the metadata's {key:?} is {value}, outside {} to {} (the range of {flag})",
+        range.start(),
+        range.end()
+    ))
+}
+
+impl EvalTransform {
+    /// What a file's metadata may record (the error says what is wrong; [`Recorded::from_metadata`] adds the
+    /// file): the sizes within the flags' ranges, the crop within the resize, a finite mean and a finite std
+    /// above zero (a std of 0 divides every pixel by zero: a constant prediction, NaN probabilities).
+    fn check(&self) -> Result<(), String> {
+        check_size(EVAL_RESIZE_KEY, self.resize, EVAL_SIZES, "--val-resize")?;
+        check_size(EVAL_CROP_KEY, self.crop, EVAL_SIZES, "--val-crop")?;
+        if self.crop > self.resize {
+            return Err(format!(
+                "the metadata's {EVAL_CROP_KEY:?} {} is larger than its {EVAL_RESIZE_KEY:?} {}: the crop is \
+                 taken from the resized image",
+                self.crop, self.resize
+            ));
+        }
+        if !self.mean.iter().all(|m| m.is_finite()) {
+            return Err(format!(
+                "the metadata's {MEAN_KEY:?} is {:?}: not finite",
+                self.mean
+            ));
+        }
+        if !self.std.iter().all(|s| s.is_finite() && *s > 0.0) {
+            return Err(format!(
+                "the metadata's {STD_KEY:?} is {:?}: each must be finite and above 0",
+                self.std
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -955,6 +1015,72 @@ mod tests {
         let file = WeightsFile::read(&ckpt).unwrap();
         assert_eq!(file.shape().unwrap().width, 8);
         file.load(&Model::new(cfg, Device::Cpu)).unwrap();
+    }
+
+    /// Issue 43: a file's metadata is anyone's to write. Sizes outside the flags' ranges (a crop of 0 panicked
+    /// `classify`; 10^6 aborted it), a crop larger than its resize, and a std of 0, below it or not finite (a
+    /// constant prediction, `NaN%`) are refused where the metadata is read, naming the file and the key.
+    #[test]
+    fn recorded_values_outside_the_flags_ranges_are_refused() {
+        let path = Path::new("w.safetensors");
+        let good = Recorded::of_run(
+            &ResNetConfig::new(Arch::ResNet18),
+            None,
+            64,
+            EvalTransform {
+                resize: 73,
+                crop: 64,
+                interpolation: Interpolation::Bilinear,
+                mean: [0.5, 0.25, 0.125],
+                std: [0.2, 0.3, 0.4],
+            },
+        )
+        .metadata()
+        .unwrap();
+        assert!(Recorded::from_metadata(&good, path).is_ok());
+        for (key, value, want) in [
+            (
+                "eval_crop",
+                "0",
+                "\"eval_crop\" is 0, outside 1 to 4096 (the range of --val-crop)",
+            ),
+            (
+                "eval_crop",
+                "1000000",
+                "\"eval_crop\" is 1000000, outside 1 to 4096",
+            ),
+            (
+                "eval_resize",
+                "1000000000",
+                "\"eval_resize\" is 1000000000, outside 1 to 4096",
+            ),
+            ("eval_resize", "0", "\"eval_resize\" is 0"),
+            (
+                "eval_crop",
+                "100",
+                "\"eval_crop\" 100 is larger than its \"eval_resize\" 73",
+            ),
+            (
+                "image_size",
+                "0",
+                "\"image_size\" is 0, outside 32 to 4096 (the range of --image-size)",
+            ),
+            ("image_size", "5000", "\"image_size\" is 5000"),
+            (
+                "std",
+                "[0.2,0,0.4]",
+                "\"std\" is [0.2, 0.0, 0.4]: each must be finite and above 0",
+            ),
+            ("std", "[0.2,-0.3,0.4]", "\"std\" is [0.2, -0.3, 0.4]"),
+            ("std", "[0.2,1e400,0.4]", "\"std\" is \"[0.2,1e400,0.4]\""),
+            ("mean", "[0.5,1e400,0.1]", "\"mean\" is \"[0.5,1e400,0.1]\""),
+        ] {
+            let mut bad = good.clone();
+            bad.insert(key.into(), value.into());
+            let err = format!("{:#}", Recorded::from_metadata(&bad, path).unwrap_err());
+            assert!(err.starts_with("w.safetensors: "), "{key}={value}: {err}");
+            assert!(err.contains(want), "{key}={value}: {err}");
+        }
     }
 
     /// The format is read from the first bytes, whatever the name: safetensors named `.pth` loads; torch.save's

@@ -115,7 +115,7 @@ pub struct TrainArgs {
     pub lr_schedule: ScheduleKind,
     /// The rate --lr-schedule cosine or poly decays to at the last step, 0 or more and below the peak rate
     /// (MLPerf's LARS reference: 0.0001; timm's --min-lr).
-    #[arg(long, alias = "min-lr", default_value_t = 0.0, value_parser = finite_in(0.0..))]
+    #[arg(long, visible_alias = "min-lr", default_value_t = 0.0, value_parser = finite_in(0.0..))]
     pub lr_end: f64,
     /// The power of --lr-schedule poly, above 0 (MLPerf's LARS: 2; 1 is linear).
     #[arg(long, default_value_t = 2.0, value_parser = positive())]
@@ -136,14 +136,17 @@ pub struct TrainArgs {
     /// Zero-init the last BN γ of each residual block.
     #[arg(long)]
     pub zero_init_residual: bool,
-    /// Keep an EMA of the weights with this decay, 0 to 1 (e.g. 0.9999); evaluation then uses the EMA weights.
-    /// timm's --model-ema-decay; timm's --model-ema alone means 0.9998, its default.
-    #[arg(long, alias = "model-ema-decay", value_parser = finite_in(0.0..=1.0),
+    /// Keep an EMA of the weights with this decay, 0 to 1 (e.g. 0.9999). Every evaluation evaluates both, as timm
+    /// does: the trained weights (acc1, acc5, val_loss in metrics.jsonl) and their average (ema_acc1, ema_acc5,
+    /// ema_val_loss). Both bests are kept: best.safetensors the trained weights' best top-1, best_ema.safetensors
+    /// the average's; final.safetensors is the trained weights. --target-accuracy is reached by either. timm's
+    /// --model-ema-decay; timm's --model-ema alone means 0.9998, its default.
+    #[arg(long, visible_alias = "model-ema-decay", value_parser = finite_in(0.0..=1.0),
           default_value_if("model_ema", clap::builder::ArgPredicate::IsPresent, "0.9998"))]
     pub ema: Option<f64>,
     /// Update the EMA every N steps of each epoch (its first step, the (N+1)th, ...), at least 1: torchvision's
     /// --model-ema-steps (its recipe: 32).
-    #[arg(long, alias = "model-ema-steps", default_value_t = 1, value_parser = usize_in(1..))]
+    #[arg(long, visible_alias = "model-ema-steps", default_value_t = 1, value_parser = usize_in(1..))]
     pub ema_steps: usize,
     /// timm's switch for --ema 0.9998 (hidden: rn50's way is --ema DECAY).
     #[arg(long, hide = true)]
@@ -189,12 +192,15 @@ pub struct TrainArgs {
     /// Epoch where progressive resizing reaches --image-size, --start-ramp or more [default: 85% of --epochs].
     #[arg(long, value_parser = finite_in(0.0..))]
     pub end_ramp: Option<f64>,
-    /// Evaluation: resize the shorter side to this, 1 to 4096 pixels, then center-crop --val-crop.
-    #[arg(long, alias = "val-resize-size", default_value_t = 256, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
-    pub val_resize: usize,
-    /// Evaluation center crop, 1 to --val-resize pixels.
-    #[arg(long, alias = "val-crop-size", default_value_t = 224, value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
-    pub val_crop: usize,
+    /// Evaluation: resize the shorter side to this, 1 to 4096 pixels, then center-crop --val-crop [default:
+    /// --val-crop / 0.875, rounded (torchvision's 256 for 224; timm's crop_pct)].
+    #[arg(long, alias = "val-resize-size", value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
+    pub val_resize: Option<usize>,
+    /// Evaluation center crop, 1 to --val-resize pixels [default: --image-size, the final one with progressive
+    /// resizing: the network is evaluated at the size it was trained at]. A larger crop than the training size is
+    /// allowed (FFCV tests at 224 after training at 160-192).
+    #[arg(long, alias = "val-crop-size", value_parser = usize_in(1..=rn50_args::MAX_IMAGE_SIZE))]
+    pub val_crop: Option<usize>,
     /// Evaluate every N epochs (at least 1), from epoch --eval-offset on; the last epoch is always evaluated.
     /// Epochs without evaluation have no accuracy in metrics.jsonl and never become best.safetensors.
     #[arg(long, default_value_t = 1, value_parser = usize_in(1..))]
@@ -216,10 +222,10 @@ pub struct TrainArgs {
     pub mllog: Option<PathBuf>,
     #[command(flatten)]
     pub mlperf: MlperfArgs,
-    /// Stop each epoch after this many optimizer steps, at least 1: with --val-max-images, a check of a whole
-    /// dataset end to end in a minute (also quick measurements; with --dummy, the epoch's length: 100 by
-    /// default).
-    #[arg(long, alias = "max-steps-per-epoch", value_parser = usize_in(1..))]
+    /// Stop each epoch after this many optimizer steps, at least 1 (fewer when the data ends first): with
+    /// --val-max-images, a check of a whole dataset end to end in a minute (also quick measurements; with
+    /// --dummy, the epoch's length: 100 by default). `steps-per-epoch` in a --config file is read as this flag.
+    #[arg(long = "max-steps-per-epoch", visible_alias = "steps-per-epoch", value_parser = usize_in(1..))]
     pub steps_per_epoch: Option<usize>,
     /// Evaluate on this many of the validation images, at least 1, evenly spaced through the set so that every
     /// class keeps its share [default: all].
@@ -364,10 +370,16 @@ impl TrainArgs {
         if self.ema_steps > 1 && self.ema.is_none() {
             return usage("--ema-steps is for --ema DECAY".into());
         }
-        if self.val_crop > self.val_resize {
+        let (resize, crop) = self.val_sizes();
+        if crop.0 > resize.0 {
             return usage(format!(
-                "--val-crop {} is larger than --val-resize {}: the crop is taken from the resized image",
-                self.val_crop, self.val_resize
+                "--val-crop {}{} is larger than --val-resize {}: the crop is taken from the resized image",
+                crop.0,
+                match crop.1 {
+                    ValSize::Given => String::new(),
+                    _ => format!(" (the default: --image-size {})", self.image_size),
+                },
+                resize.0
             ));
         }
         if let Some(min) = self.min_res {
@@ -407,8 +419,70 @@ impl TrainArgs {
         }
         let b = self.batch_size as u64;
         check_batch_bytes("--batch-size", b, "--image-size", self.image_size as u64)?;
-        check_batch_bytes("--batch-size", b, "--val-crop", self.val_crop as u64)
+        check_batch_bytes(
+            "--batch-size",
+            b,
+            "--val-crop",
+            self.val_sizes().1 .0 as u64,
+        )
     }
+
+    /// The resize and center crop the run evaluates with (and records with its weights), and where each came
+    /// from: the flag, else the crop is --image-size (the final one with progressive resizing) and the resize
+    /// the crop / 0.875 (torchvision's 224 → 256; timm's crop_pct). `--augment cifar` evaluates on the images as
+    /// they are.
+    pub fn val_sizes(&self) -> ((usize, ValSize), (usize, ValSize)) {
+        if self.augment == Augment::Cifar {
+            return (
+                (self.image_size, ValSize::Cifar),
+                (self.image_size, ValSize::Cifar),
+            );
+        }
+        let crop = match self.val_crop {
+            Some(c) => (c, ValSize::Given),
+            None => (self.image_size, ValSize::FromTraining),
+        };
+        let resize = match self.val_resize {
+            Some(r) => (r, ValSize::Given),
+            None => (
+                (crop.0 as f64 / VAL_CROP_SHARE).round() as usize,
+                ValSize::FromTraining,
+            ),
+        };
+        (resize, crop)
+    }
+
+    /// What the start line says of the evaluation's sizes: which, and why.
+    pub fn val_sizes_line(&self) -> String {
+        let ((resize, r), (crop, c)) = self.val_sizes();
+        let why = match (r, c) {
+            (ValSize::Cifar, _) => "the images as they are, --augment cifar".to_string(),
+            (ValSize::Given, ValSize::Given) => "--val-resize and --val-crop".into(),
+            (ValSize::FromTraining, ValSize::Given) => "--val-crop, and the resize from it / 0.875".into(),
+            (ValSize::Given, _) => format!("--val-resize, and the crop the training's --image-size {}", self.image_size),
+            _ => format!(
+                "from --image-size {}: the crop it, the resize it / 0.875 as torchvision's 224/256; set \
+                 --val-resize and --val-crop to evaluate otherwise",
+                self.image_size
+            ),
+        };
+        format!("evaluates at resize {resize} then center crop {crop} ({why})")
+    }
+}
+
+/// The share of the resized image that evaluation's center crop keeps: torchvision's 224 of 256 (timm's
+/// crop_pct), which sizes the evaluation from --image-size when --val-resize is not given.
+pub const VAL_CROP_SHARE: f64 = 0.875;
+
+/// Where an evaluation size of `rn50 train` came from ([`TrainArgs::val_sizes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ValSize {
+    /// --val-resize or --val-crop.
+    Given,
+    /// Sized from --image-size.
+    FromTraining,
+    /// --augment cifar: the images as they are.
+    Cifar,
 }
 
 /// `submission_division`: the rules a result is compared under.

@@ -37,12 +37,40 @@ pub struct Position {
     pub world_size: u64,
     #[serde(default)]
     pub batch_size: u64,
-    /// Unreadable images and batches not trained on in `epoch` before `batch_in_epoch` (all ranks), so that a
-    /// resumed epoch's record counts the whole epoch.
+    /// What `epoch` gave before `batch_in_epoch`, so that a resumed epoch's record covers the whole epoch, as a
+    /// straight run's does (its keys beside the others': `bad_images`, `loss_sum`, ...).
+    #[serde(flatten)]
+    pub so_far: EpochSoFar,
+    /// Seconds of training that the run did twice: what attempts killed after their last checkpoint had trained
+    /// past it, which their resumes trained again (0 after a stop on request, which checkpoints where it stops).
+    /// Not in any epoch's seconds; stated beside them.
     #[serde(default)]
+    pub redone_seconds: f64,
+}
+
+/// What an epoch gave so far: sums over its steps (all ranks), and its time. A checkpoint in the middle of an
+/// epoch keeps them ([`Position::so_far`]) and its resume adds to them, so that the epoch's record (loss, top-1,
+/// img/s, data wait, seconds) is the straight run's, whatever the stops in between. Fields older checkpoints
+/// lack read as 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EpochSoFar {
+    /// Unreadable training images skipped.
     pub bad_images: u64,
-    #[serde(default)]
+    /// Batches not trained on (see `EpochMetrics::skipped_batches`).
     pub skipped_batches: u64,
+    /// Images trained on, and those of them ranked top-1 correctly (main.py's `top1` meter).
+    pub images: u64,
+    pub correct1: u64,
+    /// The logged steps' losses (averaged over ranks), summed, and how many: the epoch's loss is their mean.
+    pub loss_sum: f64,
+    pub loss_steps: u64,
+    /// Seconds in the training loop (rank 0), which the img/s are over, and of them waiting for the loader.
+    pub train_seconds: f64,
+    pub data_wait_seconds: f64,
+    /// The epoch's wall-clock seconds (rank 0): from the record of the epoch before (or the run's start) to the
+    /// checkpoint, training, evaluation and checkpoints included, as an epoch's record counts them.
+    pub seconds: f64,
 }
 
 impl Position {
@@ -257,6 +285,22 @@ mod tests {
         );
     }
 
+    /// A checkpoint of rn50 before the epoch's sums resumes with them at 0 and its counts kept.
+    #[test]
+    fn older_positions_read_with_their_sums_at_zero() {
+        let old =
+            r#"{"epoch":2,"batch_in_epoch":4,"global_step":20,"best_acc1":1.5,"bad_images":3}"#;
+        let p: Position = serde_json::from_str(old).unwrap();
+        assert_eq!((p.epoch, p.batch_in_epoch, p.so_far.bad_images), (2, 4, 3));
+        assert_eq!(p.so_far.loss_steps, 0);
+        assert_eq!(p.redone_seconds, 0.0);
+        let flat = serde_json::to_value(&p).unwrap();
+        assert_eq!(
+            flat["bad_images"], 3,
+            "the sums sit beside the other keys: {flat}"
+        );
+    }
+
     #[test]
     fn round_trip_gives_bit_identical_next_steps() {
         let dir = tempfile::tempdir().unwrap();
@@ -276,8 +320,19 @@ mod tests {
             best_ema_acc1: 10.0,
             world_size: 1,
             batch_size: 4,
-            bad_images: 7,
-            skipped_batches: 1,
+            so_far: EpochSoFar {
+                bad_images: 7,
+                skipped_batches: 1,
+                images: 8,
+                correct1: 3,
+                // Sums whose last bit JSON must keep (serde_json's float_roundtrip).
+                loss_sum: 0.1 + 0.2 + 2.197224577336219,
+                loss_steps: 3,
+                train_seconds: 12.345678901234567,
+                data_wait_seconds: 1.0 / 3.0,
+                seconds: 20.000000000000004,
+            },
+            redone_seconds: 4.5,
         };
         let config = serde_json::json!({"arch": "resnet18", "lr": 0.05});
         let recorded = Recorded::with_classes(Some(&["cat".to_string(), "dog".to_string()]));

@@ -9,8 +9,9 @@
 //! [`resolved_flags`] and [`document`] write every flag's value back in the same form, typed as the flag is (a
 //! string flag as a TOML string, `--device 007` is `device = "007"`, never the number 7; a path made absolute): the
 //! run directory's config.toml, reusable with `--config` from any directory and on any machine. It records what
-//! this machine resolved `--device auto` and the default precision to, as those flags: another machine runs the
-//! same or refuses with the reason (no CUDA device; no bf16 in this CPU). Its `[run]` table ([`RunRecord`], skipped
+//! this machine resolved `--device auto`, the default precision and the default memory format (channels_last or
+//! not) to, as those flags: another machine runs the same or refuses with the reason (no CUDA device; no bf16 in
+//! this CPU). `--threads` and `--workers` are recorded only when given: their defaults are each machine's CPUs. Its `[run]` table ([`RunRecord`], skipped
 //! by `--config`) has the processes, global batch and libtorch, which a re-run compares with its own and warns
 //! about ([`RunRecord::differences`]). It leaves out `out`: a reused config.toml starts a new run (in runs/train or
 //! the --out given), never one in the run directory it was copied from; and `--mllog` with its MLPerf flags: an
@@ -345,8 +346,9 @@ impl RunRecord {
     }
 }
 
-/// config.toml's text: the flags, with `--device auto` and a default precision replaced by what `resolved` says
-/// this machine chose (`device = "cuda"`, `precision = "fp16"`), then the `[run]` table.
+/// config.toml's text: the flags, with `--device auto`, a default precision and a default memory format replaced
+/// by what `resolved` says this machine chose (`device = "cuda"`, `precision = "fp16"`, `channels-last = true`),
+/// then the `[run]` table.
 pub fn document(flags: &toml::Table, resolved: Option<(&Compute, &RunRecord)>) -> String {
     let mut table = flags.clone();
     if let Some((compute, run)) = resolved {
@@ -361,6 +363,12 @@ pub fn document(flags: &toml::Table, resolved: Option<(&Compute, &RunRecord)>) -
         table
             .entry("precision")
             .or_insert_with(|| compute.precision.to_string().into());
+        // Neither --channels-last nor --no-channels-last given: the one the device (and --width) resolved to.
+        let given = |key: &str| table.get(key).and_then(toml::Value::as_bool) == Some(true);
+        if !given("channels-last") && !given("no-channels-last") {
+            table.insert("channels-last".into(), compute.channels_last.into());
+            table.insert("no-channels-last".into(), (!compute.channels_last).into());
+        }
         let run = toml::Table::try_from(run).expect("a record of scalars is a TOML table");
         table.insert(RUN_TABLE.into(), run.into());
     }

@@ -27,13 +27,10 @@ fn val_transform(args: &TrainArgs) -> Transform {
     Transform::val(resize, crop)
 }
 
-/// The resize and center crop the run evaluates with (and records with its weights).
+/// The resize and center crop the run evaluates with (and records with its weights): [`TrainArgs::val_sizes`].
 pub(crate) fn val_sizes(args: &TrainArgs) -> (usize, usize) {
-    match args.augment {
-        Augment::Imagenet => (args.val_resize, args.val_crop),
-        // CIFAR evaluates on the images as they are.
-        Augment::Cifar => (args.image_size, args.image_size),
-    }
+    let ((resize, _), (crop, _)) = args.val_sizes();
+    (resize, crop)
 }
 
 pub struct RealData {
@@ -49,6 +46,8 @@ pub struct RealData {
     /// Images of each split, all ranks' (for --mllog's train_samples and eval_samples).
     pub train_images: usize,
     pub val_images: usize,
+    /// The validation split's images before --val-max-images chose `val_images` of them.
+    pub val_images_total: usize,
 }
 
 impl RealData {
@@ -60,8 +59,13 @@ impl RealData {
         rank: usize,
         world: usize,
     ) -> Result<Self> {
+        if rank == 0 {
+            let (train, val) = (args.train_split.split(), args.val_split.split());
+            rn50_pipeline::source::warn_if_training_on_validation(root, train, val);
+        }
         let train = Dataset::open_required_split(root, args.train_split.split())?;
         let val = Dataset::open_required_split(root, args.val_split.split())?;
+        let val_images_total = val.len();
         let val = match args.val_max_images {
             Some(n) => val.evenly_spaced(n),
             None => val,
@@ -101,6 +105,7 @@ impl RealData {
             classes,
             train_images,
             val_images,
+            val_images_total,
         })
     }
 

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use indicatif::ProgressBar;
 use rn50_report::table::fmt_hms as hms;
 
+use crate::train::checkpoint::EpochSoFar;
+
 /// Where a pass's progress goes: a bar, log lines, or nowhere (ranks other than 0).
 struct Shown {
     bar: Option<ProgressBar>,
@@ -83,8 +85,30 @@ pub struct EpochProgress {
     pub images: usize,
     world: usize,
     pub data_wait: Duration,
-    last: Logged,
+    /// The last step read, and main.py's running means (AverageMeter) of the steps read this epoch, the
+    /// checkpoint's included after a resume.
+    last: Option<Logged>,
+    loss: Meter,
+    acc1: Meter,
     later: Later,
+}
+
+/// A running mean: main.py's AverageMeter.
+#[derive(Clone, Copy, Debug, Default)]
+struct Meter {
+    sum: f64,
+    count: f64,
+}
+
+impl Meter {
+    fn add(&mut self, value: f64, weight: f64) {
+        self.sum += value * weight;
+        self.count += weight;
+    }
+
+    fn mean(&self) -> Option<f64> {
+        (self.count > 0.0).then(|| self.sum / self.count)
+    }
 }
 
 /// What a logged step read from the device: its loss and top-1 (percent), over all ranks.
@@ -94,17 +118,21 @@ pub struct Logged {
     pub acc1: f64,
 }
 
-/// What the run has left after this epoch, for its ETA.
+/// What the run has left after this epoch, for its ETA: the epochs at this epoch's measured step rate, and
+/// the evaluations at the last one's time.
 #[derive(Clone, Copy, Debug)]
 pub struct Later {
     /// Epochs still to train after this one.
     pub epochs: usize,
-    /// The wall time of the last whole epoch (training, evaluation, checkpoint), when one has run: the
-    /// estimate for each later epoch; this epoch's step rate otherwise.
-    pub epoch_secs: Option<f64>,
+    /// How many of this epoch and those evaluate, and how long the last evaluation took (none yet: not
+    /// counted).
+    pub evaluations: usize,
+    pub eval_secs: Option<f64>,
 }
 
 impl EpochProgress {
+    /// Epoch `epoch`'s progress from step `start` of `per_epoch`; `carried` is what the epoch gave before
+    /// `start` (a resumed epoch's checkpoint), which the running means start from.
     pub fn new(
         epoch: usize,
         start: usize,
@@ -112,7 +140,23 @@ impl EpochProgress {
         world: usize,
         show: bool,
         later: Later,
+        carried: &EpochSoFar,
     ) -> Self {
+        let mut loss = Meter::default();
+        let mut acc1 = Meter::default();
+        if carried.loss_steps > 0 {
+            loss.add(
+                carried.loss_sum / carried.loss_steps as f64,
+                carried.loss_steps as f64,
+            );
+        }
+        if carried.images > 0 {
+            let steps = carried.loss_steps.max(1) as f64;
+            acc1.add(
+                100.0 * carried.correct1 as f64 / carried.images as f64,
+                steps,
+            );
+        }
         Self {
             shown: Shown::new(format!("epoch {epoch}"), start, per_epoch, show),
             per_epoch,
@@ -120,10 +164,9 @@ impl EpochProgress {
             images: 0,
             world,
             data_wait: Duration::ZERO,
-            last: Logged {
-                loss: f64::NAN,
-                acc1: f64::NAN,
-            },
+            last: None,
+            loss,
+            acc1,
             later,
         }
     }
@@ -141,23 +184,46 @@ impl EpochProgress {
         self.data_wait.as_secs_f64() / self.elapsed().max(1e-9)
     }
 
-    /// Seconds left in this epoch and in the run once step `i` (0-based) is done, from this epoch's step rate
-    /// (steps `start..=i`) and [`Later`].
+    /// Seconds left in this epoch and in the run once step `i` (0-based) is done, from this epoch's measured step
+    /// rate (steps `start..=i` in the time they took) for every step left, this epoch's and the later epochs',
+    /// plus the evaluations left at the last one's time.
     fn eta(&self, i: usize, start: usize) -> (f64, f64) {
         let done = (i + 1).saturating_sub(start);
-        let epoch = eta(self.elapsed(), done, self.per_epoch - i - 1);
-        let each_later = self
-            .later
-            .epoch_secs
-            .unwrap_or(self.per_epoch as f64 * self.elapsed() / done.max(1) as f64);
-        (epoch, epoch + self.later.epochs as f64 * each_later)
+        let step_secs = self.elapsed() / done.max(1) as f64;
+        let epoch = (self.per_epoch - i - 1) as f64 * step_secs;
+        let later = self.later.epochs as f64 * self.per_epoch as f64 * step_secs;
+        let evals = self.later.evaluations as f64 * self.later.eval_secs.unwrap_or(0.0);
+        (epoch, epoch + later + evals)
+    }
+
+    /// The first step this process trained of the epoch, read for the progress only (not a logged step, nor in
+    /// the means): what the bar shows until the first logged step.
+    pub fn first(&mut self, l: Logged) {
+        self.last = Some(l);
+    }
+
+    /// `loss LAST (MEAN) Acc@1 LAST (MEAN)`, as main.py's ProgressMeter shows its meters: the mean of the logged
+    /// steps (the epoch's loss so far), the last step read alone before any; `-` before any step was read.
+    fn meters(&self) -> String {
+        let Some(last) = self.last else {
+            return "loss - Acc@1 -".into();
+        };
+        format!(
+            "loss {:.4} ({:.4}) Acc@1 {:.2} ({:.2})",
+            last.loss,
+            self.loss.mean().unwrap_or(last.loss),
+            last.acc1,
+            self.acc1.mean().unwrap_or(last.acc1)
+        )
     }
 
     /// Step `i` (0-based) of the steps `start..per_epoch` is done; `logged` is given on the steps whose loss
-    /// and top-1 were read from the device.
+    /// and top-1 were read from the device and logged.
     pub fn step(&mut self, i: usize, start: usize, logged: Option<Logged>, lr: f64) {
         if let Some(l) = logged {
-            self.last = l;
+            self.last = Some(l);
+            self.loss.add(l.loss, 1.0);
+            self.acc1.add(l.acc1, 1.0);
         }
         let due = logged.is_some();
         if !self.shown.shows(due) {
@@ -165,9 +231,8 @@ impl EpochProgress {
         }
         let (epoch_eta, run_eta) = self.eta(i, start);
         let msg = format!(
-            "loss {:.4} Acc@1 {:.2} lr {lr:.5} {:.1} img/s data {:.0}%",
-            self.last.loss,
-            self.last.acc1,
+            "{} lr {lr:.5} {:.1} img/s data {:.0}%",
+            self.meters(),
             self.images_per_sec(),
             100.0 * self.data_wait_share()
         );
@@ -226,12 +291,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn run_eta_adds_later_epochs_at_the_last_epochs_time_or_this_epochs_rate() {
-        let later = |epoch_secs| Later {
+    fn run_eta_counts_every_step_left_at_the_measured_rate_and_the_evaluations_left() {
+        let later = |eval_secs| Later {
             epochs: 2,
-            epoch_secs,
+            evaluations: 3,
+            eval_secs,
         };
-        let mut p = EpochProgress::new(0, 0, 10, 1, false, later(None));
+        let mut p = EpochProgress::new(0, 0, 10, 1, false, later(None), &EpochSoFar::default());
         p.t0 = Instant::now() - Duration::from_secs(4);
         // 4 of 10 steps in 4 s: 6 s left in the epoch, 2 more epochs of 10 s each.
         let (epoch, run) = p.eta(3, 0);
@@ -239,11 +305,49 @@ mod tests {
             (epoch - 6.0).abs() < 0.1 && (run - 26.0).abs() < 0.1,
             "{epoch} {run}"
         );
-        p.later = later(Some(30.0));
+        // Three evaluations of 5 s each.
+        p.later = later(Some(5.0));
         let (_, run) = p.eta(3, 0);
-        assert!((run - 66.0).abs() < 0.1, "{run}");
-        // Resumed at step 6: the rate counts the steps this process ran.
-        let (epoch, _) = p.eta(7, 6);
+        assert!((run - 41.0).abs() < 0.1, "{run}");
+        // Resumed at step 6: the rate is of the steps this process ran (2 in 4 s), not of the whole epoch.
+        let (epoch, run) = p.eta(7, 6);
         assert!((epoch - 4.0).abs() < 0.1, "{epoch}");
+        assert!((run - (4.0 + 40.0 + 15.0)).abs() < 0.1, "{run}");
+    }
+
+    /// main.py's meters from the first step: the first step read shows until a logged one; after a resume the
+    /// means start from the checkpoint's sums.
+    #[test]
+    fn the_bar_shows_numbers_from_the_first_step_and_a_resumed_epochs_means() {
+        let later = Later {
+            epochs: 0,
+            evaluations: 0,
+            eval_secs: None,
+        };
+        let mut p = EpochProgress::new(0, 0, 10, 1, false, later, &EpochSoFar::default());
+        assert_eq!(p.meters(), "loss - Acc@1 -");
+        p.first(Logged {
+            loss: 6.5,
+            acc1: 12.5,
+        });
+        assert_eq!(p.meters(), "loss 6.5000 (6.5000) Acc@1 12.50 (12.50)");
+        let carried = EpochSoFar {
+            loss_sum: 6.0,
+            loss_steps: 3,
+            images: 40,
+            correct1: 10,
+            ..EpochSoFar::default()
+        };
+        let mut p = EpochProgress::new(0, 6, 10, 1, false, later, &carried);
+        p.step(
+            6,
+            6,
+            Some(Logged {
+                loss: 1.0,
+                acc1: 45.0,
+            }),
+            0.1,
+        );
+        assert_eq!(p.meters(), "loss 1.0000 (1.7500) Acc@1 45.00 (30.00)");
     }
 }

@@ -28,8 +28,12 @@ pub struct RunInfo<'a> {
     pub world: usize,
     pub global_batch: usize,
     pub peak_lr: f64,
-    /// Optimizer steps an epoch.
+    /// Optimizer steps an epoch, and those of a whole pass over the training set (more when
+    /// --steps-per-epoch cuts epochs short; none without a dataset).
     pub per_epoch: usize,
+    pub full_per_epoch: Option<usize>,
+    /// The validation images evaluated, and the split's (more when --val-max-images takes a subset).
+    pub val_images: Option<(usize, usize)>,
     /// Where training goes on (a resumed run's logs are trimmed to it).
     pub position: &'a Position,
     /// How long TensorBoard's events may wait in the buffer ([`tensorboard_flush_every`]).
@@ -52,6 +56,8 @@ pub struct EpochStats {
     pub lr: f64,
     /// Over all processes.
     pub images_per_sec: f64,
+    /// Seconds in the training loop (rank 0; a resumed epoch's earlier attempts' included).
+    pub train_seconds: f64,
     pub data_wait_share: f64,
     /// Seconds a step waited for the loader, on average.
     pub data_wait_per_step: f64,
@@ -80,6 +86,10 @@ pub struct RunLog {
     run_start: Instant,
     /// When the last epoch record was logged (this process's first epoch: when training was set up).
     last_record: Instant,
+    /// The seconds a mid-epoch checkpoint carried of the epoch it resumes, until that epoch's record is written.
+    carried_seconds: f64,
+    /// Seconds of training done twice over the whole run ([`Position::redone_seconds`]).
+    redone_seconds: f64,
     /// What the start created, until the first step is taken (undone once the files are closed).
     undo: StartUndo,
 }
@@ -110,15 +120,32 @@ impl RunLog {
         undo.created.push(tensorboard.path().to_path_buf());
         dir.begin()?;
         let metrics_path = args.out.join("metrics.jsonl");
+        let steps_path = args.out.join("steps.jsonl");
         let mut epochs = Vec::new();
+        // A resumed epoch goes on with the seconds its checkpoint counted; training past the checkpoint that an
+        // attempt killed without one did is redone, and counted apart.
+        let mut carried_seconds = 0.0;
+        let mut redone_seconds = position.redone_seconds;
         if let Some((epoch, step)) = resumed {
             let at = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap_or(0);
+            let beyond = last_clock_beyond(&steps_path, (epoch, step))?;
             rundir::trim_log(&metrics_path, |r| at(r, "epoch") < epoch)?;
-            rundir::trim_log(&args.out.join("steps.jsonl"), |r| {
+            rundir::trim_log(&steps_path, |r| {
                 (at(r, "epoch"), at(r, "step")) < (epoch, step)
             })?;
             if metrics_path.exists() {
                 epochs = rn50_report::schema::read_metrics(&metrics_path)?;
+            }
+            if step > 0 {
+                carried_seconds = position.so_far.seconds;
+            }
+            let at_checkpoint = clock(&epochs) + carried_seconds;
+            if let Some(lost) = beyond.map(|b| b - at_checkpoint).filter(|&l| l > 0.0) {
+                tracing::info!(
+                    "the last attempt trained {lost:.0} s past its checkpoint: that part is trained again, and \
+                     counted apart (redone_s in summary.json), not in the epochs' seconds"
+                );
+                redone_seconds += lost;
             }
         }
         let created = ["metrics.jsonl", "steps.jsonl", "config.toml", "io.jsonl"].map(new);
@@ -158,8 +185,15 @@ impl RunLog {
                     );
                 }
             }
+            // The evaluation's sizes as resolved (from --image-size when not given), so the file runs the same
+            // evaluation whatever the defaults of another rn50.
+            let mut flags = flags.clone();
+            let (resize, crop) = crate::train::data::val_sizes(args);
+            for (key, value) in [("val-resize", resize), ("val-crop", crop)] {
+                flags.entry(key).or_insert((value as i64).into());
+            }
             let path = args.out.join("config.toml");
-            let text = config::document(flags, Some((run.compute, &record)));
+            let text = config::document(&flags, Some((run.compute, &record)));
             rn50_util::atomic_write(&path, text.as_bytes())
                 .with_context(|| format!("writing {}", path.display()))?;
         }
@@ -189,6 +223,9 @@ impl RunLog {
             lr_base: args.lr.is_none().then_some(args.lr_base),
             lr_base_size: args.lr.is_none().then_some(args.lr_base_size as u64),
             precision: run.compute.precision.to_string(),
+            steps_per_epoch: Some(per_epoch as u64),
+            full_steps_per_epoch: run.full_per_epoch.map(|s| s as u64),
+            val_images_total: run.val_images.map(|(_, total)| total as u64),
             dataset: args
                 .data
                 .as_ref()
@@ -208,19 +245,33 @@ impl RunLog {
             per_epoch,
             run_start: Instant::now(),
             last_record: Instant::now(),
+            carried_seconds,
+            redone_seconds,
             undo,
         })
+    }
+
+    /// The seconds this process spent in `epoch` so far (since the record before, or its start), which a
+    /// checkpoint adds to what the epoch carried.
+    pub fn epoch_seconds_here(&self) -> f64 {
+        self.last_record.elapsed().as_secs_f64()
+    }
+
+    /// Seconds of training the run did twice ([`Position::redone_seconds`]), for the checkpoints to carry.
+    pub fn redone_seconds(&self) -> f64 {
+        self.redone_seconds
+    }
+
+    /// The run's clock now: the logged epochs' seconds, and the epoch in training's so far (with what its
+    /// checkpoint carried); what steps.jsonl's `time_s` says.
+    fn run_clock(&self) -> f64 {
+        clock(&self.epochs) + self.carried_seconds + self.last_record.elapsed().as_secs_f64()
     }
 
     /// A step was taken (or a checkpoint saved): the run is one from here on, whose files stay whatever happens
     /// next.
     pub fn taken(&mut self) {
         self.undo.taken();
-    }
-
-    /// How long the last epoch logged took (none before the first).
-    pub fn last_epoch_secs(&self) -> Option<f64> {
-        self.epochs.last().and_then(|r| r.seconds)
     }
 
     /// The dataset disk's counters now, for [`EpochStats::io_start`].
@@ -236,6 +287,7 @@ impl RunLog {
             loss,
             acc1: finite(acc1),
             lr,
+            time_s: Some(self.run_clock()),
         };
         append_record(&mut self.steps, &rec)?;
         let global_step = (epoch * self.per_epoch + s + 1) as i64;
@@ -279,6 +331,7 @@ impl RunLog {
             ema_acc5: ema.and_then(|e| finite(e.acc5)),
             ema_val_loss: ema.and_then(|e| finite(e.loss)),
             seconds: None,
+            train_seconds: None,
             resolution: Some(stats.resolution as u64),
             data_wait_share: finite(stats.data_wait_share),
             bad_images: Some(stats.bad_images),
@@ -289,9 +342,12 @@ impl RunLog {
             process_read_gbs: io.as_ref().and_then(|d| d.process_read_gbs),
         };
         // The epoch's wall-clock time: from the record before (so the previous epoch's checkpoint, written after
-        // its record, is counted here) to this one, training and evaluation included. Their sum is the run's time
-        // but the set-up and the last checkpoint.
-        record.seconds = Some(self.last_record.elapsed().as_secs_f64());
+        // its record, is counted here) to this one, training and evaluation included, and a resumed epoch's
+        // seconds before its checkpoint. Their sum is the run's time but the set-up, the last checkpoint and
+        // the training redone after a kill.
+        record.seconds = Some(self.carried_seconds + self.last_record.elapsed().as_secs_f64());
+        record.train_seconds = finite(stats.train_seconds);
+        self.carried_seconds = 0.0;
         self.last_record = Instant::now();
         append_record(&mut self.metrics, &record)?;
         let tb = &mut self.tensorboard;
@@ -369,6 +425,7 @@ impl RunLog {
         self.epochs.push(record);
         self.summary.fill_from_metrics(&self.epochs);
         self.summary.fill_target(&self.epochs, target);
+        self.summary.redone_s = (self.redone_seconds > 0.0).then_some(self.redone_seconds);
         rn50_report::write_summary(&self.out, &self.summary)?;
         rn50_report::write_run_report(&self.out)?;
         Ok(())
@@ -400,6 +457,27 @@ impl RunLog {
         );
         Ok(())
     }
+}
+
+/// The run's clock at the end of the logged epochs `epochs`: their seconds.
+fn clock(epochs: &[rn50_report::EpochMetrics]) -> f64 {
+    epochs.iter().filter_map(|e| e.seconds).sum()
+}
+
+/// The latest run clock (`time_s`) steps.jsonl records at `(epoch, step)` or after: how far an attempt trained
+/// past the checkpoint a resume goes on from. None when no such record has one (or no file).
+fn last_clock_beyond(steps: &Path, from: (u64, u64)) -> Result<Option<f64>> {
+    let text = match std::fs::read_to_string(steps) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", steps.display())),
+    };
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<StepRecord>(l).ok())
+        .filter(|r| (r.epoch, r.step) >= from)
+        .filter_map(|r| r.time_s)
+        .reduce(f64::max))
 }
 
 /// Opens the JSON-lines log `name` of `dir` for appending.

@@ -23,7 +23,7 @@ use crate::model::{Model, ResNetConfig, Stem};
 use crate::step::mix::BatchMix;
 use crate::step::{SgdConfig, Skipped, StepConfig, TrainStep};
 use crate::train::args::{Augment, OptimizerKind, TrainArgs};
-use crate::train::checkpoint::{self, Position};
+use crate::train::checkpoint::{self, EpochSoFar, Position};
 use crate::train::data::{self, RealData};
 use crate::train::ema::{self, Ema, EmaModel};
 use crate::train::eval::{self, EvalResult, Evaluated};
@@ -147,7 +147,10 @@ impl<'a> RunState<'a> {
         crate::device::setup(device, compute.fused_bn, compute.fused_block)?;
         // The CPUs this process may use, split between the ranks of this node (as bench does).
         let per_rank = world_info.threads_per_rank();
-        if world_info.local_world_size > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
+        if args.compute.threads.is_none()
+            && world_info.local_world_size > 1
+            && std::env::var_os("OMP_NUM_THREADS").is_none()
+        {
             // srun does not split the cores between the tasks of a node: do it here.
             tch::set_num_threads(per_rank as i32);
         }
@@ -283,7 +286,7 @@ impl<'a> RunState<'a> {
         let (resize, crop) = super::data::val_sizes(args);
         if rank0 {
             let on = format!(
-                "{} on {} ({}{})",
+                "{} on {} ({}{}{})",
                 args.arch,
                 device_name(device),
                 compute.precision,
@@ -291,6 +294,10 @@ impl<'a> RunState<'a> {
                     ", channels_last"
                 } else {
                     ""
+                },
+                match device {
+                    tch::Device::Cpu => format!(", {} threads", tch::get_num_threads()),
+                    _ => String::new(),
                 },
             );
             match args.evaluate {
@@ -302,9 +309,13 @@ impl<'a> RunState<'a> {
                 ),
                 false => tracing::info!(
                     "rn50 train: {on}, global batch {global_batch} ({} x {} accum x {world} procs), \
-                     {lr_line}; {schedule}",
+                     {lr_line}; {schedule}; {}",
                     args.batch_size,
                     args.accum_steps,
+                    match data {
+                        Some(_) => args.val_sizes_line(),
+                        None => "no evaluation (--dummy)".into(),
+                    }
                 ),
             }
         }
@@ -406,8 +417,11 @@ struct Trainer<'a> {
     next_train: Option<Epoch>,
     /// Set when an evaluation reached --target-accuracy: training stops after that epoch.
     target_reached: bool,
-    /// What the epoch in training left out so far (a resumed epoch: from its checkpoint on).
-    so_far: EpochCounts,
+    /// What the epoch in training gave before this process's first step of it: a resumed epoch's sums from its
+    /// checkpoint, zeros otherwise.
+    carried: EpochSoFar,
+    /// How long the last evaluation took (the trained weights' and their EMA's), for the run's ETA.
+    eval_secs: Option<f64>,
 }
 
 /// One step's batches as this rank got them: `None` for one batch norm cannot train on.
@@ -429,19 +443,26 @@ struct Stepped {
 /// What all ranks agreed for a step.
 struct Agreed {
     stop: bool,
+    /// Rank 0's checkpoint timer (--checkpoint-minutes) is due: a checkpoint after this step.
+    checkpoint: bool,
     /// Unreadable images of the step's batches, all ranks.
     bad_images: u64,
     /// Per micro-batch: every rank can train on it.
     train: Vec<bool>,
 }
 
-/// What an epoch left out so far, all ranks; checkpoints keep it, so a resumed epoch counts from the start.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct EpochCounts {
-    /// Unreadable training images skipped.
-    pub bad_images: u64,
-    /// Batches not trained on (see [`EpochMetrics::skipped_batches`]).
-    pub skipped_batches: u64,
+/// An epoch's sums as this process trains it: the counts and logged losses go on from what the epoch carried
+/// (added in the straight run's order, so a resumed epoch's loss is its bits), this rank's top-1 hits are its own
+/// (on the device) until a checkpoint or the epoch's end sums them over ranks ([`Trainer::so_far`]).
+struct EpochRun {
+    /// All ranks' counts (agreed each step).
+    bad_images: u64,
+    skipped_batches: u64,
+    /// The logged steps' losses (the same on every rank), summed, and how many.
+    loss_sum: f64,
+    loss_steps: u64,
+    /// This rank's top-1 hits since this process began the epoch, on the device.
+    correct1: Tensor,
 }
 
 /// One epoch's passes over the data, queued on the loader threads.
@@ -512,6 +533,12 @@ impl<'a> Trainer<'a> {
                     global_batch: state.global_batch,
                     peak_lr: state.peak_lr,
                     per_epoch,
+                    full_per_epoch: (state.data.is_some())
+                        .then_some(micro_per_epoch / args.accum_steps),
+                    val_images: state
+                        .data
+                        .as_ref()
+                        .map(|d| (d.val_images, d.val_images_total)),
                     position: &state.position,
                     tensorboard_flush: state.tensorboard_flush,
                     appends: state.mlperf.path(),
@@ -532,9 +559,11 @@ impl<'a> Trainer<'a> {
             );
         }
         let first_epoch = position.epoch as usize;
-        let so_far = EpochCounts {
-            bad_images: position.bad_images,
-            skipped_batches: position.skipped_batches,
+        // A checkpoint from the start of an epoch has nothing to carry (nor one written for another layout that
+        // maps to its start).
+        let carried = match resume_batch {
+            0 => EpochSoFar::default(),
+            _ => position.so_far,
         };
         let mut t = Trainer {
             state,
@@ -546,7 +575,8 @@ impl<'a> Trainer<'a> {
             resume_step: resume_batch / args.accum_steps,
             next_train: None,
             target_reached: false,
-            so_far,
+            carried,
+            eval_secs: None,
         };
         if t.first_epoch < args.epochs {
             t.next_train = t.queue_train(t.first_epoch)?;
@@ -576,8 +606,9 @@ impl<'a> Trainer<'a> {
         }
     }
 
-    /// The position after `s` optimizer steps of `epoch`.
-    fn position_at(&self, epoch: usize, s: usize) -> Position {
+    /// The position after `s` optimizer steps of `epoch`, with what the epoch gave before it (`so_far`: none at
+    /// an epoch's start).
+    fn position_at(&self, epoch: usize, s: usize, so_far: EpochSoFar) -> Position {
         Position {
             epoch: epoch as u64,
             batch_in_epoch: (s * self.state.args.accum_steps) as u64,
@@ -586,12 +617,39 @@ impl<'a> Trainer<'a> {
             best_ema_acc1: self.state.position.best_ema_acc1,
             world_size: self.state.world as u64,
             batch_size: self.state.args.batch_size as u64,
-            bad_images: if s > 0 { self.so_far.bad_images } else { 0 },
-            skipped_batches: if s > 0 {
-                self.so_far.skipped_batches
-            } else {
-                0
-            },
+            so_far: if s > 0 { so_far } else { EpochSoFar::default() },
+            redone_seconds: self.log.as_ref().map_or(0.0, |l| l.redone_seconds()),
+        }
+    }
+
+    /// What `epoch` gave up to now: `run`'s sums, and the carried images, top-1 hits and times with this
+    /// process's (`prog`): its images and hits summed over ranks (a collective: every rank calls it at the same
+    /// step), its times rank 0's.
+    fn so_far(&self, epoch: usize, run: &EpochRun, prog: &EpochProgress) -> Result<EpochSoFar> {
+        let mut top1 = [i64::try_from(&run.correct1)? as f64, prog.images as f64];
+        self.state
+            .dist
+            .sum_f64(&mut top1, "summing the epoch's images and top-1")?;
+        let carried = self.carried_into(epoch);
+        let here = self.log.as_ref().map_or(0.0, |l| l.epoch_seconds_here());
+        Ok(EpochSoFar {
+            bad_images: run.bad_images,
+            skipped_batches: run.skipped_batches,
+            images: carried.images + top1[1] as u64,
+            correct1: carried.correct1 + top1[0] as u64,
+            loss_sum: run.loss_sum,
+            loss_steps: run.loss_steps,
+            train_seconds: carried.train_seconds + prog.elapsed(),
+            data_wait_seconds: carried.data_wait_seconds + prog.data_wait.as_secs_f64(),
+            seconds: carried.seconds + here,
+        })
+    }
+
+    /// The sums `epoch` carries from a checkpoint: the resumed epoch's, none for the others.
+    fn carried_into(&self, epoch: usize) -> EpochSoFar {
+        match epoch == self.first_epoch {
+            true => self.carried,
+            false => EpochSoFar::default(),
         }
     }
 
@@ -638,6 +696,7 @@ impl<'a> Trainer<'a> {
         val: Option<Epoch>,
         ema_val: Option<Epoch>,
     ) -> Result<Evaluated> {
+        let started = std::time::Instant::now();
         let state = &self.state;
         let model = state.evaluate(&state.step.model, val, format!("val epoch {epoch}"))?;
         let ema = match &state.ema {
@@ -647,6 +706,7 @@ impl<'a> Trainer<'a> {
             None => None,
         };
         let eval = Evaluated { model, ema };
+        self.eval_secs = Some(started.elapsed().as_secs_f64());
         // Every rank has the same accuracy (summed over ranks), so they all stop after the same epoch.
         let acc1 = eval.best_acc1();
         self.target_reached = self.state.target.is_some_and(|t| acc1 >= t);
@@ -657,14 +717,18 @@ impl<'a> Trainer<'a> {
     }
 
     /// Trains epoch `epoch` from its first step still to train, on `batches` (the dummy batch without a
-    /// dataset), until its last step or a stop signal.
+    /// dataset), until its last step or a stop signal. A resumed epoch's record adds this process's steps to the
+    /// sums its checkpoint carried, so it is the straight run's.
     fn train_one_epoch(&mut self, epoch: usize, mut batches: Option<Epoch>) -> Result<Trained> {
         let io_start = self.log.as_ref().and_then(|l| l.io_snapshot());
         let (start, per_epoch) = (self.first_step(epoch), self.per_epoch);
+        let args = self.state.args;
         let later = Later {
-            epochs: self.state.args.epochs - epoch - 1,
-            epoch_secs: self.log.as_ref().and_then(|l| l.last_epoch_secs()),
+            epochs: args.epochs - epoch - 1,
+            evaluations: (epoch..args.epochs).filter(|&e| args.evaluates(e)).count(),
+            eval_secs: self.eval_secs,
         };
+        let carried = self.carried_into(epoch);
         let mut prog = EpochProgress::new(
             epoch,
             start,
@@ -672,25 +736,28 @@ impl<'a> Trainer<'a> {
             self.state.world,
             self.state.rank0,
             later,
+            &carried,
         );
-        let (mut loss_sum, mut loss_n, mut lr) = (0.0, 0usize, 0.0);
-        // The epoch's top-1 hits on this rank, counted on the device (read at the epoch's end).
-        let mut correct1 = Tensor::zeros([], (Kind::Int64, self.state.device));
-        // A mid-epoch resume goes on counting from the checkpoint's counts.
-        if start == 0 {
-            self.so_far = EpochCounts::default();
-        }
+        let mut run = EpochRun {
+            bad_images: carried.bad_images,
+            skipped_batches: carried.skipped_batches,
+            loss_sum: carried.loss_sum,
+            loss_steps: carried.loss_steps,
+            correct1: Tensor::zeros([], (Kind::Int64, self.state.device)),
+        };
+        let mut lr = 0.0;
         for s in start..per_epoch {
             // The step's batches, then one agreement of all ranks: a stop signal (which may reach only some),
-            // and the batches every rank can train on.
+            // rank 0's checkpoint timer, and the batches every rank can train on.
             let fetched = self.fetch_step(batches.as_mut(), &mut prog)?;
             let agreed = self.agree(&fetched)?;
             if agreed.stop {
+                let so_far = self.so_far(epoch, &run, &prog)?;
                 prog.finish();
-                return Ok(Trained::Stopped(self.position_at(epoch, s)));
+                return Ok(Trained::Stopped(self.position_at(epoch, s, so_far)));
             }
             // Counted once the step is taken (a stopped one is fetched again on resume).
-            self.so_far.bad_images += agreed.bad_images;
+            run.bad_images += agreed.bad_images;
             lr = self
                 .state
                 .schedule
@@ -701,72 +768,79 @@ impl<'a> Trainer<'a> {
                 .zip(&agreed.train)
                 .filter_map(|(b, &train)| b.filter(|_| train))
                 .collect();
-            self.so_far.skipped_batches += (agreed.train.len() - trained.len()) as u64;
+            run.skipped_batches += (agreed.train.len() - trained.len()) as u64;
             let logged = if trained.is_empty() {
                 // No batch to train on anywhere: no step (never one on an empty batch), as for a skipped fp16 step.
                 None
             } else {
                 self.state.step.opt.zero_grad();
                 let stepped = self.forward_backward(trained, epoch, s, &mut prog)?;
-                let _ = correct1.g_add_(&stepped.correct1);
+                let _ = run.correct1.g_add_(&stepped.correct1);
                 let skipped = self.state.step.apply(lr)?;
                 if let Some(l) = &mut self.log {
                     l.taken();
                 }
                 // torchvision's --model-ema-steps: on the epoch's steps 0, N, 2N, ...
                 if let Some(e) = &mut self.state.ema {
-                    if s.is_multiple_of(self.state.args.ema_steps) {
+                    if s.is_multiple_of(args.ema_steps) {
                         e.ema.update();
                     }
                 }
-                let due = (s + 1).is_multiple_of(self.state.args.print_freq) || s + 1 == per_epoch;
-                match due {
-                    true => Some(self.log_step(epoch, s, &stepped, &skipped, lr)?),
-                    false => None,
+                let due = (s + 1).is_multiple_of(args.print_freq) || s + 1 == per_epoch;
+                if due {
+                    let l = self.log_step(epoch, s, &stepped, &skipped, lr)?;
+                    run.loss_sum += l.loss;
+                    run.loss_steps += 1;
+                    Some(l)
+                } else {
+                    if s == start {
+                        // This process's first step of the epoch is read for the progress only (not logged, nor
+                        // in the epoch's loss, which a straight run does not read there): the bar shows numbers
+                        // from the first step on, not NaN until the first --print-freq step.
+                        prog.first(self.read_step(&stepped)?);
+                    }
+                    None
                 }
             };
-            if let Some(l) = logged {
-                loss_sum += l.loss;
-                loss_n += 1;
-            }
             prog.step(s, start, logged, lr);
-            if self.state.rank0 && self.keeper.due() && s + 1 < per_epoch {
-                let at = self.position_at(epoch, s + 1);
-                self.checkpoint(&at)?;
+            if agreed.checkpoint && s + 1 < per_epoch {
+                let so_far = self.so_far(epoch, &run, &prog)?;
+                if self.state.rank0 {
+                    let at = self.position_at(epoch, s + 1, so_far);
+                    self.checkpoint(&at)?;
+                }
             }
         }
         prog.finish();
+        let all = self.so_far(epoch, &run, &prog)?;
         // Every rank agreed on each batch, so all stop here alike. An epoch with nothing trained would report an
         // untrained network's accuracy as its result (and loss 0, train Acc@1 NaN).
-        let batches = (per_epoch * self.state.args.accum_steps) as u64;
-        if self.so_far.skipped_batches >= batches {
+        let batches = (per_epoch * args.accum_steps) as u64;
+        if all.skipped_batches >= batches {
             bail!(
                 "epoch {epoch}: no batch could be trained on (all {batches} skipped: {} images could not be \
                  read{}, and batch norm needs more than one value per channel): nothing was learnt; check the data",
-                self.so_far.bad_images,
-                match self.state.args.augment {
+                all.bad_images,
+                match args.augment {
                     Augment::Cifar => " or were smaller than --augment cifar's crop less its padding",
                     _ => "",
                 }
             );
         }
-        let train_secs = prog.elapsed();
-        // main.py's top1 meter at the epoch's end: the hits over the images trained, all ranks.
-        let mut top1 = [i64::try_from(&correct1)? as f64, prog.images as f64];
-        self.state
-            .dist
-            .sum_f64(&mut top1, "summing the training top-1")?;
+        let train_secs = all.train_seconds.max(1e-9);
         Ok(Trained::Epoch(Box::new(EpochStats {
             io_start,
-            train_loss: loss_sum / loss_n.max(1) as f64,
-            train_acc1: 100.0 * top1[0] / top1[1],
+            // main.py's meters at the epoch's end: the mean logged loss, the hits over the images trained.
+            train_loss: all.loss_sum / all.loss_steps.max(1) as f64,
+            train_acc1: 100.0 * all.correct1 as f64 / all.images as f64,
             lr,
-            images_per_sec: prog.images_per_sec(),
-            data_wait_share: prog.data_wait.as_secs_f64() / train_secs.max(1e-9),
-            data_wait_per_step: prog.data_wait.as_secs_f64() / (per_epoch - start).max(1) as f64,
+            images_per_sec: all.images as f64 / train_secs,
+            train_seconds: all.train_seconds,
+            data_wait_share: all.data_wait_seconds / train_secs,
+            data_wait_per_step: all.data_wait_seconds / per_epoch as f64,
             resolution: self.state.resolution.at(epoch),
-            bad_images: self.so_far.bad_images,
-            skipped_batches: self.so_far.skipped_batches,
+            bad_images: all.bad_images,
+            skipped_batches: all.skipped_batches,
         })))
     }
 
@@ -812,8 +886,10 @@ impl<'a> Trainer<'a> {
     /// ranks), and train on each micro-batch only where every rank can (DDP's backward is collective); with the
     /// unreadable images of all ranks.
     fn agree(&self, here: &Fetched) -> Result<Agreed> {
+        let due = self.state.rank0 && self.keeper.due();
         let mut v = vec![
             f64::from(u8::from(self.stop.load(Ordering::Relaxed))),
+            f64::from(u8::from(due)),
             here.bad_images as f64,
         ];
         v.extend(
@@ -826,8 +902,9 @@ impl<'a> Trainer<'a> {
             .sum_in_step(&mut v, "the stop signal and the step's batches")?;
         Ok(Agreed {
             stop: v[0] > 0.0,
-            bad_images: v[1] as u64,
-            train: v[2..]
+            checkpoint: v[1] > 0.0,
+            bad_images: v[2] as u64,
+            train: v[3..]
                 .iter()
                 .map(|&untrainable| untrainable == 0.0)
                 .collect(),
@@ -888,6 +965,19 @@ impl<'a> Trainer<'a> {
         skipped: &Skipped,
         lr: f64,
     ) -> Result<Logged> {
+        let Logged { loss, acc1 } = self.read_step(stepped)?;
+        if !loss.is_finite() && !skipped.get()? {
+            bail!("the loss became {loss} at epoch {epoch} step {s}: stopping (the last checkpoint is kept)");
+        }
+        if let Some(l) = &mut self.log {
+            l.step(epoch, s, loss, acc1, lr)?;
+        }
+        Ok(Logged { loss, acc1 })
+    }
+
+    /// A step's loss (the mean over ranks) and top-1 (over all ranks' images), read from the device: a
+    /// collective, which every rank calls at the same step.
+    fn read_step(&self, stepped: &Stepped) -> Result<Logged> {
         let mut v = [
             f64::try_from(&stepped.loss)? / self.state.world as f64,
             i64::try_from(&stepped.correct1)? as f64,
@@ -896,14 +986,10 @@ impl<'a> Trainer<'a> {
         self.state
             .dist
             .sum_f64(&mut v, "averaging the loss and top-1")?;
-        let (loss, acc1) = (v[0], 100.0 * v[1] / v[2].max(1.0));
-        if !loss.is_finite() && !skipped.get()? {
-            bail!("the loss became {loss} at epoch {epoch} step {s}: stopping (the last checkpoint is kept)");
-        }
-        if let Some(l) = &mut self.log {
-            l.step(epoch, s, loss, acc1, lr)?;
-        }
-        Ok(Logged { loss, acc1 })
+        Ok(Logged {
+            loss: v[0],
+            acc1: 100.0 * v[1] / v[2].max(1.0),
+        })
     }
 
     /// Rank 0 saves the checkpoint of `at`: from here on the run is one, whose files stay whatever happens next
@@ -954,7 +1040,7 @@ impl<'a> Trainer<'a> {
         let is_best = improves(eval.map(|e| e.model.acc1), &mut position.best_acc1);
         let ema_acc1 = eval.and_then(|e| e.ema.as_ref()).map(|e| e.acc1);
         let is_best_ema = improves(ema_acc1, &mut position.best_ema_acc1);
-        self.state.position = self.position_at(epoch + 1, 0);
+        self.state.position = self.position_at(epoch + 1, 0, EpochSoFar::default());
         if !self.state.rank0 {
             return Ok(());
         }
