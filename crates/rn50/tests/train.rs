@@ -196,6 +196,18 @@ fn resuming_reproduces_the_losses_with_the_recipe_augmentations() {
     );
 }
 
+/// `train DATA --out RUN` for 2 epochs of 6 steps of ResNet-18 at 64 px on the CPU, every step logged, with `extra`
+/// flags: the run the resume tests stop and resume.
+fn six_step_run(data: &Path, run: &Path, extra: &str) -> Vec<String> {
+    let flags = "-a resnet18 -j 2 --image-size 64 --val-resize 73 --val-crop 64 --epochs 2 \
+                 --steps-per-epoch 6 -p 1 --device cpu --precision fp32";
+    let mut v = vec!["train".to_string(), data.to_str().unwrap().into()];
+    v.extend(["--out".into(), run.to_str().unwrap().into()]);
+    v.extend(flags.split_whitespace().map(String::from));
+    v.extend(extra.split_whitespace().map(String::from));
+    v
+}
+
 /// Trains 2 epochs of 6 steps on 4 classes of `copies` training images with `extra` flags whole, then again
 /// stopped by SIGTERM after step 2 and resumed: the logged losses must be the same bits.
 fn resume_reproduces_losses(copies: usize, extra: &str) {
@@ -203,20 +215,7 @@ fn resume_reproduces_losses(copies: usize, extra: &str) {
     let data = dir.path().join("data");
     image_tree(&data, "train", 4, copies);
     image_tree(&data, "val", 4, 1);
-    let d = data.to_str().unwrap();
-    let args = |run: &Path| -> Vec<String> {
-        let flags = "-a resnet18 -j 2 --image-size 64 --val-resize 73 --val-crop 64 --epochs 2 \
-                     --steps-per-epoch 6 -p 1 --device cpu --precision fp32";
-        let mut v = vec![
-            "train".to_string(),
-            d.to_string(),
-            "--out".into(),
-            run.to_str().unwrap().into(),
-        ];
-        v.extend(flags.split_whitespace().map(String::from));
-        v.extend(extra.split_whitespace().map(String::from));
-        v
-    };
+    let args = |run: &Path| six_step_run(&data, run, extra);
     let whole = dir.path().join("whole");
     let r = Command::new(env!("CARGO_BIN_EXE_rn50"))
         .args(args(&whole))
@@ -295,14 +294,7 @@ fn a_preempted_and_killed_run_reports_what_the_straight_run_reports() {
     let data = dir.path().join("data");
     image_tree(&data, "train", 4, 2);
     image_tree(&data, "val", 4, 1);
-    let args = |run: &Path| -> Vec<String> {
-        let flags = "-a resnet18 -j 2 --image-size 64 --epochs 2 --steps-per-epoch 6 -p 1 -b 1 \
-                     --device cpu --precision fp32";
-        let mut v = vec!["train".to_string(), data.to_str().unwrap().into()];
-        v.extend(["--out".into(), run.to_str().unwrap().into()]);
-        v.extend(flags.split_whitespace().map(String::from));
-        v
-    };
+    let args = |run: &Path| six_step_run(&data, run, "-b 1");
     let whole = dir.path().join("whole");
     let r = Command::new(env!("CARGO_BIN_EXE_rn50"))
         .args(args(&whole))
