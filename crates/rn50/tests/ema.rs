@@ -57,7 +57,9 @@ fn the_trained_weights_and_their_average_are_both_evaluated_logged_and_kept() {
         "{log}"
     );
     assert_eq!(
-        log.lines().filter(|l| l.contains("  EMA Acc@1 ")).count(),
+        log.lines()
+            .filter(|l| l.contains(" INFO epoch ") && l.contains("  EMA Acc@1 "))
+            .count(),
         2,
         "each epoch's line has both: {log}"
     );
