@@ -35,8 +35,10 @@ const CHILD_ARGS: &str = "RN50_TEST_PREPARE_ARGS";
 
 /// Not a test of its own: with `RN50_TEST_PREPARE_ARGS` set, this test binary is
 /// `rn50 prepare ARGS` in a process of its own (exit status 0 or 1, error on stderr), so two
-/// of them can run at once.
+/// of them can run at once. Ignored, so that a normal run does not count it as a passing test:
+/// `Child::spawn` runs it with `--ignored`. A no-op without the child's environment.
 #[test]
+#[ignore = "a child process of second_prepare_on_the_same_out_refuses_naming_the_first"]
 fn prepare_as_a_child_process() {
     let Ok(args) = std::env::var(CHILD_ARGS) else {
         return;
@@ -60,7 +62,8 @@ impl Child {
         let exe = std::env::current_exe().unwrap();
         Child(
             Command::new(exe)
-                .args(["--exact", "prepare_as_a_child_process", "--nocapture", "-q"])
+                .args(["--exact", "prepare_as_a_child_process", "--ignored"])
+                .args(["--nocapture", "-q"])
                 .args(["--test-threads", "1"])
                 .env(CHILD_ARGS, args.join("\n"))
                 .stdout(Stdio::piped())

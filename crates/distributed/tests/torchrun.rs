@@ -5,22 +5,26 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-/// torchrun of the repo's .venv (what ./dev sets up), or of RN50_PYTHON's environment.
-fn torchrun() -> Option<PathBuf> {
+/// torchrun of RN50_PYTHON's environment, or of the repo's .venv (what ./dev sets up). Without one the test
+/// fails, saying how to get it: returning early would report a pass without having tested anything.
+fn torchrun() -> PathBuf {
     let mut candidates =
         vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/torchrun")];
     if let Some(py) = std::env::var_os("RN50_PYTHON") {
         candidates.insert(0, PathBuf::from(py).with_file_name("torchrun"));
     }
-    candidates.into_iter().find(|p| p.is_file())
+    match candidates.iter().find(|p| p.is_file()) {
+        Some(found) => found.clone(),
+        None => panic!(
+            "needs torchrun: ./dev setup installs it into .venv (or point RN50_PYTHON at a Python whose \
+             environment has it); looked for {candidates:?}"
+        ),
+    }
 }
 
 #[test]
 fn torchrun_with_its_agent_store() {
-    let Some(torchrun) = torchrun() else {
-        eprintln!("skipped: no torchrun in .venv (run ./dev setup)");
-        return;
-    };
+    let torchrun = torchrun();
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().to_str().unwrap();

@@ -1011,16 +1011,74 @@ mod tests {
         assert_eq!(linspace(-2.0, 2.0, 5, 3), 1.0);
     }
 
+    /// A 1x1 image (RandomResizedCrop of a tiny photo can make one) goes through every op, at
+    /// small, middle and largest magnitudes and both signs, without a panic and with the result
+    /// torchvision gives (tests/autoaugment.rs compares a 1x1 image with torchvision itself; this
+    /// needs no Python):
+    /// - rotations and shears (under 45 degrees) turn about a point of the one pixel: it stays;
+    ///   translations by a whole pixel or more move it out: black;
+    /// - sharpness needs neighbours, autocontrast and equalize a spread of values: it stays;
+    /// - the colour ops depend only on the pixel and the image's mean: the same as for a 4x4
+    ///   image of that one colour. Each of them, and the translations, changes the pixel at some
+    ///   magnitude (checked at the end), so these are not comparisons of two no-ops.
     #[test]
     fn one_pixel_images_survive_every_op() {
+        const PIXEL: [u8; 3] = [10, 200, 77];
         let policy = Policy::trivial_augment_wide();
         let mut scratch = Vec::new();
+        let mut changed = Vec::new();
         for kind in OpKind::ALL {
+            let signs: &[f64] = if kind.signed() { &[1.0, -1.0] } else { &[1.0] };
             for bin in [0, 15, 30] {
-                let m = policy.magnitude(kind, bin, 1, 1).unwrap_or(0.0);
-                let mut px = [10u8, 200, 77];
-                Op::from_magnitude(kind, m).apply(&mut px, 1, 1, &mut scratch);
+                for &sign in signs {
+                    let m = policy.magnitude(kind, bin, 1, 1).unwrap_or(0.0);
+                    let op = Op::from_magnitude(kind, sign * m);
+                    let mut px = PIXEL;
+                    op.apply(&mut px, 1, 1, &mut scratch);
+                    let expected = match op {
+                        Op::TranslateX { pixels } | Op::TranslateY { pixels } if pixels != 0 => {
+                            [0; 3]
+                        }
+                        Op::Identity
+                        | Op::ShearX { .. }
+                        | Op::ShearY { .. }
+                        | Op::TranslateX { .. }
+                        | Op::TranslateY { .. }
+                        | Op::Rotate { .. }
+                        | Op::Sharpness { .. }
+                        | Op::AutoContrast
+                        | Op::Equalize => PIXEL,
+                        Op::Brightness { .. }
+                        | Op::Color { .. }
+                        | Op::Contrast { .. }
+                        | Op::Posterize { .. }
+                        | Op::Solarize { .. } => {
+                            let mut flat = PIXEL.repeat(16);
+                            op.apply(&mut flat, 4, 4, &mut scratch);
+                            assert!(
+                                flat.chunks_exact(3).all(|p| p == &flat[..3]),
+                                "{op:?} on a one-colour 4x4 image: {flat:?}"
+                            );
+                            [flat[0], flat[1], flat[2]]
+                        }
+                    };
+                    assert_eq!(px, expected, "{op:?} on {PIXEL:?}");
+                    if px != PIXEL {
+                        changed.push(kind);
+                    }
+                }
             }
+        }
+        for kind in [
+            OpKind::TranslateX,
+            OpKind::TranslateY,
+            OpKind::Brightness,
+            OpKind::Color,
+            OpKind::Contrast,
+            OpKind::Posterize,
+            OpKind::Solarize,
+        ] {
+            assert!(changed.contains(&kind), "{kind:?} never changed the pixel");
         }
     }
 }

@@ -12,7 +12,7 @@
 //! - with a second interface listed first on each node, GLOO_SOCKET_IFNAME chooses the link, and a wrong choice
 //!   (no such interface, or one that is down) fails naming it, on that node and, through the store, on node 0.
 //!
-//! Namespaces need root (CI runs as root): elsewhere these tests print that they are skipped and why. The
+//! Namespaces need root (CI runs as root): elsewhere these tests fail, saying so, rather than pass untested. The
 //! scheduler and MASTER_ADDR checks at the end need no namespace.
 mod common;
 #[path = "common/netns.rs"]
@@ -44,20 +44,14 @@ fn serial() -> MutexGuard<'static, ()> {
     rn50_util::lock_unpoisoned(&LOCK)
 }
 
-/// The namespaces, or None after saying why the test is skipped.
-fn net_or_skip(test: &str, nodes: usize, decoy: bool) -> Option<Net> {
-    match Net::new(nodes, decoy) {
-        Ok(net) => Some(net),
-        Err(why) => {
-            // Straight to stderr, not eprintln!: the test harness would hide that from a passing test.
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "{test}: SKIPPED (no network namespaces here): {why}"
-            );
-            None
-        }
-    }
+/// The namespaces of `nodes` nodes (with `decoy` interfaces). A host that cannot make them fails the test, naming
+/// what is missing: a test that returned early would report a pass without having tested anything.
+fn namespaces(nodes: usize, decoy: bool) -> Net {
+    Net::new(nodes, decoy).unwrap_or_else(|why| {
+        panic!(
+            "needs root and network namespaces (run as root, with iproute2's `ip`; CI does): {why}"
+        )
+    })
 }
 
 /// `train` on synthetic data: ResNet-18 at width 16, 32 px, batch 2 per rank, a checkpoint at each epoch's end.
@@ -274,9 +268,7 @@ fn assert_finished(out: &Path, epochs: u64) {
 #[test]
 fn two_nodes_train_to_the_weights_of_one_node_with_the_same_global_batch() {
     let _serial = serial();
-    let Some(net) = net_or_skip("two_nodes_train_…", 2, false) else {
-        return;
-    };
+    let net = namespaces(2, false);
     let dir = tempfile::tempdir().unwrap();
     for per_node in [1, 2] {
         let world = 2 * per_node;
@@ -302,9 +294,7 @@ fn two_nodes_train_to_the_weights_of_one_node_with_the_same_global_batch() {
 #[test]
 fn a_crashed_node_ends_the_other_nodes_ranks_and_the_survivors_resume() {
     let _serial = serial();
-    let Some(net) = net_or_skip("a_crashed_node_…", 2, false) else {
-        return;
-    };
+    let net = namespaces(2, false);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (epochs, steps) = (3, 30);
@@ -333,9 +323,7 @@ fn a_crashed_node_ends_the_other_nodes_ranks_and_the_survivors_resume() {
 #[test]
 fn a_link_taken_down_mid_step_ends_every_rank_within_the_timeout() {
     let _serial = serial();
-    let Some(net) = net_or_skip("a_link_taken_down_…", 2, false) else {
-        return;
-    };
+    let net = namespaces(2, false);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (epochs, steps) = (3, 40);
@@ -395,9 +383,7 @@ fn resume_alone_to_the_uninterrupted_weights(
 fn gloo_socket_ifname_chooses_the_interface_and_a_wrong_one_is_named() {
     let _serial = serial();
     // Each node's first interface is a decoy (up, addressed, on a network reaching no other node).
-    let Some(net) = net_or_skip("gloo_socket_ifname_…", 2, true) else {
-        return;
-    };
+    let net = namespaces(2, true);
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (veth1, decoy1) = (net.nodes[1].ifname.clone(), "decoy1");

@@ -2,7 +2,7 @@
 //! namespace of its own, so that ranks on different nodes talk over a real (virtual) Ethernet link that a test can
 //! take down. Nothing touches the host's own network namespace: deleting the namespaces (the [`Net`]'s Drop, also
 //! on panic) removes the links and the bridge with them. Needs root (or CAP_SYS_ADMIN) and iproute2's `ip`;
-//! [`Net::new`] says why not otherwise, for the test to skip.
+//! [`Net::new`] says why not otherwise, and the test fails naming what it needs (root, iproute2's `ip`).
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -117,7 +117,7 @@ fn free_subnet(salt: usize) -> u8 {
 impl Net {
     /// A switch and `n` nodes. With `decoy`, each node first gets a second interface, `decoyI` (listed before
     /// `vethI`: a lower index), up, on another subnet (10.201.X.0/24), linked to an unbridged port: a network that
-    /// reaches no other node. Err(why) when namespaces cannot be made here (not root, no `ip`): skip the test.
+    /// reaches no other node. Err(why) when namespaces cannot be made here (not root, no `ip`): the test fails with it.
     pub fn new(n: usize, decoy: bool) -> Result<Net, String> {
         static COUNT: AtomicUsize = AtomicUsize::new(0);
         let id = COUNT.fetch_add(1, Ordering::SeqCst);
