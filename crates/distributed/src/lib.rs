@@ -3,7 +3,8 @@
 //! - [`env`]: rank, world size, local rank and rendezvous address from torchrun/`rn50 launch`, SLURM, Open MPI,
 //!   PMI (MPICH, Intel MPI, Cray PALS under PBS) or a single process;
 //! - [`group`]: TCPStore rendezvous and the c10d process group (Gloo for CPU tensors, NCCL for CUDA tensors with
-//!   the `cuda` feature), collectives whose errors name the rank, the operation and the rank that died;
+//!   the `cuda` feature), collectives whose errors name the rank, the operation and the rank that died; its
+//!   network-interface checks (a MASTER_ADDR or GLOO_SOCKET_IFNAME that cannot work) are in `netif`;
 //! - [`ddp`]: DistributedDataParallel on c10d's Reducer: start-of-training broadcast, bucketed gradient averaging
 //!   overlapped with backward, rank 0's buffers broadcast after each step;
 //! - [`sync_bn`]: SyncBatchNorm, batch statistics over all ranks;
@@ -20,6 +21,7 @@ mod ffi;
 pub mod group;
 mod health;
 pub mod launch;
+mod netif;
 pub mod nodelist;
 pub mod settings;
 pub mod store;
