@@ -14,10 +14,10 @@ use rn50_pipeline::Transform;
 use tch::{Kind, Tensor};
 
 use crate::device::{Compute, ComputeArgs};
+use crate::infer::{load_for_inference, Inference, ValSizeArgs};
 use crate::model::weights::{printable, WeightsFile};
 use crate::model::Arch;
 use crate::step::Normalizer;
-use crate::train::eval::{load_for_inference, Inference, ValSizeArgs};
 
 /// Print the top classes of images under saved weights.
 #[derive(Args, Debug, Clone)]

@@ -20,7 +20,7 @@ pub struct DoctorArgs {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "UPPERCASE")]
-pub enum Status {
+pub enum CheckStatus {
     Ok,
     Warn,
     Fail,
@@ -29,7 +29,7 @@ pub enum Status {
 #[derive(Clone, Debug, Serialize)]
 pub struct Check {
     pub name: &'static str,
-    pub status: Status,
+    pub status: CheckStatus,
     pub detail: String,
     /// What to do about a WARN or FAIL.
     pub fix: Option<String>,
@@ -38,7 +38,7 @@ pub struct Check {
 fn ok(name: &'static str, detail: impl Into<String>) -> Check {
     Check {
         name,
-        status: Status::Ok,
+        status: CheckStatus::Ok,
         detail: detail.into(),
         fix: None,
     }
@@ -47,7 +47,7 @@ fn ok(name: &'static str, detail: impl Into<String>) -> Check {
 fn warn(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Check {
     Check {
         name,
-        status: Status::Warn,
+        status: CheckStatus::Warn,
         detail: detail.into(),
         fix: Some(fix.into()),
     }
@@ -56,7 +56,7 @@ fn warn(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -
 fn fail(name: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Check {
     Check {
         name,
-        status: Status::Fail,
+        status: CheckStatus::Fail,
         detail: detail.into(),
         fix: Some(fix.into()),
     }
@@ -446,9 +446,9 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     } else {
         for c in &checks {
             let status = match c.status {
-                Status::Ok => "OK  ",
-                Status::Warn => "WARN",
-                Status::Fail => "FAIL",
+                CheckStatus::Ok => "OK  ",
+                CheckStatus::Warn => "WARN",
+                CheckStatus::Fail => "FAIL",
             };
             println!("{status} {:<18} {}", c.name, c.detail);
             if let Some(f) = &c.fix {
@@ -458,7 +458,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     }
     let failed: Vec<&str> = checks
         .iter()
-        .filter(|c| c.status == Status::Fail)
+        .filter(|c| c.status == CheckStatus::Fail)
         .map(|c| c.name)
         .collect();
     if !failed.is_empty() {
@@ -481,7 +481,7 @@ mod tests {
 
     fn launcher(pairs: &[(&str, &str)]) -> String {
         let c = launcher_check(&env(pairs));
-        assert_eq!(c.status, Status::Ok, "{}", c.detail);
+        assert_eq!(c.status, CheckStatus::Ok, "{}", c.detail);
         c.detail
     }
 
@@ -536,7 +536,7 @@ mod tests {
         ]);
         let w = WorldInfo::from_vars(&vars).unwrap();
         let c = launcher_check(&vars);
-        assert_eq!(c.status, Status::Ok, "{}", c.detail);
+        assert_eq!(c.status, CheckStatus::Ok, "{}", c.detail);
         assert_eq!(
             c.detail,
             format!(
@@ -550,7 +550,7 @@ mod tests {
     #[test]
     fn broken_launcher_variables_fail_the_check() {
         let c = launcher_check(&env(&[("RANK", "4"), ("WORLD_SIZE", "4")]));
-        assert_eq!(c.status, Status::Fail);
+        assert_eq!(c.status, CheckStatus::Fail);
         assert!(c.detail.contains("outside a world of 4"), "{}", c.detail);
         assert!(c.fix.unwrap().contains("fix RANK, WORLD_SIZE"));
     }
@@ -564,7 +564,7 @@ mod tests {
             ("OMPI_COMM_WORLD_SIZE", "4"),
             ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
         ]));
-        assert_eq!(c.status, Status::Fail);
+        assert_eq!(c.status, CheckStatus::Fail);
         assert!(c.detail.contains("several nodes"), "{}", c.detail);
         let fix = c.fix.unwrap();
         assert!(fix.contains("mpirun -x MASTER_ADDR=<first host>"), "{fix}");
@@ -611,21 +611,21 @@ mod tests {
         };
         for v in ["2.11.0", "2.12.0", "2.13.0"] {
             m.torch_version = v.into();
-            assert_eq!(status(&m, v).0, Status::Ok, "{v}");
+            assert_eq!(status(&m, v).0, CheckStatus::Ok, "{v}");
         }
         m.torch_version = "2.11.0".into();
         assert_eq!(
             status(&m, "2.11.0a0+git70d99e9").0,
-            Status::Ok,
+            CheckStatus::Ok,
             "NGC-style pre-release"
         );
         m.torch_version = "2.13.0".into();
         let (s, d) = status(&m, "2.11.0");
-        assert_eq!(s, Status::Fail);
+        assert_eq!(s, CheckStatus::Fail);
         assert!(d.contains("built against 2.13.0"), "{d}");
         for v in ["2.10.0", "2.14.0", "3.0.0"] {
             m.torch_version = v.into();
-            assert_eq!(status(&m, v).0, Status::Fail, "{v}");
+            assert_eq!(status(&m, v).0, CheckStatus::Fail, "{v}");
         }
     }
 
@@ -645,7 +645,7 @@ mod tests {
             (c.status, c.detail, c.fix.unwrap_or_default())
         };
         let (status, detail, _) = check(&t);
-        assert_eq!(status, Status::Ok, "{detail}");
+        assert_eq!(status, CheckStatus::Ok, "{detail}");
         assert!(
             detail.contains("4 (its default), 4 CPUs usable"),
             "{detail}"
@@ -655,7 +655,7 @@ mod tests {
             torch: 64,
             ..t.clone()
         });
-        assert_eq!(status, Status::Warn);
+        assert_eq!(status, CheckStatus::Warn);
         assert!(
             detail.contains("default of 64 intra-op threads oversubscribes the 4 CPUs"),
             "{detail}"
@@ -669,13 +669,13 @@ mod tests {
             ..t.clone()
         };
         let (status, detail, _) = check(&omp("8"));
-        assert_eq!(status, Status::Warn);
+        assert_eq!(status, CheckStatus::Warn);
         assert!(
             detail.contains("OMP_NUM_THREADS=8 exceeds the 4 CPUs"),
             "{detail}"
         );
-        assert_eq!(check(&omp("2")).0, Status::Ok);
-        assert_eq!(check(&omp("four")).0, Status::Warn);
+        assert_eq!(check(&omp("2")).0, CheckStatus::Ok);
+        assert_eq!(check(&omp("four")).0, CheckStatus::Warn);
         // 8 ranks on a 64-CPU node, each seeing all of it: 8 x 64 threads.
         let shared = Threads {
             usable: 64,
@@ -684,7 +684,7 @@ mod tests {
             ..t.clone()
         };
         let (status, detail, fix) = check(&shared);
-        assert_eq!(status, Status::Warn);
+        assert_eq!(status, CheckStatus::Warn);
         assert!(
             detail.contains("8 ranks") && detail.contains("512 in all on 64 CPUs"),
             "{detail}"
@@ -699,14 +699,14 @@ mod tests {
             torch: 8,
             ..shared.clone()
         };
-        assert_eq!(check(&bound).0, Status::Ok);
+        assert_eq!(check(&bound).0, CheckStatus::Ok);
         assert_eq!(
             check(&Threads {
                 omp: Some("8".into()),
                 ..shared
             })
             .0,
-            Status::Ok
+            CheckStatus::Ok
         );
     }
 
@@ -715,7 +715,7 @@ mod tests {
         let m = machine::machine_info();
         let cs = checks(&m);
         let lib = cs.iter().find(|c| c.name == "libtorch").unwrap();
-        assert_eq!(lib.status, Status::Ok, "{}", lib.detail);
+        assert_eq!(lib.status, CheckStatus::Ok, "{}", lib.detail);
         assert!(cs.iter().any(|c| c.name == "gloo"));
     }
 }

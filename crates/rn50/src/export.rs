@@ -21,10 +21,10 @@ use rn50_args::UsageError;
 use tch::{CModule, Device, Kind, Tensor};
 
 use crate::device::ComputeArgs;
+use crate::infer::{load_for_inference, Inference, ValSizeArgs};
 use crate::model::weights::{EvalTransform, WeightsFile};
 use crate::model::Arch;
 use crate::step::Precision;
-use crate::train::eval::{load_for_inference, Inference, ValSizeArgs};
 
 /// The side of the example image the model is traced on; any other works as well.
 const TRACE_SIZE: i64 = 224;
@@ -139,7 +139,7 @@ pub fn run(args: &ExportArgs) -> Result<()> {
     if let Some(p) = &args.json {
         // As Python's json.dumps writes it: every character beyond printable ASCII escaped, so that the class
         // names (anyone's to write into a weights file) print safely from the file too.
-        let json = crate::train::mllog::python_json(&exported)? + "\n";
+        let json = crate::pyjson::python_json(&exported)? + "\n";
         rn50_util::atomic_write(p, json.as_bytes())
             .with_context(|| format!("writing {}", p.display()))?;
     }

@@ -1,7 +1,8 @@
 //! Safe wrappers over `shim/shim.cpp`: the libtorch calls tch 0.26 lacks (CPU autocast, foreach SGD, AMP
 //! unscale, TF32 and cuDNN autotuning, pinning without the deprecated device argument, build facts, CUDA
-//! allocator statistics, torch.save files), the fused cuDNN batch norm + ReLU of `shim/fused_bn.cpp` and the
-//! bottleneck with batch norm folded into its convolutions of `shim/fused_block.cpp`.
+//! allocator statistics, torch.save files), the fused cuDNN batch norm + ReLU of `shim/fused_bn.cpp`, the
+//! bottleneck with batch norm folded into its convolutions of `shim/fused_block.cpp`, and libtorch's Kineto
+//! profiler of `shim/profile.cpp` ([`Profiler`], its events read by [`crate::bench::profile`]).
 //!
 //! The conventions of rn50's two FFI layers (this one and `rn50_distributed`'s `ffi.rs`), the same in both:
 //! - the `extern "C"` declarations sit in a private `ffi` module with the only helpers that touch raw
@@ -15,7 +16,7 @@
 //!   to a callback as a new heap tensor owned from then on by the Rust side; opaque C++ objects (in the distributed
 //!   layer: store, process group, work, reducer) belong to one Rust value whose `Drop` frees them;
 //! - every `unsafe` block says why it is sound.
-use std::ffi::c_int;
+use std::ffi::{c_char, c_int, CStr};
 
 use anyhow::{anyhow, bail, Result};
 use tch::{Device, Kind, Tensor};
@@ -116,6 +117,35 @@ mod ffi {
         ) -> c_int;
         pub fn rn50_block_graphs_compiled() -> c_int;
         pub fn rn50_block_report() -> *mut c_char;
+        pub fn rn50_profile_last_error() -> *const c_char;
+        pub fn rn50_profile_start(cuda: c_int) -> c_int;
+        pub fn rn50_profile_stop(out: *mut *mut RawProfile) -> c_int;
+        pub fn rn50_profile_len(p: *const RawProfile) -> usize;
+        pub fn rn50_profile_event(p: *const RawProfile, i: usize, out: *mut RawEvent) -> c_int;
+        pub fn rn50_profile_free(p: *mut RawProfile);
+    }
+
+    /// shim/profile.cpp's Rn50ProfileEvent.
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    pub struct RawEvent {
+        pub name: *const c_char,
+        pub dtypes: *const c_char,
+        pub start_ns: u64,
+        pub duration_ns: u64,
+        pub start_thread: u64,
+        pub end_thread: u64,
+        pub correlation: u64,
+        pub linked_correlation: u64,
+        pub device_type: i32,
+        pub activity_type: u8,
+        pub is_async: u8,
+    }
+
+    /// shim/profile.cpp's Rn50Profile, only ever behind a pointer.
+    #[repr(C)]
+    pub struct RawProfile {
+        _private: [u8; 0],
     }
 
     /// The shim's message for the last failed call on this thread.
@@ -134,6 +164,12 @@ mod ffi {
     pub fn block_last_error() -> String {
         // SAFETY: as in `last_error`.
         unsafe { message(rn50_block_last_error()) }
+    }
+
+    /// The same for `shim/profile.cpp`.
+    pub fn profile_last_error() -> String {
+        // SAFETY: as in `last_error`.
+        unsafe { message(rn50_profile_last_error()) }
     }
 
     /// # Safety
@@ -595,6 +631,163 @@ pub fn torch_unpickle(path: &std::path::Path, pickle: &[u8]) -> Result<Vec<(Stri
     };
     ffi::check(rc).map_err(|msg| anyhow!("{msg}"))?;
     Ok(tensors)
+}
+
+/// libkineto::ActivityType values the profile summary uses (stable since Kineto's first release).
+pub const ACTIVITY_CPU_OP: u8 = 0;
+pub const ACTIVITY_GPU_MEMCPY: u8 = 3;
+pub const ACTIVITY_GPU_MEMSET: u8 = 4;
+pub const ACTIVITY_KERNEL: u8 = 5;
+/// c10::DeviceType values.
+pub const DEVICE_CPU: i32 = 0;
+pub const DEVICE_CUDA: i32 = 1;
+
+/// One event of a profile, as libtorch's KinetoEvent describes it.
+#[derive(Clone, Debug, Default)]
+pub struct KinetoEvent {
+    pub name: String,
+    pub start_ns: u64,
+    pub duration_ns: u64,
+    pub start_thread: u64,
+    pub end_thread: u64,
+    /// A CPU op's id: what the GPU work it launched links to.
+    pub correlation: u64,
+    /// For GPU work and CUDA runtime calls, the CPU op that launched them; 0 for CPU ops.
+    pub linked_correlation: u64,
+    /// c10::DeviceType (0 CPU, 1 CUDA).
+    pub device_type: i32,
+    /// libkineto::ActivityType (0 CPU op, 3 memcpy, 4 memset, 5 kernel, …).
+    pub activity_type: u8,
+    pub is_async: bool,
+    /// A CPU op's input dtypes, one per input ("" for non-tensors).
+    pub dtypes: Vec<String>,
+}
+
+impl KinetoEvent {
+    /// A synchronous aten op or autograd node on a CPU thread (not a CUDA runtime call, not a memory record).
+    pub fn is_cpu_op(&self) -> bool {
+        self.device_type == DEVICE_CPU
+            && self.activity_type == ACTIVITY_CPU_OP
+            && self.linked_correlation == 0
+            && !self.is_async
+            && self.start_thread == self.end_thread
+            && !matches!(self.name.as_str(), "[memory]" | "[OutOfMemory]")
+    }
+
+    /// Work timed on a CUDA device.
+    pub fn is_gpu_work(&self) -> bool {
+        self.device_type == DEVICE_CUDA
+            && matches!(
+                self.activity_type,
+                ACTIVITY_KERNEL | ACTIVITY_GPU_MEMCPY | ACTIVITY_GPU_MEMSET
+            )
+    }
+
+    /// When the event ended, in the clock of `start_ns`.
+    pub fn end_ns(&self) -> u64 {
+        self.start_ns.saturating_add(self.duration_ns)
+    }
+}
+
+/// [`ffi::check`] for `shim/profile.cpp`, which keeps its own message.
+fn profile_check(rc: c_int, what: &str) -> Result<()> {
+    if rc == 0 {
+        return Ok(());
+    }
+    bail!("{what}: {}", ffi::profile_last_error())
+}
+
+/// libtorch's profiler recording on this thread (and the threads libtorch hands its state to, such as
+/// autograd's). One at a time per process. Dropped without [`Profiler::stop`], it stops and discards.
+#[must_use = "the profiler records until stopped"]
+pub struct Profiler {
+    active: bool,
+}
+
+impl Profiler {
+    /// Starts recording CPU ops, and with a CUDA `device` the GPU work too.
+    pub fn start(device: Device) -> Result<Profiler> {
+        // SAFETY: no arguments beyond a flag.
+        profile_check(
+            unsafe { ffi::rn50_profile_start(device.is_cuda() as c_int) },
+            "starting libtorch's profiler",
+        )?;
+        Ok(Profiler { active: true })
+    }
+
+    /// Stops recording and returns the events.
+    pub fn stop(mut self) -> Result<Vec<KinetoEvent>> {
+        self.active = false;
+        let mut raw: *mut ffi::RawProfile = std::ptr::null_mut();
+        // SAFETY: out-parameter; on success the shim stores a heap profile freed below.
+        profile_check(
+            unsafe { ffi::rn50_profile_stop(&mut raw) },
+            "stopping libtorch's profiler",
+        )?;
+        struct Owned(*mut ffi::RawProfile);
+        impl Drop for Owned {
+            fn drop(&mut self) {
+                // SAFETY: the pointer came from rn50_profile_stop and is freed once.
+                unsafe { ffi::rn50_profile_free(self.0) }
+            }
+        }
+        let owned = Owned(raw);
+        // SAFETY: a live profile (or null, which has length 0).
+        let n = unsafe { ffi::rn50_profile_len(owned.0) };
+        let mut events = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut e = std::mem::MaybeUninit::<ffi::RawEvent>::uninit();
+            // SAFETY: i < n; on success the shim has written the whole struct.
+            profile_check(
+                unsafe { ffi::rn50_profile_event(owned.0, i, e.as_mut_ptr()) },
+                "reading the profile",
+            )?;
+            let e = unsafe { e.assume_init() };
+            let text = |p: *const c_char| {
+                if p.is_null() {
+                    String::new()
+                } else {
+                    // SAFETY: a NUL-terminated string owned by the profile, alive until `owned` drops.
+                    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+                }
+            };
+            let dtypes = text(e.dtypes);
+            let dtypes = if dtypes.is_empty() {
+                Vec::new()
+            } else {
+                dtypes.split(',').map(str::to_string).collect()
+            };
+            let name = text(e.name);
+            events.push(KinetoEvent {
+                name,
+                start_ns: e.start_ns,
+                duration_ns: e.duration_ns,
+                start_thread: e.start_thread,
+                end_thread: e.end_thread,
+                correlation: e.correlation,
+                linked_correlation: e.linked_correlation,
+                device_type: e.device_type,
+                activity_type: e.activity_type,
+                is_async: e.is_async != 0,
+                dtypes,
+            });
+        }
+        Ok(events)
+    }
+}
+
+impl Drop for Profiler {
+    fn drop(&mut self) {
+        if self.active {
+            let mut raw: *mut ffi::RawProfile = std::ptr::null_mut();
+            // SAFETY: as in stop; the events are discarded.
+            unsafe {
+                if ffi::rn50_profile_stop(&mut raw) == 0 {
+                    ffi::rn50_profile_free(raw);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
-//! The network: ResNet definitions with torchvision's names and init, weights (safetensors, torch.save), memory
-//! format.
+//! The network: ResNet definitions with torchvision's names and init, weights (safetensors, torch.save) and what
+//! is recorded with them ([`recorded`]), memory format.
 pub mod fused;
 pub mod memory_format;
+pub mod recorded;
 pub mod resnet;
 pub mod sync_bn;
 pub mod torch_save;

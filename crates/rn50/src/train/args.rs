@@ -8,13 +8,12 @@ use serde::Serialize;
 
 use rn50_args::{check_batch_bytes, finite_in, positive, usize_in, UsageError};
 use rn50_pipeline::cli::AugmentArgs;
-use rn50_report::table::{fmt_decimals, fmt_lr};
+use rn50_report::table::fmt_decimals;
 
 use crate::device::ComputeArgs;
 use crate::model::{Arch, ResNetConfig, Stem};
 use crate::step::mix::MAX_MIX_ALPHA;
 use crate::train::foreign::ForeignFlags;
-use crate::train::schedule::scaled_lr;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -312,23 +311,6 @@ impl TrainArgs {
         epoch + 1 == self.epochs || (epoch >= k && (epoch - k).is_multiple_of(n))
     }
 
-    /// The peak learning rate at `global_batch` images per step, and how it came about, for the start line:
-    /// "lr 0.4 (--lr)" or "lr 0.1 x 1024/256 = 0.4 (--lr-base)".
-    pub fn peak_lr(&self, global_batch: usize) -> (f64, String) {
-        if let Some(lr) = self.lr {
-            return (lr, format!("lr {lr} (--lr)"));
-        }
-        let (base, size) = (self.lr_base, self.lr_base_size);
-        let lr = scaled_lr(base, global_batch, size);
-        (
-            lr,
-            format!(
-                "lr {base} x {global_batch}/{size} = {} (--lr-base)",
-                fmt_lr(lr)
-            ),
-        )
-    }
-
     /// The rules between flags (each flag's own range is clap's): checked first, before anything is allocated
     /// or written, and a [`UsageError`] (exit 2) when broken.
     pub fn check(&self) -> Result<(), UsageError> {
@@ -499,7 +481,7 @@ pub enum Division {
 /// `submission_status`: how available the system is (the values of the checker's 4.0.0 ruleset).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Status {
+pub enum SubmissionStatus {
     /// Available: can be bought and run on premises.
     #[default]
     Onprem,
@@ -533,7 +515,7 @@ pub struct MlperfArgs {
     /// of publication) or research (research, development or internal) [default: onprem, as MLPerf's reference
     /// scripts log].
     #[arg(long, value_enum, requires = "mllog")]
-    pub submission_status: Option<Status>,
+    pub submission_status: Option<SubmissionStatus>,
     /// Before the run, write dirty pages back (sync) and drop the page cache, dentries and inodes (3 into
     /// /proc/sys/vm/drop_caches), as MLPerf's submission scripts do before each run on every node: the run reads
     /// its data from storage, not from memory a previous run filled. The first process of each node drops that

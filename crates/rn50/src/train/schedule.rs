@@ -15,6 +15,25 @@ pub fn scaled_lr(lr_base: f64, global_batch: usize, base_size: usize) -> f64 {
     lr_base * global_batch as f64 / base_size as f64
 }
 
+impl TrainArgs {
+    /// The peak learning rate at `global_batch` images per step, and how it came about, for the start line:
+    /// "lr 0.4 (--lr)" or "lr 0.1 x 1024/256 = 0.4 (--lr-base)".
+    pub fn peak_lr(&self, global_batch: usize) -> (f64, String) {
+        if let Some(lr) = self.lr {
+            return (lr, format!("lr {lr} (--lr)"));
+        }
+        let (base, size) = (self.lr_base, self.lr_base_size);
+        let lr = scaled_lr(base, global_batch, size);
+        (
+            lr,
+            format!(
+                "lr {base} x {global_batch}/{size} = {} (--lr-base)",
+                fmt_lr(lr)
+            ),
+        )
+    }
+}
+
 /// The default step schedule's period in epochs: main.py's `StepLR(optimizer, step_size=30, gamma=0.1)`.
 pub const STEP_EVERY: usize = 30;
 

@@ -323,7 +323,7 @@ impl<'a> RunState<'a> {
             &model_cfg,
             class_names(data.as_ref()),
             args.image_size,
-            super::eval::imagenet_transform(resize, crop),
+            crate::infer::imagenet_transform(resize, crop),
         );
         Ok(Self {
             args,
