@@ -13,10 +13,10 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use serde::Serialize;
 
+use crate::extract_train::marked_classes;
 use crate::labels::{imagenet_wnids, ValLabels, IMAGENET_TRAIN_IMAGES, IMAGENET_VAL_IMAGES};
 use crate::lock::running_prepare;
 use crate::output::{read_json, ArchiveMarker, ClassMarker, Layout, Manifest};
-use crate::train::marked_classes;
 use crate::tree::{compare, list_dir, list_some, par_map, Diff, Listing};
 use crate::verify::ArchiveTable;
 

@@ -1,6 +1,6 @@
-//! What extracting train and val have in common: options, an archive's extraction from its
-//! done-marker to its checksum ([`Extraction`]), shared counters, first-error bookkeeping, and
-//! storing one image.
+//! What extracting train ([`crate::extract_train`]) and val ([`crate::extract_val`]) have in
+//! common: options, an archive's extraction from its done-marker to its checksum ([`Extraction`]),
+//! shared counters, first-error bookkeeping, and storing one image.
 
 use std::collections::BTreeMap;
 use std::io::Read;

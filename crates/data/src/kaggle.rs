@@ -15,8 +15,9 @@
 //! as the archives' link members are. OUT may not be DIR or inside it (nothing in DIR is changed), and DIR may not
 //! be inside OUT's `train/` or `val/`; the folders it writes in OUT must be real folders, not links.
 //!
-//! Files are hard links to the download when OUT is on its file system, copies otherwise (copied under a
-//! temporary name `.NAME.tmpPID`, removed on an error, fsynced and renamed). A file already in OUT is kept when it
+//! Files are hard links to the download when OUT is on its file system, copies otherwise, written as every rn50
+//! file is ([`rn50_util::atomic`]: under a temporary name `.NAME.tmpPID`, removed on an error, fsynced, renamed,
+//! the folder fsynced). A file already in OUT is kept when it
 //! is the download's (the same file, or of its size: a run stopped half-way is resumed); any other file at a name
 //! it would write stops it, and nothing is overwritten. Ctrl-C, SIGTERM or SIGUSR1 stops it between files
 //! ("stopped on request", exit 3), the files in place kept for the next run; the temporary files a killed run
@@ -374,7 +375,8 @@ fn place(p: &Planned) -> Result<Option<bool>> {
 }
 
 /// Copies `p.from` (the file listed, `from`: opened, then checked to be it, so a link put there since is not
-/// followed) to a temporary file next to `p.to`, removed on any error, then fsynced and renamed to `p.to`.
+/// followed) to a temporary file next to `p.to`, removed on any error, then put in place durably
+/// ([`rn50_util::atomic::persist`]: fsynced, renamed to `p.to`, its folder fsynced).
 fn copy(p: &Planned, from: &std::fs::Metadata) -> Result<()> {
     let mut src = File::open(&p.from).map_err(|e| io_error(e, "reading", &p.from))?;
     let opened = src

@@ -10,6 +10,8 @@ mod check;
 mod chunks;
 pub mod cli;
 mod extract;
+mod extract_train;
+mod extract_val;
 mod kaggle;
 mod labels;
 mod lock;
@@ -18,9 +20,7 @@ mod output;
 mod prepare;
 mod progress;
 mod summary;
-mod train;
 mod tree;
-mod val;
 mod verify;
 
 pub use check::{check, CheckReport, Expect};

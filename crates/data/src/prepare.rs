@@ -7,6 +7,8 @@ use anyhow::{bail, Context, Result};
 
 use crate::extract::ArchiveStats;
 use crate::extract::ExtractOptions;
+use crate::extract_train::extract_train;
+use crate::extract_val::extract_val;
 use crate::labels::ValLabels;
 use crate::lock::lock_output;
 use crate::odd;
@@ -16,9 +18,7 @@ use crate::output::{
 };
 use crate::progress::Progress;
 use crate::summary::{Summary, VerifiedArchive};
-use crate::train::extract_train;
 use crate::tree::{audit_train, audit_val, list_some, Audit};
-use crate::val::extract_val;
 
 #[derive(Debug, Clone)]
 pub struct PrepareOptions {

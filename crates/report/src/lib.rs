@@ -16,7 +16,7 @@
 use std::path::PathBuf;
 
 pub mod efficiency;
-pub mod io;
+pub mod io_monitor;
 mod plot;
 pub mod report;
 pub mod run_report;
@@ -25,7 +25,7 @@ pub mod schema;
 pub mod table;
 pub mod tensorboard;
 
-pub use io::{IoDelta, IoMonitor, IoSample};
+pub use io_monitor::{IoDelta, IoMonitor, IoSample};
 pub use run_report::{summary_text, write_run_report, write_summary};
 pub use schema::{
     BenchConfig, BenchResult, EpochMetrics, StepRecord, SweepPoint, SweepResult, TrainSummary,

@@ -12,7 +12,7 @@ use crate::run_report::{accuracy_chart, loss_chart, write_atomic};
 use crate::schema::{read_inputs, Input, TrainRun};
 use crate::table::{
     bench_row, compare, grouped_throughput, row_efficiency, sweep_rows, throughput_table,
-    train_row, train_table, Coverage, ThroughputRow, TrainRow,
+    train_row, train_table, ThroughputRow, TrainRow,
 };
 
 #[derive(clap::Args, Clone, Debug)]
@@ -30,37 +30,10 @@ pub struct ReportArgs {
 }
 
 #[derive(Clone, Debug, Serialize)]
-pub struct TrainEntry {
-    pub run: String,
-    pub arch: Option<String>,
-    pub width: Option<u64>,
-    pub image_size: Option<u64>,
-    pub dataset: Option<String>,
-    pub hardware: Option<String>,
-    pub workers: Option<u64>,
-    pub batch_per_rank: Option<u64>,
-    pub global_batch: Option<u64>,
-    pub lr: Option<f64>,
-    pub epochs: u64,
-    pub wall_clock_s: f64,
-    pub acc1: Option<f64>,
-    pub acc5: Option<f64>,
-    pub best_acc1: Option<f64>,
-    /// With `--ema`: the average's top-1, last epoch and best.
-    pub ema_acc1: Option<f64>,
-    pub best_ema_acc1: Option<f64>,
-    pub images_per_sec: Option<f64>,
-    /// What the run covers: steps per epoch trained and of a whole pass, validation images evaluated and of the
-    /// split ([`Coverage`]); `partial` when fewer.
-    #[serde(flatten)]
-    pub coverage: Coverage,
-    pub partial: bool,
-}
-
-#[derive(Clone, Debug, Serialize)]
 pub struct ReportJson {
     pub throughput: Vec<ThroughputRow>,
-    pub train: Vec<TrainEntry>,
+    /// The training runs' rows, as [`TrainRow`] serializes them.
+    pub train: Vec<TrainRow>,
     pub files: Vec<PathBuf>,
 }
 
@@ -144,35 +117,7 @@ pub fn markdown(c: &Collected) -> String {
 
 pub fn json(c: &Collected, files: Vec<PathBuf>) -> ReportJson {
     let throughput = compare(&c.throughput);
-    let train = c
-        .runs
-        .iter()
-        .map(|run| {
-            let r = train_row(run);
-            TrainEntry {
-                run: r.name,
-                arch: r.arch,
-                width: r.width,
-                image_size: r.image_size,
-                dataset: r.dataset,
-                hardware: r.hardware,
-                workers: r.workers,
-                batch_per_rank: r.batch,
-                global_batch: r.global_batch,
-                lr: r.lr,
-                epochs: r.epochs,
-                wall_clock_s: r.wall_clock_s,
-                acc1: r.acc1,
-                acc5: r.acc5,
-                best_acc1: r.best_acc1,
-                ema_acc1: r.ema_acc1,
-                best_ema_acc1: r.best_ema_acc1,
-                images_per_sec: r.images_per_sec,
-                partial: r.coverage.is_partial(),
-                coverage: r.coverage,
-            }
-        })
-        .collect();
+    let train = c.runs.iter().map(train_row).collect();
     ReportJson {
         throughput,
         train,

@@ -641,18 +641,24 @@ impl Coverage {
     }
 }
 
-/// A training run as a row of Kempner's table. Fields a run has not recorded are None.
-#[derive(Clone, Debug, PartialEq)]
+/// A training run as a row of Kempner's table, and an entry of `rn50 report --json` (under these names, in
+/// this order, with `partial` after the coverage's fields; without `precision`). Fields a run has not recorded
+/// are None.
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TrainRow {
+    #[serde(rename = "run")]
     pub name: String,
     pub arch: Option<String>,
     pub width: Option<u64>,
     /// Training resolution of the last epoch (metrics.jsonl's `resolution`).
     pub image_size: Option<u64>,
-    pub hardware: Option<String>,
     pub dataset: Option<String>,
+    pub hardware: Option<String>,
+    #[serde(skip)]
     pub precision: Option<String>,
     pub workers: Option<u64>,
+    /// Per rank.
+    #[serde(rename = "batch_per_rank")]
     pub batch: Option<u64>,
     pub global_batch: Option<u64>,
     pub lr: Option<f64>,
@@ -665,7 +671,29 @@ pub struct TrainRow {
     pub ema_acc1: Option<f64>,
     pub best_ema_acc1: Option<f64>,
     pub images_per_sec: Option<f64>,
+    /// What the run covers: steps per epoch trained and of a whole pass, validation images evaluated and of the
+    /// split; in the JSON, its fields and `partial` when fewer ([`coverage_and_partial`]).
+    #[serde(flatten, serialize_with = "coverage_and_partial")]
     pub coverage: Coverage,
+}
+
+/// A [`TrainRow`]'s coverage in `rn50 report --json`: the [`Coverage`]'s fields, then `partial`
+/// ([`Coverage::is_partial`]).
+fn coverage_and_partial<S: serde::Serializer>(
+    coverage: &Coverage,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct WithPartial<'a> {
+        #[serde(flatten)]
+        coverage: &'a Coverage,
+        partial: bool,
+    }
+    WithPartial {
+        coverage,
+        partial: coverage.is_partial(),
+    }
+    .serialize(s)
 }
 
 /// The row of a run: its summary.json where there is one, metrics.jsonl for the rest.

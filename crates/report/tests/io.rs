@@ -5,7 +5,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rn50_report::io::{
+use rn50_report::io_monitor::{
     block_device_of, deltas, parse_diskstats, parse_diskstats_line, parse_proc_io,
     resolve_block_device, IoSample,
 };

@@ -18,9 +18,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
 
-use super::shards::MAX_IMAGE_BYTES;
-
-use super::{refuse_empty_classes, Source};
+use super::common::{refuse_empty_classes, MAX_IMAGE_BYTES};
+use super::Source;
 
 /// torchvision's `IMG_EXTENSIONS` (matched case-insensitively, as `has_file_allowed_extension`).
 const IMG_EXTENSIONS: &[&str] = &[

@@ -6,10 +6,13 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
+mod common;
 pub mod folder;
 pub mod parquet;
 pub mod shards;
 pub mod wds;
+
+pub use common::files_with_extension;
 
 /// Which split of a dataset repository to read ([`Dataset::open_split`]): one a user named (`--train-split`,
 /// `--val-split`, timm's flags), or the first found of the names a split usually goes by. A training split
@@ -136,56 +139,6 @@ pub trait Source: Send + Sync {
     fn read<'a>(&'a self, i: usize, buf: &'a mut Vec<u8>) -> Result<&'a [u8]>;
     /// Human-readable name of sample `i` (file path or shard record) for error messages.
     fn name(&self, i: usize) -> String;
-}
-
-/// The files directly in `dir` whose names start with `prefix` and end in `.extension`, sorted by name;
-/// `None` if there are none (or `dir` is not a directory).
-pub fn files_with_extension(
-    dir: &Path,
-    prefix: &str,
-    extension: &str,
-) -> Result<Option<Vec<PathBuf>>> {
-    if !dir.is_dir() {
-        return Ok(None);
-    }
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
-        let path = entry?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if name.starts_with(prefix)
-            && path.extension().is_some_and(|e| e == extension)
-            && path.is_file()
-        {
-            files.push(path);
-        }
-    }
-    files.sort();
-    Ok((!files.is_empty()).then_some(files))
-}
-
-/// Refuses a dataset in which a class has no images, as torchvision's ImageFolder does: it is the
-/// sign of an incomplete extraction, copy or pack, and a class never seen would still count in the
-/// accuracy. `counts` are the images of each of `classes`; `detail` ends the message.
-pub(crate) fn refuse_empty_classes(
-    root: &Path,
-    classes: &[String],
-    counts: &[u64],
-    detail: &str,
-) -> Result<()> {
-    let empty: Vec<&str> = classes
-        .iter()
-        .zip(counts)
-        .filter(|(_, &n)| n == 0)
-        .map(|(c, _)| c.as_str())
-        .collect();
-    if !empty.is_empty() {
-        anyhow::bail!(
-            "{}: no image files for the classes {}{detail}",
-            root.display(),
-            empty.join(", ")
-        );
-    }
-    Ok(())
 }
 
 /// A dataset: a [`Source`] plus its class names (index = position, as torchvision's).

@@ -44,7 +44,9 @@ use anyhow::{bail, ensure, Context, Result};
 use rn50_util::atomic::Partial;
 use serde::{Deserialize, Serialize};
 
-use super::{refuse_empty_classes, Source};
+pub use super::common::MAX_IMAGE_BYTES;
+use super::common::{files_with_extension, read_image_at, refuse_empty_classes, reserve};
+use super::Source;
 
 pub const EXTENSION: &str = "rn50shard";
 /// The file in a shard directory that makes it a finished dataset (see the module doc and
@@ -59,14 +61,6 @@ const FOOTER_LEN: u64 = 40;
 const MAX_META_BYTES: u64 = 64 << 20;
 /// The format [`ShardWriter`] writes.
 pub const FORMAT_VERSION: u32 = 2;
-/// The largest encoded image a source reads (a record here, a member of a WebDataset tar): a longer
-/// one is a bad image, refused before its bytes are read, not a buffer of whatever size a damaged or
-/// crafted file declares (a sparse tar says 9 GiB in 36 KB). 256 MiB is 3 bytes for each of
-/// Pillow's `MAX_IMAGE_PIXELS` ([`crate::decode::MAX_IMAGE_PIXELS`], "a 24-bit image of 256 MiB"):
-/// the pixels of the largest image decoded by default, which its encoded bytes only exceed stored
-/// without compression, and then at more than 8 bits or with alpha. Each loader thread may hold one
-/// such buffer. An ImageFolder's files are read whole: there is no other limit in rn50 to share.
-pub const MAX_IMAGE_BYTES: u64 = 256 << 20;
 
 /// Bytes of one index entry in format `version`.
 fn index_entry_len(version: u32) -> Result<usize> {
@@ -149,7 +143,7 @@ pub fn is_shard_dir(path: &Path) -> Result<bool> {
 
 /// The list of shard files in `dir`, sorted by name; `None` if `dir` holds none.
 pub fn shard_files(dir: &Path) -> Result<Option<Vec<PathBuf>>> {
-    super::files_with_extension(dir, "", EXTENSION)
+    files_with_extension(dir, "", EXTENSION)
 }
 
 /// One or more shard files read as one dataset (records in the order of the manifest's shards, then
@@ -355,34 +349,6 @@ pub(crate) fn zeroed(len: u64) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
     reserve(&mut buf, len)?;
     buf.resize(len as usize, 0);
-    Ok(buf)
-}
-
-/// Makes room for `len` bytes in `buf` (emptied), or an error when memory runs out.
-fn reserve(buf: &mut Vec<u8>, len: u64) -> Result<()> {
-    buf.clear();
-    usize::try_from(len)
-        .ok()
-        .and_then(|n| buf.try_reserve_exact(n).ok())
-        .with_context(|| format!("cannot allocate {len} bytes"))
-}
-
-/// Reads the `len` bytes at `offset` of `file` into `buf`: an image ([`MAX_IMAGE_BYTES`] at most, a
-/// longer one is refused unread), in memory reserved fallibly.
-pub(crate) fn read_image_at<'a>(
-    file: &File,
-    offset: u64,
-    len: u64,
-    buf: &'a mut Vec<u8>,
-) -> Result<&'a [u8]> {
-    ensure!(
-        len <= MAX_IMAGE_BYTES,
-        "{len} bytes, more than an image may have ({} MiB): not read",
-        MAX_IMAGE_BYTES >> 20
-    );
-    reserve(buf, len)?;
-    buf.resize(len as usize, 0);
-    file.read_exact_at(buf, offset)?;
     Ok(buf)
 }
 

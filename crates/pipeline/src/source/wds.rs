@@ -44,7 +44,8 @@ use anyhow::{bail, ensure, Context, Result};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-pub use super::shards::MAX_IMAGE_BYTES;
+use super::common::read_image_at;
+pub use super::common::MAX_IMAGE_BYTES;
 use super::Source;
 
 /// The extension of WebDataset shards.
@@ -453,7 +454,7 @@ impl Source for WebDataset {
         let context = || format!("cannot read {} in {}", self.members[i], path.display());
         // Opened per read, as an ImageFolder's files are: 1,024 shards stay under the usual limit of open files.
         let file = File::open(path).with_context(context)?;
-        super::shards::read_image_at(&file, e.offset, e.len, buf).with_context(context)
+        read_image_at(&file, e.offset, e.len, buf).with_context(context)
     }
 
     fn name(&self, i: usize) -> String {

@@ -1,4 +1,5 @@
-//! The train archive: a tar of per-class tars (`<wnid>.tar`), each a flat tar of JPEGs.
+//! Extracting the train archive ([`extract_train`]), a tar of per-class tars (`<wnid>.tar`), each a
+//! flat tar of JPEGs.
 //!
 //! One thread streams the outer tar once (hashing it when verifying) into pooled buffers; `-j`
 //! workers each take a class, unpack its inner tar from those buffers and write the files. A

@@ -1,4 +1,5 @@
-//! Read bandwidth and IOPS of this process and of the block device holding the dataset, from /proc, no root.
+//! The I/O monitor ([`IoMonitor`]): read bandwidth and IOPS of this process and of the block device holding
+//! the dataset, from /proc, no root.
 //!
 //! - Process: `/proc/self/io` — `rchar` counts every byte read() returned (page-cache hits included),
 //!   `read_bytes` what had to come from storage, `syscr` the read calls. Whole process, all threads.

@@ -1,5 +1,6 @@
-//! The val archive: a flat tar of `ILSVRC2012_val_NNNNNNNN.JPEG`, sorted into class folders by
-//! the ground truth (built in, or `--val-labels`), so no `valprep.sh` is needed.
+//! Extracting the val archive ([`extract_val`]), a flat tar of `ILSVRC2012_val_NNNNNNNN.JPEG`,
+//! sorted into class folders by the ground truth (built in, or `--val-labels`), so no
+//! `valprep.sh` is needed.
 //!
 //! One thread reads the tar; `-j` writers store the images. Val is resumed as a whole: a run
 //! that stopped part-way redoes `val/` (6.4 GB, minutes), which keeps the bookkeeping trivial.
