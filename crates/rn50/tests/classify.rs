@@ -130,7 +130,7 @@ fn classify_prints_the_class_folder_names_recorded_at_training() {
     // Four training and two test images of each of CIFAR-10's classes.
     let ok = Command::new("tar")
         .arg("xzf")
-        .arg(common::shared().join("cifar10-jpeg.tar.gz"))
+        .arg(common::shared_data().join("cifar10-jpeg.tar.gz"))
         .arg("-C")
         .arg(&data)
         .args(["--wildcards", "train/*/000[0-3].jpg", "test/*/000[01].jpg"])

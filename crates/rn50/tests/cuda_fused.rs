@@ -5,6 +5,9 @@
 //! against a CUDA libtorch: they are marked ignored, with that reason in the test output, and run with
 //! `--include-ignored` on a GPU machine (asked to run without one, they fail). What runs everywhere: the fused
 //! batch norm declines what it does not apply to.
+mod common;
+
+use common::{assert_as_close_as_peer, l2_rel_err};
 use rn50::model::{fused, memory_format, Arch, Model, ResNetConfig, Stem};
 use rn50::shim::{self, Fused};
 use rn50::step::{GradScaler, Precision, SgdConfig, StepConfig, TrainStep};
@@ -18,14 +21,6 @@ fn gpu() -> Device {
     );
     assert!(tch::Cuda::is_available(), "no CUDA device visible");
     Device::Cuda(0)
-}
-
-/// ‖a − b‖ / ‖b‖ in fp32.
-fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
-    let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
-    let num = f64::try_from((&a - &b).norm()).unwrap();
-    let den = f64::try_from(b.norm()).unwrap().max(1e-12);
-    num / den
 }
 
 fn leaf(t: Tensor) -> Tensor {
@@ -110,11 +105,7 @@ fn fused_bn_relu_matches_the_separate_ops() {
                 // Each check: the fused op's error against fp32 is within tol, or no worse than 1.5x the
                 // separate ops' own.
                 let judge = |what: &str, f: &Tensor, s: &Tensor, r: &Tensor| {
-                    let (ef, es) = (rel_err(f, r), rel_err(s, r));
-                    assert!(
-                        ef < tol || ef <= 1.5 * es,
-                        "{case}: {what} is off the fp32 reference by {ef:.2e} (separate ops: {es:.2e})"
-                    );
+                    assert_as_close_as_peer(&format!("{case}: {what}"), f, r, Some(s), tol)
                 };
                 judge("output", &fused, &sep, &reference);
                 judge("running_mean", &st_fused.0, &st_sep.0, &st_ref.0);
@@ -204,17 +195,23 @@ fn resnet50_trains_the_same_with_the_fused_op() {
     let flat =
         |v: &[Tensor]| Tensor::cat(&v.iter().map(|t| t.flatten(0, -1)).collect::<Vec<_>>(), 0);
     let (grads_f, grads_s, grads_r) = (flat(&grads_f), flat(&grads_s), flat(&grads_r));
-    let fs = rel_err(&grads_f, &grads_s);
+    let fs = l2_rel_err(&grads_f, &grads_s);
     assert!(
         fs < 2e-2,
         "gradients: fused and separate differ by {fs:.2e}"
     );
-    let (gf, gs) = (rel_err(&grads_f, &grads_r), rel_err(&grads_s, &grads_r));
+    let (gf, gs) = (
+        l2_rel_err(&grads_f, &grads_r),
+        l2_rel_err(&grads_s, &grads_r),
+    );
     assert!(
         gf <= 1.5 * gs + 1e-3,
         "gradients off fp32 by {gf:.2e} fused, {gs:.2e} separate"
     );
-    let (sf, ss) = (rel_err(&stats_f, &stats_r), rel_err(&stats_s, &stats_r));
+    let (sf, ss) = (
+        l2_rel_err(&stats_f, &stats_r),
+        l2_rel_err(&stats_s, &stats_r),
+    );
     assert!(
         sf <= 1.5 * ss + 1e-4,
         "running statistics off fp32 by {sf:.2e} fused, {ss:.2e} separate"
@@ -279,7 +276,7 @@ fn fused_sgd_matches_foreach_and_obeys_the_overflow_flag() {
         .unwrap();
     }
     for (a, b) in p_f.iter().zip(&p_ref).chain(b_f.iter().zip(&b_ref)) {
-        let e = rel_err(a, b);
+        let e = l2_rel_err(a, b);
         assert!(e < 1e-6, "fused SGD differs from foreach by {e:.2e}");
     }
     let before = copy(&p_f);

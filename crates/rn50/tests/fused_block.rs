@@ -8,6 +8,9 @@
 //! next convolution and in backward, the batch-norm input gradient as three per-channel coefficients), in fp32,
 //! where it must match the plain block to rounding. On a GPU (tests marked ignored, run with `--include-ignored`
 //! on a GPU machine, failing without one) each stage is its cuDNN graph, checked in fp16/bf16 against fp32.
+mod common;
+
+use common::{assert_as_close_as_peer, l2_rel_err};
 use rn50::model::{fused, memory_format, Arch, Model, ResNetConfig};
 use rn50::shim::{self, Fused};
 use tch::{Device, Kind, Reduction, Tensor};
@@ -199,24 +202,11 @@ fn outcome(
     }
 }
 
-/// ‖a − b‖ / ‖b‖ in fp32.
-fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
-    let (a, b) = (a.to_kind(Kind::Float), b.to_kind(Kind::Float));
-    let num = f64::try_from((&a - &b).norm()).unwrap();
-    let den = f64::try_from(b.norm()).unwrap().max(1e-12);
-    num / den
-}
-
 /// Every quantity of `got` within `tol` of `want`, or (with `peer`, the same computation in PyTorch's ops in the
 /// same low precision) no further from it than 1.5 times the peer is.
 fn compare(case: &str, got: &Outcome, want: &Outcome, peer: Option<&Outcome>, tol: f64) {
     let judge = |what: &str, g: &Tensor, w: &Tensor, p: Option<&Tensor>| {
-        let e = rel_err(g, w);
-        let ep = p.map(|p| rel_err(p, w));
-        assert!(
-            e < tol || ep.is_some_and(|ep| e <= 1.5 * ep),
-            "{case}: {what} is off by {e:.2e} (tolerance {tol:.0e}; PyTorch's ops in the same precision: {ep:?})"
-        );
+        assert_as_close_as_peer(&format!("{case}: {what}"), g, w, p, tol)
     };
     judge("output", &got.out, &want.out, peer.map(|p| &p.out));
     for (i, (name, g)) in got.grads.iter().enumerate() {
@@ -397,9 +387,9 @@ fn cudnn_graph_stages_match_the_plain_block_on_a_gpu() {
             );
             println!(
                 "{case}: output off fp32 by {:.2e} (graphs), {:.2e} (ATen stages), {:.2e} (PyTorch's ops)",
-                rel_err(&graph.out, &want.out),
-                rel_err(&aten.out, &want.out),
-                rel_err(&peer.out, &want.out)
+                l2_rel_err(&graph.out, &want.out),
+                l2_rel_err(&aten.out, &want.out),
+                l2_rel_err(&peer.out, &want.out)
             );
         }
     }
@@ -462,8 +452,14 @@ fn resnet50_with_fused_blocks_trains_as_the_per_layer_path() {
     let (loss_l, grads_l, stats_l) = run(Some(Kind::Half), false);
     let (loss_r, grads_r, stats_r) = run(None, false);
     let (lb, ll) = ((loss_b - loss_r).abs(), (loss_l - loss_r).abs());
-    let (gb, gl) = (rel_err(&grads_b, &grads_r), rel_err(&grads_l, &grads_r));
-    let (sb, sl) = (rel_err(&stats_b, &stats_r), rel_err(&stats_l, &stats_r));
+    let (gb, gl) = (
+        l2_rel_err(&grads_b, &grads_r),
+        l2_rel_err(&grads_l, &grads_r),
+    );
+    let (sb, sl) = (
+        l2_rel_err(&stats_b, &stats_r),
+        l2_rel_err(&stats_l, &stats_r),
+    );
     println!(
         "off fp32, fused blocks vs per-layer: loss {lb:.2e} vs {ll:.2e}, gradients {gb:.2e} vs {gl:.2e}, running statistics {sb:.2e} vs {sl:.2e}"
     );

@@ -11,6 +11,8 @@ use tch::{Device, Tensor};
 
 mod common;
 
+use common::max_abs_rel_err;
+
 /// Runs the reference script once per test binary; panics with the script's stderr if it fails.
 fn reference() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
@@ -31,13 +33,6 @@ fn load(path: &Path) -> BTreeMap<String, Tensor> {
 
 fn meta() -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(reference().join("meta.json")).unwrap()).unwrap()
-}
-
-/// max|a-b| / max|b|: the relative error the acceptance criterion is stated in.
-fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
-    let num = f64::try_from((a - b).abs().max()).unwrap();
-    let den = f64::try_from(b.abs().max()).unwrap().max(1e-12);
-    num / den
 }
 
 fn to_cl(t: &Tensor) -> Tensor {
@@ -80,7 +75,7 @@ fn check_case(name: &str) {
     };
 
     let eval = tch::no_grad(|| step.model.forward_t(&input("x0"), false));
-    let e = rel_err(&eval, &r["logits_eval"]);
+    let e = max_abs_rel_err(&eval, &r["logits_eval"]);
     assert!(
         e < 1e-4,
         "{name} cl={channels_last}: eval logits rel err {e:e}"
@@ -88,7 +83,7 @@ fn check_case(name: &str) {
 
     // Train-mode logits: the first step's forward (it also updates the BN running statistics once).
     let train_logits = tch::no_grad(|| step.model.forward_t(&input("x0"), true));
-    let e = rel_err(&train_logits, &r["logits_train"]);
+    let e = max_abs_rel_err(&train_logits, &r["logits_train"]);
     assert!(
         e < 1e-4,
         "{name} cl={channels_last}: train logits rel err {e:e}"
@@ -115,7 +110,7 @@ fn check_case(name: &str) {
     for (k, t) in step.model.state() {
         let want = &r[&format!("final.{k}")];
         assert_eq!(t.size(), want.size(), "{k}");
-        let e = rel_err(&t, want);
+        let e = max_abs_rel_err(&t, want);
         if e > worst.0 {
             worst = (e, k);
         }
@@ -171,5 +166,74 @@ fn every_depth_has_torchvision_keys_and_shapes() {
             .map(|(k, t)| (k, t.size()))
             .collect();
         assert_eq!(got, want, "{arch}");
+    }
+}
+
+/// The PyTorch reference trainer (benches/reference_train.py, docs/imagenette.md) sets each step's rate as rn50's
+/// schedule does: warmup, step (given and default milestones), cosine to a floor, linear, at every step of a short
+/// run, to the last bit but rounding.
+#[test]
+fn the_reference_trainer_s_learning_rates_are_rn50_s() {
+    use rn50::train::schedule::{Decay, LrSchedule};
+    let cases = [
+        (
+            r#"{"warmup-epochs": 1.0, "epochs": 5, "lr-schedule": "cosine", "lr-end": 0.001}"#,
+            1.0,
+            5.0,
+            Decay::Cosine { final_lr: 0.001 },
+        ),
+        (
+            r#"{"warmup-epochs": 0.5, "epochs": 90, "lr-schedule": "step", "lr-milestones": null}"#,
+            0.5,
+            90.0,
+            Decay::step_for(90.0, None),
+        ),
+        (
+            r#"{"warmup-epochs": 0.0, "epochs": 9, "lr-schedule": "step", "lr-milestones": [2.5, 6]}"#,
+            0.0,
+            9.0,
+            Decay::step_for(9.0, Some(&[2.5, 6.0])),
+        ),
+        (
+            r#"{"warmup-epochs": 2.0, "epochs": 7, "lr-schedule": "linear"}"#,
+            2.0,
+            7.0,
+            Decay::Linear,
+        ),
+    ];
+    let steps_per_epoch = 7;
+    let peak = 0.4;
+    for (recipe, warmup, epochs, decay) in cases {
+        let schedule = LrSchedule::new(peak, warmup, epochs, decay).unwrap();
+        let ts: Vec<f64> = (0..epochs as usize)
+            .flat_map(|e| {
+                (0..steps_per_epoch)
+                    .map(move |i| e as f64 + (i + 1) as f64 / steps_per_epoch as f64)
+            })
+            .collect();
+        let script = format!(
+            "import json, sys; sys.path.insert(0, 'benches'); from reference_train import lr_at\n\
+             r = json.loads('{recipe}'); r.setdefault('lr-end', 0.0)\n\
+             print(json.dumps([lr_at(r, {peak}, t) for t in json.loads(sys.argv[1])]))"
+        );
+        let out = std::process::Command::new(rn50_util::testing::python())
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+            .args(["-c", &script, &serde_json::to_string(&ts).unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let theirs: Vec<f64> = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(theirs.len(), ts.len());
+        for (t, lr) in ts.iter().zip(theirs) {
+            let ours = schedule.at(*t);
+            assert!(
+                (ours - lr).abs() <= 1e-12 * peak,
+                "{recipe} at epoch {t}: rn50 {ours}, reference {lr}"
+            );
+        }
     }
 }

@@ -16,11 +16,13 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::{metrics_lines, steps, TinyTrain};
+// One test at a time: each runs 2 ranks (or 4) on what may be 2 cores.
 use rn50::train::checkpoint::read_meta;
+use rn50_util::testing::serial;
 use tch::Tensor;
 
 const EPOCHS: u64 = 2;
@@ -36,12 +38,6 @@ const RN50: &str = env!("CARGO_BIN_EXE_rn50");
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// One test at a time: each runs 2 ranks (or 4) on what may be 2 cores.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    rn50_util::lock_unpoisoned(&LOCK)
 }
 
 /// What these tests' runs add to [`TinyTrain`]'s flags: every step recorded, checkpoints at the ends of epochs
@@ -284,6 +280,37 @@ fn resumes(log: &str) -> Vec<(u64, u64)> {
 /// A resume in the middle of epoch `epoch`, not at its start or end.
 fn mid_epoch(at: (u64, u64), epoch: u64) -> bool {
     at.0 == epoch && (1..STEPS).contains(&at.1)
+}
+
+/// Where a test expects a run to have resumed: in the middle of an epoch (from the checkpoint of a stop signal)
+/// or at an epoch's start (from the end of the epoch before).
+#[derive(Clone, Copy, Debug)]
+enum Resume {
+    Mid(u64),
+    Start(u64),
+}
+
+/// The end of every requeue-and-resume test: `log` (all of the job's runs) resumed where `want_resumes` says,
+/// one after the other, and the run in `run` trained each step once, to the weights of the uninterrupted
+/// reference `want` (`what` names the way it was run).
+fn assert_resumed_as_uninterrupted(
+    log: &str,
+    want_resumes: &[Resume],
+    run: &Path,
+    want: &Path,
+    what: &str,
+) {
+    let at = resumes(log);
+    assert!(
+        at.len() == want_resumes.len()
+            && at.iter().zip(want_resumes).all(|(&at, &w)| match w {
+                Resume::Mid(epoch) => mid_epoch(at, epoch),
+                Resume::Start(epoch) => at == (epoch, 0),
+            }),
+        "{what}: resumed at {at:?} (want {want_resumes:?}):\n{log}"
+    );
+    assert_trained_once(run);
+    assert_same_weights(run, want, what);
 }
 
 /// The uninterrupted run every scheduler's run must reproduce: `rn50 launch --nproc-per-node 2`, 1 thread per
@@ -687,13 +714,13 @@ fn slurm_sbatch_requeue_and_resume() {
         1,
         "the script requeues after the SIGUSR1 (the scontrol requeue needs it not):\n{log}"
     );
-    let at = resumes(&log);
-    assert!(
-        at.len() == 2 && mid_epoch(at[0], 0) && mid_epoch(at[1], 1),
-        "resumed at {at:?} (want mid-epoch 0, then mid-epoch 1):\n{log}"
+    assert_resumed_as_uninterrupted(
+        &log,
+        &[Resume::Mid(0), Resume::Mid(1)],
+        &run,
+        want,
+        "SLURM, requeued twice",
     );
-    assert_trained_once(&run);
-    assert_same_weights(&run, want, "SLURM, requeued twice");
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -886,13 +913,13 @@ fn pbs_walltime(whole_job: bool) {
     let status = wait_exit(&mut job, "the resubmitted job", || read(&log2));
     let text = read(&log2);
     assert!(status.success(), "{status}\n{text}");
-    let at = resumes(&text);
-    assert!(
-        at.len() == 1 && mid_epoch(at[0], 0),
-        "resumed at {at:?}\n{text}"
+    assert_resumed_as_uninterrupted(
+        &text,
+        &[Resume::Mid(0)],
+        &run,
+        want,
+        "PBS script, SIGTERM then resubmitted",
     );
-    assert_trained_once(&run);
-    assert_same_weights(&run, want, "PBS script, SIGTERM then resubmitted");
 }
 
 #[test]
@@ -991,13 +1018,13 @@ fn torchrun_static_sigterm_then_rerun_resumes() {
     let status = wait_exit(&mut child, "torchrun, resumed", || read(&log));
     let text = read(&log);
     assert!(status.success(), "{status}\n{text}");
-    let at = resumes(&text);
-    assert!(
-        at.len() == 1 && mid_epoch(at[0], 0),
-        "resumed at {at:?}\n{text}"
+    assert_resumed_as_uninterrupted(
+        &text,
+        &[Resume::Mid(0)],
+        &run,
+        want,
+        "torchrun static, SIGTERM then rerun",
     );
-    assert_trained_once(&run);
-    assert_same_weights(&run, want, "torchrun static, SIGTERM then rerun");
 }
 
 /// torchrun with c10d rendezvous and `--max-restarts 1`: rank 1 SIGKILLed in epoch 1 (after the first epoch's
@@ -1055,7 +1082,11 @@ fn torchrun_c10d_rendezvous_restarts_a_killed_worker() {
     let status = wait_exit(&mut child, "torchrun to finish", || read(&log));
     let text = read(&log);
     assert!(status.success(), "{status}\n{text}");
-    assert_eq!(resumes(&text), [(1, 0)], "{text}");
-    assert_trained_once(&run);
-    assert_same_weights(&run, want, "torchrun c10d, rank 1 killed and restarted");
+    assert_resumed_as_uninterrupted(
+        &text,
+        &[Resume::Start(1)],
+        &run,
+        want,
+        "torchrun c10d, rank 1 killed and restarted",
+    );
 }

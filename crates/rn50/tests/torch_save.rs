@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use common::{image_tree, rn50};
+use common::{image_tree, max_abs_rel_err, rn50};
 use rn50::model::weights::WeightsFile;
 use rn50::model::{Arch, Model, ResNetConfig};
 use tch::{Device, Tensor};
@@ -28,13 +28,6 @@ fn reference() -> &'static Path {
 
 fn file(name: &str) -> String {
     reference().join(name).to_str().unwrap().to_string()
-}
-
-/// max|a-b| / max|b|, as tests/parity_torchvision.rs states its criterion.
-fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
-    let num = f64::try_from((a - b).abs().max()).unwrap();
-    let den = f64::try_from(b.abs().max()).unwrap().max(1e-12);
-    num / den
 }
 
 /// An `arch` model with the weights of `path`, as `rn50 eval` builds it.
@@ -63,7 +56,7 @@ fn state_dicts_and_checkpoints_give_torchvisions_logits() {
     ] {
         let m = model(arch, &reference().join(name)).unwrap_or_else(|e| panic!("{name}: {e:#}"));
         let got = tch::no_grad(|| m.forward_t(&r["x"], false));
-        let e = rel_err(&got, &r[logits]);
+        let e = max_abs_rel_err(&got, &r[logits]);
         assert!(e < 1e-4, "{name}: logits rel err {e:e}");
     }
     // Another architecture's weights: the error safetensors get.

@@ -1006,7 +1006,7 @@ fn unreadable_training_images_are_counted_per_epoch() {
         .unwrap()
         .path();
     std::fs::copy(
-        common::shared().join("jpeg/crashtest/invalid-dimensions.jpg"),
+        common::shared_data().join("jpeg/crashtest/invalid-dimensions.jpg"),
         class.join("bad_1.JPEG"),
     )
     .unwrap();
@@ -1183,7 +1183,7 @@ fn batches_with_nothing_to_train_on_are_skipped_and_counted() {
     std::fs::write(train_class.join("junk_1.JPEG"), b"\xff\xd8").unwrap();
     std::fs::write(train_class.join("junk_2.JPEG"), b"").unwrap();
     std::fs::copy(
-        common::shared().join("jpeg/crashtest/invalid-dimensions.jpg"),
+        common::shared_data().join("jpeg/crashtest/invalid-dimensions.jpg"),
         train_class.join("junk_3.JPEG"),
     )
     .unwrap();

@@ -10,9 +10,12 @@
 //! - [`stop`]: SIGINT/SIGTERM/SIGUSR1 as a request to stop, which commands check between units of work
 //!   ([`stop::install`], [`stop::EXIT_STOPPED`]); a second SIGINT stops at once;
 //! - [`stats`]: quantile (numpy's default interpolation), median and mean of measurements;
-//! - [`tmpfs`]: for tests, a real full disk (a small tmpfs mounted for the test's time);
-//! - [`testing`]: for tests of stopping on request, a Ctrl-C sent once the command under test got somewhere
-//!   ([`testing::sigint_when`]).
+//! - `tmpfs` (feature `testing`): for tests, a real full disk (a small tmpfs mounted for the test's time);
+//! - `testing` (feature `testing`): for tests, where the shared test data and the reference Python are, one lock
+//!   for tests that run alone, and a Ctrl-C sent once the command under test got somewhere (`sigint_when`).
+//!
+//! The feature `testing` is off by default: no production code uses those two modules; the crates whose tests
+//! do enable it in their dev-dependencies.
 //!
 //! Pure std, libc, signal-hook, indicatif and tracing: every crate of the workspace can depend on it.
 pub mod atomic;
@@ -22,7 +25,9 @@ pub mod progress;
 pub mod stats;
 pub mod stop;
 pub mod sync;
+#[cfg(feature = "testing")]
 pub mod testing;
+#[cfg(feature = "testing")]
 pub mod tmpfs;
 
 pub use atomic::{atomic_symlink, atomic_write, atomic_write_with, remove_stale_temps};

@@ -20,25 +20,10 @@ pub fn cli(args: &[&str]) -> anyhow::Result<()> {
     rn50_data::cli::run(&c.cmd)
 }
 
-pub fn shared_data() -> PathBuf {
-    std::env::var_os("RN50_SHARED_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data"))
-        })
-}
+pub use rn50_util::testing::shared_data;
 
 /// The real ImageNet photos (one per class), sorted by name.
-pub fn photos() -> Vec<PathBuf> {
-    let dir = shared_data().join("jpeg/imagenet");
-    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .collect();
-    v.sort();
-    assert!(v.len() >= 200, "expected the 220 shared ImageNet photos");
-    v
-}
+pub use rn50_util::testing::shared_photos as photos;
 
 pub fn edge(name: &str) -> Vec<u8> {
     std::fs::read(shared_data().join("jpeg/edge").join(name)).unwrap()

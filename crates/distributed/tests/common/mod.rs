@@ -2,16 +2,12 @@
 #![allow(dead_code)]
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 pub const WORKER: &str = env!("CARGO_BIN_EXE_rn50-dist-worker");
 
 /// Multi-process tests run one at a time: on a 2-core machine, several jobs at once only make them slow.
-pub fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    rn50_util::lock_unpoisoned(&LOCK)
-}
+pub use rn50_util::testing::serial;
 
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {

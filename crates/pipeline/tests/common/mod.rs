@@ -6,20 +6,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use rn50_util::testing::python;
 /// `RN50_SHARED_DATA`, else `<repo>/../shared/data`.
-pub fn shared_data() -> PathBuf {
-    let p = std::env::var_os("RN50_SHARED_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data"))
-        });
-    assert!(
-        p.join("jpeg").is_dir(),
-        "shared test data not found at {} (set RN50_SHARED_DATA)",
-        p.display()
-    );
-    p
-}
+pub use rn50_util::testing::shared_data;
 
 /// Sorted files of a directory under shared/data/jpeg (licence files left out).
 pub fn jpeg_files(sub: &str) -> Vec<PathBuf> {
@@ -48,17 +37,6 @@ pub fn imagenet_folder(tmp: &Path) -> PathBuf {
         std::os::unix::fs::symlink(&f, dir.join(f.file_name().unwrap())).unwrap();
     }
     root
-}
-
-fn python() -> PathBuf {
-    std::env::var_os("RN50_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../.venv/bin/python"
-            ))
-        })
 }
 
 /// The ImageNet class index of each shared photo (named `<wnid>.JPEG`).

@@ -4,19 +4,11 @@ use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-pub fn shared() -> PathBuf {
-    std::env::var_os("RN50_SHARED_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"))
-}
-
-/// The Python with torch and torchvision that reference scripts run under: RN50_PYTHON, or the repo's .venv.
-#[allow(dead_code)]
-pub fn python() -> PathBuf {
-    std::env::var_os("RN50_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"))
-}
+/// The shared test data (`RN50_SHARED_DATA`, else `<repo>/../shared/data`), its ImageNet sample photos sorted,
+/// and the Python with torch and torchvision that reference scripts run under (`RN50_PYTHON`, else the repo's
+/// .venv): rn50_util's, which every crate's tests use.
+#[allow(unused_imports)]
+pub use rn50_util::testing::{python, shared_data, shared_photos};
 
 /// Runs `tests/reference/SCRIPT ARGS…` under [`python`]; panics with the script's stderr if it fails.
 #[allow(dead_code)]
@@ -41,7 +33,7 @@ pub fn reference_script<S: AsRef<std::ffi::OsStr>>(script: &str, args: &[S]) {
 /// washer.
 #[allow(dead_code)]
 pub fn imagenet_photos() -> Vec<PathBuf> {
-    let dir = shared().join("jpeg/imagenet");
+    let dir = shared_data().join("jpeg/imagenet");
     [
         "n01440764",
         "n02107908",
@@ -57,12 +49,7 @@ pub fn imagenet_photos() -> Vec<PathBuf> {
 /// `root/split/<wnid>/<wnid>_<i>.JPEG`: `copies` copies of each of the first `classes` ImageNet sample photos.
 #[allow(dead_code)]
 pub fn image_tree(root: &Path, split: &str, classes: usize, copies: usize) {
-    let mut photos: Vec<PathBuf> = std::fs::read_dir(shared().join("jpeg/imagenet"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    photos.sort();
-    for p in photos.iter().take(classes) {
+    for p in shared_photos().iter().take(classes) {
         let wnid = p.file_stem().unwrap().to_str().unwrap();
         let dir = root.join(split).join(wnid);
         std::fs::create_dir_all(&dir).unwrap();
@@ -110,12 +97,42 @@ pub fn metrics_lines(run: &Path) -> Vec<rn50_report::EpochMetrics> {
         .collect()
 }
 
+/// `rn50 ARGS…`, run to the end (RN50_PARSE_ONLY removed from its environment: it runs, not only parses).
 #[allow(dead_code)]
-pub fn rn50(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_rn50"))
+pub fn rn50(args: &[&str]) -> Output {
+    rn50_in(Path::new("."), args, false)
+}
+
+/// [`rn50`] with RUST_BACKTRACE=1, so that a panic shows as one ("panicked", "stack backtrace"): for tests that
+/// check an error is clean.
+#[allow(dead_code)]
+pub fn rn50_backtrace(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rn50"))
         .args(args)
+        .env_remove("RN50_PARSE_ONLY")
+        .env("RUST_BACKTRACE", "1")
         .output()
-        .unwrap()
+        .expect("run rn50")
+}
+
+/// `rn50 ARGS…` only parsed (RN50_PARSE_ONLY: train prints its resolved flags as TOML and stops; the others
+/// parse and stop).
+#[allow(dead_code)]
+pub fn rn50_parse_only(args: &[&str]) -> Output {
+    rn50_in(Path::new("."), args, true)
+}
+
+/// `rn50 ARGS…` in the working directory `cwd`, only parsed ([`rn50_parse_only`]) or run ([`rn50`]).
+#[allow(dead_code)]
+pub fn rn50_in(cwd: &Path, args: &[&str], parse_only: bool) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rn50"));
+    cmd.current_dir(cwd).args(args);
+    if parse_only {
+        cmd.env("RN50_PARSE_ONLY", "1");
+    } else {
+        cmd.env_remove("RN50_PARSE_ONLY");
+    }
+    cmd.output().expect("run rn50")
 }
 
 /// Reads `child`'s piped stderr until a line contains `text` (a training run's `[    3/` for its third step, or
@@ -195,4 +212,46 @@ impl TinyTrain {
     pub fn output(&self) -> Output {
         self.command().output().unwrap()
     }
+}
+
+/// The relative error of `a` against the reference `b` in the max norm: max |a − b| / max |b| (the largest
+/// difference, against the largest value; at least 1e-12 below), for outputs compared value by value (logits,
+/// weights).
+#[allow(dead_code)]
+pub fn max_abs_rel_err(a: &tch::Tensor, b: &tch::Tensor) -> f64 {
+    let num = f64::try_from((a - b).abs().max()).unwrap();
+    let den = f64::try_from(b.abs().max()).unwrap().max(1e-12);
+    num / den
+}
+
+/// The relative error of `a` against the reference `b` in the L2 norm, both in fp32: ‖a − b‖ / ‖b‖ (at least
+/// 1e-12 below), for whole tensors of low-precision results (fp16 against fp32), where single values may be off
+/// by more.
+#[allow(dead_code)]
+pub fn l2_rel_err(a: &tch::Tensor, b: &tch::Tensor) -> f64 {
+    let (a, b) = (a.to_kind(tch::Kind::Float), b.to_kind(tch::Kind::Float));
+    let num = f64::try_from((&a - &b).norm()).unwrap();
+    let den = f64::try_from(b.norm()).unwrap().max(1e-12);
+    num / den
+}
+
+/// The check of a low-precision (fp16) computation against its fp32 reference `want`: `got` within `tol` of it
+/// ([`l2_rel_err`]), or, given `peer` (the same computation by PyTorch's own ops in the same precision), no further
+/// from it than 1.5 times the peer is. Panics naming `what` and both errors.
+#[allow(dead_code)]
+pub fn assert_as_close_as_peer(
+    what: &str,
+    got: &tch::Tensor,
+    want: &tch::Tensor,
+    peer: Option<&tch::Tensor>,
+    tol: f64,
+) {
+    let e = l2_rel_err(got, want);
+    let ep = peer.map(|p| l2_rel_err(p, want));
+    let peer_err = ep.map_or("none given".to_string(), |ep| format!("{ep:.2e}"));
+    assert!(
+        e < tol || ep.is_some_and(|ep| e <= 1.5 * ep),
+        "{what} is off the fp32 reference by {e:.2e} (tolerance {tol:.0e}; PyTorch's ops in the same precision: \
+         {peer_err})"
+    );
 }

@@ -4,12 +4,12 @@
 //! weights record the WordNet ids whatever the source, and `rn50 eval` of weights trained on one source against
 //! another's data gives the same result. So do the WebDataset shards packed by `rn50 pack` (its two splits), and the
 //! parquet files with splits of other names, named with `--train-split` and `--val-split`.
-mod common;
+use crate::common;
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use common::{reference_script, rn50, shared};
+use common::{reference_script, rn50, shared_data, shared_photos};
 use serde_json::json;
 
 /// Runs `scripts/dataset_writers.py ARGS` (webdataset's and datasets' own writers).
@@ -20,11 +20,7 @@ fn dataset_writer(args: &[&str]) {
 /// The 1,000 ImageNet classes, class k holding shared photo k % 220 (a class may not be empty in an
 /// ImageFolder): (WordNet id, photo), in the class order.
 fn thousand_classes() -> Vec<(String, PathBuf)> {
-    let mut photos: Vec<PathBuf> = std::fs::read_dir(shared().join("jpeg/imagenet"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    photos.sort();
+    let photos = shared_photos();
     let synsets = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../pipeline/assets/synsets.txt"),
     )
@@ -208,7 +204,7 @@ fn every_source_trains_to_the_same_losses_and_evaluates_the_same() {
     let other = dir.path().join("other/val/n01440764");
     std::fs::create_dir_all(&other).unwrap();
     symlink(
-        shared().join("jpeg/imagenet/n01440764.JPEG"),
+        shared_data().join("jpeg/imagenet/n01440764.JPEG"),
         other.join("a.JPEG"),
     )
     .unwrap();

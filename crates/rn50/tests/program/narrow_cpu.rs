@@ -2,44 +2,22 @@
 //! corrupted the heap training channels_last ResNets narrower than 16 channels (the weight gradient of the
 //! stride-2 1x1 downsample convolution), so `rn50 train --width 15` died with "double free or corruption"
 //! (exit 134) or a segmentation fault (139) where `--width 16` trained. rn50 now computes such nets in NCHW.
-mod common;
+use crate::common;
 
 use std::path::Path;
 
-use common::{image_tree, rn50};
+use common::{image_tree, rn50, TinyTrain};
 
 /// `rn50 train` of one step of ResNet-18 `--width W` on 96 px photos with the CIFAR stem (so the downsample
 /// convolution of the second stage reads 96x96 maps with W channels), fp32, on the CPU; its exit code and log.
 fn train(data: &Path, out: &Path, width: i64, extra: &[&str]) -> (Option<i32>, String) {
-    let width = width.to_string();
-    let mut args = vec![
-        "train",
-        data.to_str().unwrap(),
-        "-a",
-        "resnet18",
-        "--width",
-        &width,
-        "-b",
-        "2",
-        "-j",
-        "1",
-        "--image-size",
-        "96",
-        "--augment",
-        "cifar",
-        "--epochs",
-        "1",
-        "--steps-per-epoch",
-        "1",
-        "--device",
-        "cpu",
-        "--precision",
-        "fp32",
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let r = rn50(&args);
+    let r = TinyTrain::on(data, out)
+        .flags(&format!(
+            "--width {width} -b 2 -j 1 --image-size 96 --augment cifar --epochs 1 --steps-per-epoch 1 \
+             --precision fp32"
+        ))
+        .args(extra)
+        .output();
     (
         r.status.code(),
         String::from_utf8_lossy(&r.stderr).into_owned(),

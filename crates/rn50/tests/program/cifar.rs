@@ -1,12 +1,12 @@
 //! Real convergence on real data: a CIFAR-width ResNet-18 from the same code, trained for about a minute on a
 //! 10,000-image subset of CIFAR-10 (32 px crops with padding and flips), must beat the ~40% a linear classifier
 //! reaches on the test images by a clear margin.
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;
 
-use common::{metrics_lines, rn50, shared};
+use common::{metrics_lines, rn50, shared_data};
 
 /// `dst/<split>/<class>/` with links to the first `n` images of each class of `src/<from>/`.
 fn subset(src: &Path, from: &str, dst: &Path, split: &str, n: usize) {
@@ -36,7 +36,7 @@ fn cifar10_subset_beats_the_linear_baseline() {
     let dir = tempfile::tempdir().unwrap();
     let full = dir.path().join("cifar10");
     std::fs::create_dir_all(&full).unwrap();
-    let tar = shared().join("cifar10-jpeg.tar.gz");
+    let tar = shared_data().join("cifar10-jpeg.tar.gz");
     let ok = Command::new("tar")
         .arg("xzf")
         .arg(&tar)

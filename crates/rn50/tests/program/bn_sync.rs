@@ -1,7 +1,7 @@
 //! Batch norm across data-parallel ranks (issue 24): DDP's broadcast_buffers (rank 0's running statistics on
 //! every rank after each step, so that all ranks evaluate and checkpoint one model) and `--sync-bn` (the batch
 //! statistics of all ranks' batches together). Two ranks on CPU over Gloo, through `rn50 launch`.
-mod common;
+use crate::common;
 
 use std::ffi::OsString;
 use std::path::Path;

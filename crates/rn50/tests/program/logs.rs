@@ -3,7 +3,7 @@
 //! eval`'s) has progress lines with images/s and its ETA; the start line's numbers read as people write them;
 //! `RUST_LOG` filters; one of several ranks says which it is (`[rank N]`), once, whether `rn50 launch`
 //! prefixes its lines or not.
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 

@@ -3,28 +3,11 @@
 //! gives the same flags back, every recipe in recipes/ parses, and `--lr` is the rate itself while `--lr-base` is
 //! scaled with the global batch (the start line says which, and the rate).
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-mod common;
+use crate::common;
 
-use common::TinyTrain;
-
-/// `rn50 ARGS…`, only parsed (RN50_PARSE_ONLY: train prints its resolved flags as TOML and stops) or run.
-fn rn50(args: &[&str], parse_only: bool) -> Output {
-    rn50_in(Path::new("."), args, parse_only)
-}
-
-/// [`rn50`] in the working directory `cwd`.
-fn rn50_in(cwd: &Path, args: &[&str], parse_only: bool) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rn50"));
-    cmd.current_dir(cwd).args(args);
-    if parse_only {
-        cmd.env("RN50_PARSE_ONLY", "1");
-    } else {
-        cmd.env_remove("RN50_PARSE_ONLY");
-    }
-    cmd.output().expect("run rn50")
-}
+use common::{rn50, rn50_in, rn50_parse_only, TinyTrain};
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -34,7 +17,7 @@ fn text(bytes: &[u8]) -> String {
 fn resolved(args: &[&str]) -> toml::Table {
     let mut all = vec!["train"];
     all.extend_from_slice(args);
-    resolved_output(&all.join(" "), rn50(&all, true))
+    resolved_output(&all.join(" "), rn50_parse_only(&all))
 }
 
 /// The resolved flags of `t`, which must parse.
@@ -68,7 +51,7 @@ fn run_in(cwd: &Path, t: &TinyTrain) -> Output {
 fn refused(args: &[&str], names: &[&str]) {
     let mut all = vec!["train"];
     all.extend_from_slice(args);
-    let out = rn50(&all, true);
+    let out = rn50_parse_only(&all);
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "rn50 {}: {err}", all.join(" "));
     for n in names {
@@ -323,10 +306,7 @@ fn start_line_shows_the_effective_rate_and_config_toml_runs_the_same_again() {
     written.insert("run".into(), run);
     // A run started from it writes the same config.toml.
     let c = dir.path().join("c2");
-    let o = rn50(
-        &["train", "--config", &saved, "--out", c.to_str().unwrap()],
-        false,
-    );
+    let o = rn50(&["train", "--config", &saved, "--out", c.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let again: toml::Table = std::fs::read_to_string(c.join("config.toml"))
         .unwrap()
@@ -529,16 +509,13 @@ fn steps_per_epoch_is_an_alias_in_config_files_too() {
          batch-size = 2\nepochs = 1\nsteps-per-epoch = 2\nworkers = 1\n",
     );
     let run = dir.path().join("run");
-    let o = rn50(
-        &[
-            "train",
-            "--config",
-            &old_run,
-            "--out",
-            run.to_str().unwrap(),
-        ],
-        false,
-    );
+    let o = rn50(&[
+        "train",
+        "--config",
+        &old_run,
+        "--out",
+        run.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", text(&o.stderr));
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap();
@@ -635,7 +612,7 @@ fn main_py_and_timm_flags_are_aliases_or_refused_with_rn50s_way() {
         let mut args = vec!["--dummy"];
         args.extend_from_slice(flag);
         refused(&args, &[flag[0], rn50_way, "main.py or timm"]);
-        let err = text(&rn50(&[&["train"][..], &args].concat(), true).stderr);
+        let err = text(&rn50_parse_only(&[&["train"][..], &args].concat()).stderr);
         assert!(!err.contains("similar argument"), "{flag:?}: {err}");
     }
     // In a config file too.
@@ -645,7 +622,7 @@ fn main_py_and_timm_flags_are_aliases_or_refused_with_rn50s_way() {
         &["--gpu", "--device cuda:N"],
     );
 
-    let help = text(&rn50(&["train", "--help"], false).stdout);
+    let help = text(&rn50(&["train", "--help"]).stdout);
     let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
         help.contains("Batch size per process (per GPU)")

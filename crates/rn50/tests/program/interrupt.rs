@@ -3,7 +3,7 @@
 //! failure); a second SIGINT stops at once. Each run is started in a process group of its own and sent SIGINT as
 //! a terminal's Ctrl-C is, to the whole group. Before, the first SIGINT killed `rn50 train` (no checkpoint) and
 //! `rn50 launch` ended with "rn50 launch: failed: rank 0 was killed by signal 2 (SIGINT)", exit 130.
-mod common;
+use crate::common;
 
 use std::ffi::{OsStr, OsString};
 use std::io::BufRead;

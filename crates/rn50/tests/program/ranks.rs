@@ -1,11 +1,14 @@
 //! Ranks of one job started with different flags: found at start-up, before anything is written, and an error
 //! (exit 1) on every rank that names the flag and the ranks' values; never a run that drifts out of step (it
 //! used to end with rank 0 "checkpointed after a signal", exit 3: requeue me).
+use std::ffi::{OsStr, OsString};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::TinyTrain;
+
 /// Rank `rank` of 2 running `rn50 args…`, stderr to `log`.
-fn rank(rank: usize, port: u16, args: &[&str], log: &std::path::Path) -> Child {
+fn rank(rank: usize, port: u16, args: &[OsString], log: &std::path::Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_rn50"))
         .args(args)
         .env("RANK", rank.to_string())
@@ -24,9 +27,9 @@ fn rank(rank: usize, port: u16, args: &[&str], log: &std::path::Path) -> Child {
 }
 
 /// Runs two ranks, `args` plus `extra[r]` on rank r; returns each one's exit code and stderr.
-fn two_ranks(
+fn two_ranks<S: AsRef<OsStr>>(
     dir: &std::path::Path,
-    args: &[&str],
+    args: &[S],
     extra: [&[&str]; 2],
 ) -> Vec<(Option<i32>, String)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -37,7 +40,12 @@ fn two_ranks(
     let mut children: Vec<(Child, std::path::PathBuf)> = (0..2)
         .map(|r| {
             let log = dir.join(format!("log{r}"));
-            (rank(r, port, &[args, extra[r]].concat(), &log), log)
+            let args: Vec<OsString> = args
+                .iter()
+                .map(|a| a.as_ref().to_os_string())
+                .chain(extra[r].iter().map(OsString::from))
+                .collect();
+            (rank(r, port, &args, &log), log)
         })
         .collect();
     let start = Instant::now();
@@ -66,9 +74,9 @@ fn two_ranks(
 const BATCH_SIZES: &str = "--batch-size: rank 0 has 1, rank 1 has 2";
 
 /// Two ranks running `args` plus `-b 1` on rank 0 and `-b 2` on rank 1.
-fn two_ranks_with_different_batch_sizes(
+fn two_ranks_with_different_batch_sizes<S: AsRef<OsStr>>(
     dir: &std::path::Path,
-    args: &[&str],
+    args: &[S],
 ) -> Vec<(Option<i32>, String)> {
     two_ranks(dir, args, [&["-b", "1"], &["-b", "2"]])
 }
@@ -92,25 +100,10 @@ fn train_with_different_batch_sizes_is_an_error_at_start_up() {
     let out = dir.path().join("run");
     let results = two_ranks_with_different_batch_sizes(
         dir.path(),
-        &[
-            "train",
-            "--dummy",
-            "-a",
-            "resnet18",
-            "--width",
-            "8",
-            // 64 px: -b 1 at 32 px would be refused on its own (one value per channel in the last stage).
-            "--image-size",
-            "64",
-            "--steps-per-epoch",
-            "4",
-            "--epochs",
-            "1",
-            "--device",
-            "cpu",
-            "--out",
-            out.to_str().unwrap(),
-        ],
+        // 64 px: -b 1 at 32 px would be refused on its own (one value per channel in the last stage).
+        &TinyTrain::dummy(&out)
+            .flags("--width 8 --image-size 64 --steps-per-epoch 4 --epochs 1")
+            .to_args(),
     );
     assert_named(&results, BATCH_SIZES);
     assert!(
@@ -148,24 +141,9 @@ fn train_with_and_without_sync_bn_is_an_error_at_start_up() {
     let out = dir.path().join("run");
     let results = two_ranks(
         dir.path(),
-        &[
-            "train",
-            "--dummy",
-            "-a",
-            "resnet18",
-            "--width",
-            "16",
-            "--image-size",
-            "32",
-            "--steps-per-epoch",
-            "2",
-            "--epochs",
-            "1",
-            "--device",
-            "cpu",
-            "--out",
-            out.to_str().unwrap(),
-        ],
+        &TinyTrain::dummy(&out)
+            .flags("--width 16 --image-size 32 --steps-per-epoch 2 --epochs 1")
+            .to_args(),
         [&[], &["--sync-bn"]],
     );
     assert_named(&results, "--sync-bn: rank 0 has false, rank 1 has true");

@@ -1,21 +1,13 @@
 //! The `rn50` binary end to end: bench output and JSON, doctor, and clear errors on bad input.
-mod common;
+use crate::common::{self, rn50_backtrace};
 
 use std::process::{Command, Output};
 
 use rn50_report::schema::{BenchResult, SweepResult};
 
-fn rn50(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rn50"))
-        .args(args)
-        .env("RUST_BACKTRACE", "1")
-        .output()
-        .expect("run rn50")
-}
-
 /// Fails with a message on stderr, an exit code of 1, and no panic.
 fn assert_clean_error(args: &[&str], needle: &str) {
-    let out = rn50(args);
+    let out = rn50_backtrace(args);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{args:?} should fail");
     assert!(
@@ -50,7 +42,7 @@ fn bench_writes_the_documented_json() {
     let dir = tempfile::tempdir().unwrap();
     for data in ["device", "host"] {
         let json = dir.path().join(format!("{data}.json"));
-        let out = rn50(&[
+        let out = rn50_backtrace(&[
             "bench",
             "-a",
             "resnet18",
@@ -107,7 +99,7 @@ fn bench_writes_the_documented_json() {
 
 #[test]
 fn doctor_reports_json_checks() {
-    let out = rn50(&["doctor", "--json"]);
+    let out = rn50_backtrace(&["doctor", "--json"]);
     assert!(
         out.status.success(),
         "{}",
@@ -128,7 +120,7 @@ fn doctor_reports_json_checks() {
 /// wheel has): doctor finds the CUDA libtorch and says OK for rn50's own CUDA code, on CPU and GPU nodes alike.
 #[test]
 fn the_default_build_has_cuda_when_libtorch_has_it() {
-    let out = rn50(&["doctor", "--json"]);
+    let out = rn50_backtrace(&["doctor", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let check = |name: &str| {
         v["checks"]
@@ -193,7 +185,7 @@ fn doctor_under_mpirun_inside_slurm_says_open_mpi() {
 fn sweep_points_run_with_every_flag() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("sweep.json");
-    let out = rn50(&[
+    let out = rn50_backtrace(&[
         "bench",
         "--sweep",
         "--world-sizes",
@@ -256,8 +248,8 @@ fn sweep_points_run_with_every_flag() {
 #[test]
 fn predict_is_an_alias_of_scaling() {
     let args = ["--step-ms", "100", "--gpus", "1,8"];
-    let scaling = rn50(&[&["scaling"], &args[..]].concat());
-    let predict = rn50(&[&["predict"], &args[..]].concat());
+    let scaling = rn50_backtrace(&[&["scaling"], &args[..]].concat());
+    let predict = rn50_backtrace(&[&["predict"], &args[..]].concat());
     assert!(
         scaling.status.success(),
         "{}",
@@ -265,7 +257,7 @@ fn predict_is_an_alias_of_scaling() {
     );
     assert!(String::from_utf8_lossy(&scaling.stdout).contains("one worker: 100.0 ms/step"));
     assert_eq!(scaling.stdout, predict.stdout);
-    let help = String::from_utf8(rn50(&["--help"]).stdout).unwrap();
+    let help = String::from_utf8(rn50_backtrace(&["--help"]).stdout).unwrap();
     let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
     let (_, entry) = flat
         .split_once(" scaling ")
@@ -349,11 +341,7 @@ fn out_of_memory_is_an_error_that_names_the_batch_size() {
     for split in ["train", "val"] {
         let class = cwd.join("data").join(split).join("n01440764");
         std::fs::create_dir_all(&class).unwrap();
-        let photo = std::fs::read_dir(common::shared().join("jpeg/imagenet"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .min()
-            .unwrap();
+        let photo = common::shared_photos()[0].clone();
         std::fs::copy(&photo, class.join("a.JPEG")).unwrap();
     }
     let small = "--dummy -a resnet18 --width 8 -b 2 --image-size 64 --epochs 1 --steps-per-epoch 1 --device cpu";

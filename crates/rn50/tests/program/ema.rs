@@ -1,7 +1,7 @@
 //! `--ema` without the trap (issue 38): the trained weights and their moving average are both evaluated, logged
 //! (metrics.jsonl, TensorBoard, the epoch's line) and kept (best.safetensors, best_ema.safetensors), and a decay
 //! whose horizon outlasts the run is warned of at the start.
-mod common;
+use crate::common;
 
 use std::path::Path;
 

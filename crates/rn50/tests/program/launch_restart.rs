@@ -3,7 +3,7 @@
 //! workers again and they continue from that checkpoint, training every epoch once (rank 1 killed, or rank 0
 //! with the rendezvous store); without one, the launcher fails naming rank 1, and the checkpoint it leaves
 //! continues in a single `train --resume auto`.
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};

@@ -3,13 +3,13 @@
 //! every line as rn50 wrote it, and what made raw logs fail is gone: no submission lines or cache_clear, a step
 //! schedule's end rate of 0, run_stop success for any --target-accuracy, a resumed run's second attempt in the
 //! same file, submission flags without --mllog. --drop-caches really drops the page cache, and needs root.
-mod common;
+use crate::common;
 
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{metrics_lines, python, reference_script, shared, steps, TinyTrain};
+use common::{metrics_lines, python, reference_script, shared_photos, steps, TinyTrain};
 use serde_json::Value;
 
 /// DATA/{train,val}/<wnid>/: the `n` smallest ImageNet sample photos (quick to decode), each its own class,
@@ -19,10 +19,7 @@ use serde_json::Value;
 /// 8: 88.9%, and 77.8% with one more miss). The validation photos are the training photos: a toy that reaches
 /// the target honestly, not an ImageNet result.
 fn toy_data(root: &Path, n: usize, copies: usize) {
-    let mut photos: Vec<PathBuf> = std::fs::read_dir(shared().join("jpeg/imagenet"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let mut photos = shared_photos();
     photos.sort_by_key(|p| (std::fs::metadata(p).unwrap().len(), p.clone()));
     photos.truncate(n);
     photos.sort();

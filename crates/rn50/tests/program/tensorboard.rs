@@ -2,7 +2,7 @@
 //! RN50_PYTHON): a run killed with SIGKILL and resumed from an older checkpoint shows every step once, with the
 //! resumed run's values; training top-1 and validation loss are among the series; events reach the file while
 //! an epoch is still training.
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

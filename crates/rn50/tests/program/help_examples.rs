@@ -10,22 +10,14 @@
 //! README's quick start is checked the same way: each of its command lines is an rn50 command that parses, the
 //! SLURM script it names, whose arguments `rn50 train` parses, or the build step.
 use std::path::Path;
-use std::process::Command;
 
-fn rn50(args: &[&str], parse_only: bool) -> std::process::Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rn50"));
-    cmd.args(args);
-    if parse_only {
-        cmd.env("RN50_PARSE_ONLY", "1");
-    }
-    cmd.output().expect("run rn50")
-}
+use crate::common::{rn50, rn50_parse_only};
 
 /// `rn50 ARGS… --help`, which must succeed.
 fn help(path: &[String]) -> String {
     let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
     args.push("--help");
-    let out = rn50(&args, false);
+    let out = rn50(&args);
     assert!(out.status.success(), "rn50 {}", args.join(" "));
     String::from_utf8(out.stdout).unwrap()
 }
@@ -101,7 +93,7 @@ fn check(example: &str, commands: &[(Vec<String>, String)]) -> Result<(), String
             _ => Ok(()),
         };
     }
-    let out = rn50(&words, true);
+    let out = rn50_parse_only(&words);
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }

@@ -1,19 +1,11 @@
 //! `rn50 bench --profile` end to end on CPU: the table, the JSON's per-kind rows, and clear errors.
-use std::process::{Command, Output};
-
-fn rn50(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rn50"))
-        .args(args)
-        .env("RUST_BACKTRACE", "1")
-        .output()
-        .expect("run rn50")
-}
+use crate::common::rn50_backtrace;
 
 #[test]
 fn bench_profile_reports_time_per_kind_of_work() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("profile.json");
-    let out = rn50(&[
+    let out = rn50_backtrace(&[
         "bench",
         "-a",
         "resnet18",
@@ -133,7 +125,7 @@ fn bench_profile_rejects_what_it_cannot_do() {
         ),
         (&["bench", "--sweep", "--profile"][..], "leave out --sweep"),
     ] {
-        let out = rn50(args);
+        let out = rn50_backtrace(args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} should fail");
         assert!(!err.contains("panicked"), "{args:?} panicked:\n{err}");

@@ -1,7 +1,7 @@
 //! A smoke test of a whole dataset (issue 38): `--max-steps-per-epoch` (`--steps-per-epoch`) and
 //! `--val-max-images` cut each epoch's training and its evaluation short, so a full ImageNet tree is checked end
 //! to end in a minute.
-mod common;
+use crate::common;
 
 use common::{image_tree, metrics, rn50, steps, TinyTrain};
 

@@ -1,0 +1,43 @@
+//! The integration tests that only run the `rn50` program (as a subprocess) and check what it prints and
+//! writes, in one test binary (one link against libtorch instead of one per file), as ripgrep's tests/tests.rs
+//! does: each file of tests/program/ is a module, so `cargo test -p rn50 --test tests cli::` runs one file's
+//! tests. Nothing here changes the test process's own state (signal handlers, environment, libtorch's global
+//! settings): tests that do, or that need to run alone, keep a binary of their own (tests/*.rs).
+mod common;
+
+#[path = "program/args.rs"]
+mod args;
+#[path = "program/bn_sync.rs"]
+mod bn_sync;
+#[path = "program/cifar.rs"]
+mod cifar;
+#[path = "program/cli.rs"]
+mod cli;
+#[path = "program/config.rs"]
+mod config;
+#[path = "program/containers.rs"]
+mod containers;
+#[path = "program/ema.rs"]
+mod ema;
+#[path = "program/help_examples.rs"]
+mod help_examples;
+#[path = "program/interrupt.rs"]
+mod interrupt;
+#[path = "program/launch_restart.rs"]
+mod launch_restart;
+#[path = "program/logs.rs"]
+mod logs;
+#[path = "program/mllog.rs"]
+mod mllog;
+#[path = "program/narrow_cpu.rs"]
+mod narrow_cpu;
+#[path = "program/profile.rs"]
+mod profile;
+#[path = "program/ranks.rs"]
+mod ranks;
+#[path = "program/smoke.rs"]
+mod smoke;
+#[path = "program/sources.rs"]
+mod sources;
+#[path = "program/tensorboard.rs"]
+mod tensorboard;
