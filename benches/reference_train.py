@@ -1,0 +1,290 @@
+"""The PyTorch reference for `rn50 train`: the same recipe written as torchvision's references and
+pytorch/examples' main.py write it, to measure rn50's accuracy per epoch (and its wall-clock) against.
+
+    reference_train.py DATA --config recipes/imagenette-5ep.toml --seed 1 --out runs/ref-s1 [flags]
+
+DATA holds train/ and val/ ImageFolder trees. The recipe comes from the same TOML file `rn50 train --config`
+reads (keys are rn50's long flag names) and the same flags override it; a key this reference does not implement
+(Mixup, CutMix, AutoAugment, EMA, LARS, ...) is refused rather than silently ignored.
+
+What it does, step for step as rn50:
+  - torchvision.datasets.ImageFolder; transforms.v2: RandomResizedCrop(image-size, scale 0.08-1, ratio 3/4-4/3,
+    antialias) + RandomHorizontalFlip for training; Resize(val-resize, antialias) + CenterCrop(val-crop) for
+    evaluation; ImageNet mean/std. val-resize/val-crop default to rn50's: crop = image-size, resize = round(crop/0.875);
+  - torchvision.models.<arch>(num_classes = the class folders), --zero-init-residual as torchvision's;
+  - torch.optim.SGD(momentum, nesterov, weight decay; --no-bn-wd: none on 1-D parameters, batch-norm and biases,
+    as rn50 and torchvision's --norm-weight-decay 0 with --bias-weight-decay 0);
+  - the rate of each step from rn50's schedule (crates/rn50/src/train/schedule.rs): linear warmup from 0 over
+    --warmup-epochs, then step/cosine/linear, evaluated at t = epoch + (batch + 1) / batches per epoch;
+    --lr, or --lr-base x global batch / --lr-base-size (default 0.1 per 256);
+  - CrossEntropyLoss(label_smoothing); shuffled, drop_last batches; channels_last; autocast for bf16;
+  - evaluation after every epoch: top-1, top-5 and the mean cross-entropy (no smoothing), as main.py's validate().
+
+OUT/metrics.jsonl has one line per epoch in rn50's schema (rn50_report::schema::EpochMetrics: epoch, train_loss,
+train_acc1, lr, images_per_sec, acc1, acc5, val_loss, val_images, seconds, train_seconds, resolution,
+data_wait_share), so `rn50 report` tables and plots it beside rn50's runs; OUT/summary.json is an rn50
+summary.json (TrainSummary) whose device names PyTorch.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import tomllib
+
+import torch
+import torchvision
+from torchvision.transforms import v2
+
+# rn50's flags this reference implements, with their defaults (rn50 train --help).
+DEFAULTS = {
+    "arch": "resnet50",
+    "batch-size": 256,
+    "epochs": 90,
+    "lr": None,
+    "lr-base": None,
+    "lr-base-size": 256,
+    "warmup-epochs": 0.0,
+    "lr-schedule": "step",
+    "lr-milestones": None,
+    "lr-end": 0.0,
+    "momentum": 0.9,
+    "wd": 1e-4,
+    "no-bn-wd": False,
+    "nesterov": False,
+    "label-smoothing": 0.0,
+    "zero-init-residual": False,
+    "image-size": 224,
+    "val-resize": None,
+    "val-crop": None,
+    "precision": "fp32",
+    "channels-last": True,
+    "threads": None,
+    "workers": 2,
+    "seed": 0,
+    "max-steps-per-epoch": None,
+}
+# Keys of rn50's recipe files that do not change what is trained: accepted and ignored.
+IGNORED = {"print-freq", "out", "checkpoint-minutes", "keep-checkpoints", "data", "device", "json"}
+ALIASES = {"steps-per-epoch": "max-steps-per-epoch", "learning-rate": "lr", "weight-decay": "wd", "model": "arch"}
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("data")
+    p.add_argument("--config", help="an rn50 recipe file (TOML, rn50's long flag names)")
+    p.add_argument("--out", required=True, help="folder for metrics.jsonl and summary.json (must not hold a run)")
+    p.add_argument("-a", "--arch")
+    p.add_argument("-b", "--batch-size", type=int)
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--lr-base", type=float)
+    p.add_argument("--lr-base-size", type=int)
+    p.add_argument("--warmup-epochs", type=float)
+    p.add_argument("--lr-schedule", choices=["step", "cosine", "linear"])
+    p.add_argument("--lr-milestones", type=lambda s: [float(x) for x in s.split(",")])
+    p.add_argument("--lr-end", type=float)
+    p.add_argument("--momentum", type=float)
+    p.add_argument("--wd", type=float)
+    p.add_argument("--no-bn-wd", action="store_const", const=True)
+    p.add_argument("--nesterov", action="store_const", const=True)
+    p.add_argument("--label-smoothing", type=float)
+    p.add_argument("--zero-init-residual", action="store_const", const=True)
+    p.add_argument("--image-size", type=int)
+    p.add_argument("--val-resize", type=int)
+    p.add_argument("--val-crop", type=int)
+    p.add_argument("--precision", choices=["fp32", "bf16"])
+    p.add_argument("--channels-last", action="store_const", const=True)
+    p.add_argument("--no-channels-last", dest="channels_last", action="store_const", const=False)
+    p.add_argument("--threads", type=int)
+    p.add_argument("-j", "--workers", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--max-steps-per-epoch", type=int)
+    a = p.parse_args()
+
+    recipe = dict(DEFAULTS)
+    if a.config:
+        with open(a.config, "rb") as f:
+            for key, value in tomllib.load(f).items():
+                key = ALIASES.get(key, key)
+                if key in IGNORED:
+                    continue
+                if key not in DEFAULTS:
+                    sys.exit(f"reference_train.py: {a.config}: `{key}` is not implemented by this reference")
+                recipe[key] = value
+    for key in DEFAULTS:
+        value = getattr(a, key.replace("-", "_"))
+        if value is not None:
+            recipe[key] = value
+    if recipe["lr"] is not None and recipe["lr-base"] is not None:
+        sys.exit("reference_train.py: --lr and --lr-base together")
+    if recipe["val-crop"] is None:
+        recipe["val-crop"] = recipe["image-size"]
+    if recipe["val-resize"] is None:
+        recipe["val-resize"] = round(recipe["val-crop"] / 0.875)
+    return a, recipe
+
+
+def lr_at(r, peak, t):
+    """rn50's LrSchedule::at: the rate of the step that ends at fractional epoch t."""
+    w, epochs = r["warmup-epochs"], r["epochs"]
+    if t < w:
+        return peak * max(t / w, 0.0)
+    progress = min(max((t - w) / (epochs - w), 0.0), 1.0)
+    kind = r["lr-schedule"]
+    if kind == "step":
+        milestones = r["lr-milestones"] or [30.0 * k for k in range(1, 1000) if 30 * k < epochs]
+        return peak * 0.1 ** sum(1 for m in milestones if t >= m)
+    if kind == "cosine":
+        end = r["lr-end"]
+        return end + 0.5 * (peak - end) * (1.0 + math.cos(math.pi * progress))
+    if kind == "linear":
+        return peak * (1.0 - progress)
+    raise ValueError(kind)
+
+
+def evaluate(model, loader, fmt, amp):
+    model.eval()
+    n = hit1 = hit5 = 0
+    loss_sum = 0.0
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        for images, labels in loader:
+            out = model(images.contiguous(memory_format=fmt)).float()
+            loss_sum += torch.nn.functional.cross_entropy(out, labels, reduction="sum").item()
+            top5 = out.topk(min(5, out.shape[1]), 1).indices
+            hit1 += (top5[:, 0] == labels).sum().item()
+            hit5 += (top5 == labels[:, None]).any(1).sum().item()
+            n += len(labels)
+    return 100.0 * hit1 / n, 100.0 * hit5 / n, loss_sum / n, n
+
+
+def main():
+    a, r = parse()
+    os.makedirs(a.out, exist_ok=True)
+    metrics_path = os.path.join(a.out, "metrics.jsonl")
+    if os.path.exists(metrics_path):
+        sys.exit(f"reference_train.py: {metrics_path} exists: choose another --out")
+    if r["threads"]:
+        torch.set_num_threads(r["threads"])
+    torch.manual_seed(r["seed"])
+    fmt = torch.channels_last if r["channels-last"] else torch.contiguous_format
+    amp = r["precision"] == "bf16"
+
+    normalize = [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]
+    train_tf = v2.Compose(
+        [v2.PILToTensor(), v2.RandomResizedCrop(r["image-size"], antialias=True), v2.RandomHorizontalFlip()]
+        + normalize
+    )
+    val_tf = v2.Compose(
+        [v2.PILToTensor(), v2.Resize(r["val-resize"], antialias=True), v2.CenterCrop(r["val-crop"])] + normalize
+    )
+    train_set = torchvision.datasets.ImageFolder(os.path.join(a.data, "train"), train_tf)
+    val_set = torchvision.datasets.ImageFolder(os.path.join(a.data, "val"), val_tf)
+    if train_set.classes != val_set.classes:
+        sys.exit("reference_train.py: train/ and val/ have different classes")
+    b = r["batch-size"]
+    g = torch.Generator().manual_seed(r["seed"])
+    train_loader = torch.utils.data.DataLoader(
+        train_set, b, shuffle=True, drop_last=True, num_workers=r["workers"], generator=g, persistent_workers=True
+    )
+    val_loader = torch.utils.data.DataLoader(val_set, b, num_workers=r["workers"], persistent_workers=True)
+
+    model = torchvision.models.__dict__[r["arch"]](
+        num_classes=len(train_set.classes), zero_init_residual=r["zero-init-residual"]
+    ).to(memory_format=fmt)
+    decay, no_decay = [], []
+    for p in model.parameters():
+        (no_decay if r["no-bn-wd"] and p.ndim <= 1 else decay).append(p)
+    groups = [{"params": decay, "weight_decay": r["wd"]}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    peak = r["lr"] if r["lr"] is not None else (r["lr-base"] or 0.1) * b / r["lr-base-size"]
+    opt = torch.optim.SGD(groups, lr=peak, momentum=r["momentum"], nesterov=r["nesterov"])
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=r["label-smoothing"])
+    steps = len(train_loader)
+    if r["max-steps-per-epoch"]:
+        steps = min(steps, r["max-steps-per-epoch"])
+
+    print(f"reference: {r['arch']} on {a.data} ({len(train_set)} train / {len(val_set)} val, "
+          f"{len(train_set.classes)} classes), batch {b}, peak lr {peak:g}, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads", flush=True)
+    for epoch in range(r["epochs"]):
+        model.train()
+        t0 = time.perf_counter()
+        wait = loss_sum = 0.0
+        hits = images_seen = logged = 0
+        last_lr = peak
+        it = iter(train_loader)
+        for i in range(steps):
+            w0 = time.perf_counter()
+            images, labels = next(it)
+            wait += time.perf_counter() - w0
+            last_lr = lr_at(r, peak, epoch + (i + 1) / steps)
+            for group in opt.param_groups:
+                group["lr"] = last_lr
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                out = model(images.contiguous(memory_format=fmt))
+                loss = criterion(out.float(), labels)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss_sum += loss.item()
+            logged += 1
+            hits += (out.argmax(1) == labels).sum().item()
+            images_seen += len(labels)
+        del it
+        train_seconds = time.perf_counter() - t0
+        acc1, acc5, val_loss, val_n = evaluate(model, val_loader, fmt, amp)
+        record = {
+            "epoch": epoch,
+            "train_loss": loss_sum / logged,
+            "train_acc1": 100.0 * hits / images_seen,
+            "lr": last_lr,
+            "images_per_sec": images_seen / train_seconds,
+            "acc1": acc1,
+            "acc5": acc5,
+            "val_loss": val_loss,
+            "val_images": val_n,
+            "seconds": time.perf_counter() - t0,
+            "train_seconds": train_seconds,
+            "resolution": r["image-size"],
+            "data_wait_share": wait / train_seconds,
+            "bad_images": 0,
+            "disk_read_gbs": None,
+            "disk_read_iops": None,
+            "process_read_gbs": None,
+        }
+        with open(metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        print(f"epoch {epoch}: loss {record['train_loss']:.4f} Acc@1 {acc1:.2f} Acc@5 {acc5:.2f} "
+              f"{record['images_per_sec']:.1f} img/s {record['seconds']:.0f} s", flush=True)
+    records = [json.loads(line) for line in open(metrics_path)]
+    # rn50's TrainSummary fields (rn50_report::schema), so `rn50 report` lists the reference beside rn50's runs.
+    summary = {
+        "arch": r["arch"],
+        "device": f"PyTorch {torch.__version__} eager, CPU ({torch.get_num_threads()} threads)",
+        "world_size": 1,
+        "batch_size": b,
+        "global_batch": b,
+        "lr": peak,
+        "lr_base": None if r["lr"] is not None else r["lr-base"] or 0.1,
+        "lr_base_size": None if r["lr"] is not None else r["lr-base-size"],
+        "epochs": len(records),
+        "wall_clock_s": sum(e["seconds"] for e in records),
+        "acc1": records[-1]["acc1"],
+        "acc5": records[-1]["acc5"],
+        "best_acc1": max(e["acc1"] for e in records),
+        "images_per_sec": sum(e["images_per_sec"] for e in records) / len(records),
+        "precision": r["precision"],
+        "dataset": a.data,
+        "steps_per_epoch": steps,
+        "full_steps_per_epoch": len(train_loader),
+        "val_images_total": len(val_set),
+    }
+    with open(os.path.join(a.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
