@@ -136,7 +136,16 @@ fn the_default_build_has_cuda_when_libtorch_has_it() {
         .unwrap()
         .starts_with("built with CUDA");
     if !has_cuda {
-        eprintln!("skipped: this libtorch has no CUDA ({libtorch_cuda})");
+        // CI builds against the pinned CUDA wheel: a libtorch without CUDA there is a broken set-up, not a pass.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must build against the pinned CUDA wheel (./dev setup), but this libtorch has no CUDA: {libtorch_cuda}"
+        );
+        // Elsewhere (a user's CPU libtorch) the other half of the rule holds: no CUDA code was compiled.
+        assert!(
+            !rn50::shim::cuda_compiled(),
+            "CUDA code compiled against a libtorch without CUDA"
+        );
         return;
     }
     let ours = check("rn50 cuda").expect("doctor checks rn50's CUDA code when libtorch has CUDA");
