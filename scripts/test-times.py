@@ -37,9 +37,14 @@ def crates_of(artifacts_path):
             except ValueError:
                 continue
             if msg.get("reason") == "compiler-artifact" and msg.get("executable"):
-                # package_id: `path+file:///work/main/crates/data#rn50-data@0.1.0` (or `... rn50-data 0.1.0 (...)`)
+                # package_id: `path+file:///work/main/crates/data#rn50-data@0.1.0`, or `...crates/rn50#0.1.0` when
+                # the package is named as its folder (older cargo: `rn50-data 0.1.0 (path+file://...)`)
                 pid = msg["package_id"]
-                name = pid.split("#", 1)[1].split("@")[0] if "#" in pid else pid.split(" ")[0]
+                if "#" in pid:
+                    url, _, fragment = pid.partition("#")
+                    name = fragment.split("@")[0] if "@" in fragment else url.rstrip("/").rsplit("/", 1)[-1]
+                else:
+                    name = pid.split(" ")[0]
                 crates[binary_name(msg["executable"])] = name
     return crates
 
