@@ -36,7 +36,7 @@ def main():
     p.add_argument("--reference", nargs="+", required=True, help="the reference's run directories")
     p.add_argument("--target", type=float, action="append", default=[], help="a top-1 to time (repeatable)")
     a = p.parse_args()
-    sets = [a.rn50, a.reference]
+    sets = [[os.path.normpath(r) for r in s] for s in (a.rn50, a.reference)]
     names = ["rn50", "PyTorch"]
     runs = [{run: load(run) for run in s} for s in sets]
     epochs = max(len(m) for s in runs for m in s.values())

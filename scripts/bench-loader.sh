@@ -3,7 +3,7 @@
 # transforms, as many worker processes as our threads) on the same files, in the same run.
 #
 #   scripts/bench-loader.sh [--val]      (after ./dev build; uses the env ./dev sets up)
-#   OURS_FLAGS=--no-dct-scaling scripts/bench-loader.sh   (flags for rn50 only)
+#   OURS_FLAGS=--dct-scaling scripts/bench-loader.sh   (flags for rn50 only)
 #
 # Datasets: the 220 real ImageNet photos in shared/data/jpeg/imagenet (as an ImageFolder of
 # symlinks), and SYNTH_N synthetic JPEGs with ImageNet's size distribution written to disk by

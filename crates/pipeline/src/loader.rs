@@ -70,7 +70,8 @@ pub struct LoaderConfig {
     /// before them; see the module's documentation for the exact bound).
     pub prefetch: usize,
     pub on_bad_image: BadImagePolicy,
-    /// Decode at 1/2, 1/4, 1/8 scale in the DCT domain when the crop is shrunk that much anyway.
+    /// Decode at 1/2, 1/4, 1/8 scale in the DCT domain when the crop is shrunk that much anyway: faster, not
+    /// torchvision's pixels, and measurably less accurate at small sizes (docs/imagenette.md). Off by default.
     pub dct_scaling: bool,
     /// An image with more pixels is a bad image, refused from its header (default: Pillow's
     /// `MAX_IMAGE_PIXELS`, a guard against decompression bombs).
@@ -93,7 +94,7 @@ impl LoaderConfig {
             drop_last: true,
             prefetch: 2 * workers.max(1),
             on_bad_image: BadImagePolicy::Skip,
-            dct_scaling: true,
+            dct_scaling: false,
             max_image_pixels: MAX_IMAGE_PIXELS,
         }
     }

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use rn50_args::{check_batch_bytes, usize_in, UsageError, MAX_BATCH, MAX_IMAGE_SIZE, MAX_THREADS};
 
-use super::{default_workers, write_json, AugmentArgs, PixelLimit, TrainSplitArg, ValSplitArg};
+use super::{
+    default_workers, write_json, AugmentArgs, DctScalingArg, PixelLimit, TrainSplitArg, ValSplitArg,
+};
 use crate::loader::{BadImagePolicy, LoaderConfig};
 use crate::source::Dataset;
 use crate::synthetic::{self, SyntheticConfig};
@@ -58,9 +60,8 @@ pub struct BenchLoaderArgs {
     /// Shorter side before the center crop (with --val), --image-size to 4096 pixels.
     #[arg(long, default_value_t = 256, value_parser = usize_in(1..=MAX_IMAGE_SIZE))]
     pub val_resize: usize,
-    /// Always decode at full resolution (no 1/2..1/8 DCT-domain downscaling).
-    #[arg(long)]
-    pub no_dct_scaling: bool,
+    #[command(flatten)]
+    pub dct: DctScalingArg,
     /// Batches decoded ahead of the consumer, 1 to 2048 (default: 2 per worker).
     #[arg(long, value_parser = usize_in(1..=2 * MAX_THREADS))]
     pub prefetch: Option<usize>,
@@ -156,7 +157,7 @@ pub fn run(cmd: &BenchLoaderArgs) -> Result<()> {
         seed: cmd.seed,
         prefetch: cmd.prefetch.unwrap_or(base.prefetch),
         on_bad_image: cmd.on_bad_image,
-        dct_scaling: !cmd.no_dct_scaling,
+        dct_scaling: cmd.dct.dct_scaling,
         max_image_pixels: cmd.pixel_limit.max_image_pixels,
         ..base
     };

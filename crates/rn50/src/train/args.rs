@@ -156,6 +156,8 @@ pub struct TrainArgs {
     pub workers: Option<usize>,
     #[command(flatten)]
     pub pixel_limit: rn50_pipeline::cli::PixelLimit,
+    #[command(flatten)]
+    pub dct: rn50_pipeline::cli::DctScalingArg,
     /// Augmentation recipe (and stem): imagenet, or cifar for ~32 px images.
     #[arg(long, value_enum, default_value_t = Augment::Imagenet)]
     pub augment: Augment,

@@ -33,6 +33,35 @@ pub(crate) fn val_sizes(args: &TrainArgs) -> (usize, usize) {
     (resize, crop)
 }
 
+/// The train loader's (its transform set per resolution by [`RealData::train`]) and the val loader's configuration,
+/// `rank`'s shard of each.
+fn loader_configs(
+    args: &TrainArgs,
+    workers: usize,
+    rank: usize,
+    world: usize,
+) -> (LoaderConfig, LoaderConfig) {
+    let train = LoaderConfig {
+        augment: args.augmentation.train_augment(),
+        ra_reps: args.ra_reps,
+        seed: args.seed,
+        rank,
+        world_size: world,
+        max_image_pixels: args.pixel_limit.max_image_pixels,
+        dct_scaling: args.dct.dct_scaling,
+        ..LoaderConfig::train(args.batch_size, workers)
+    };
+    let val = LoaderConfig {
+        transform: val_transform(args),
+        rank,
+        world_size: world,
+        max_image_pixels: args.pixel_limit.max_image_pixels,
+        dct_scaling: args.dct.dct_scaling,
+        ..LoaderConfig::val(args.batch_size, workers)
+    };
+    (train, val)
+}
+
 pub struct RealData {
     train_set: Dataset,
     train_cfg: LoaderConfig,
@@ -81,22 +110,7 @@ impl RealData {
         }
         let classes = train.classes().to_vec();
         let (train_images, val_images) = (train.len(), val.len());
-        let train_cfg = LoaderConfig {
-            augment: args.augmentation.train_augment(),
-            ra_reps: args.ra_reps,
-            seed: args.seed,
-            rank,
-            world_size: world,
-            max_image_pixels: args.pixel_limit.max_image_pixels,
-            ..LoaderConfig::train(args.batch_size, workers)
-        };
-        let val_cfg = LoaderConfig {
-            transform: val_transform(args),
-            rank,
-            world_size: world,
-            max_image_pixels: args.pixel_limit.max_image_pixels,
-            ..LoaderConfig::val(args.batch_size, workers)
-        };
+        let (train_cfg, val_cfg) = loader_configs(args, workers, rank, world);
         Ok(Self {
             train_set: train,
             train_cfg,
@@ -167,4 +181,51 @@ pub fn drop_caches(drop: bool) -> Result<Option<SystemTime>> {
         .write_all(b"3")
         .with_context(|| format!("--drop-caches: writing 3 to {DROP_CACHES}"))?;
     Ok(Some(SystemTime::now()))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        train: TrainArgs,
+    }
+
+    fn configs(flags: &str) -> (LoaderConfig, LoaderConfig) {
+        let words = ["train", "DATA"]
+            .into_iter()
+            .chain(flags.split_whitespace());
+        loader_configs(&Cli::parse_from(words).train, 3, 1, 4)
+    }
+
+    #[test]
+    fn both_loaders_take_the_decode_flags_and_the_rank_s_shard() {
+        let (train, val) = configs("--seed 9 -b 32");
+        for c in [&train, &val] {
+            assert!(
+                !c.dct_scaling,
+                "whole decodes (torchvision's pixels) by default"
+            );
+            assert_eq!(
+                (c.rank, c.world_size, c.workers, c.batch_size),
+                (1, 4, 3, 32)
+            );
+        }
+        assert!(train.shuffle && train.drop_last && train.seed == 9);
+        assert!(!val.shuffle && !val.drop_last);
+        let (train, val) = configs("--dct-scaling --max-image-pixels 1000");
+        for c in [&train, &val] {
+            assert!(c.dct_scaling, "--dct-scaling");
+            assert_eq!(c.max_image_pixels, 1000);
+        }
+        let (train, val) = configs("--dct-scaling --no-dct-scaling");
+        assert!(
+            !train.dct_scaling && !val.dct_scaling,
+            "the last one given wins"
+        );
+    }
 }

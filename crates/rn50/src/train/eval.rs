@@ -158,6 +158,8 @@ pub struct EvalArgs {
     #[command(flatten)]
     pub pixel_limit: rn50_pipeline::cli::PixelLimit,
     #[command(flatten)]
+    pub dct: rn50_pipeline::cli::DctScalingArg,
+    #[command(flatten)]
     pub sizes: ValSizeArgs,
     #[command(flatten)]
     pub compute: ComputeArgs,
@@ -218,6 +220,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     let loader_cfg = LoaderConfig {
         transform: Transform::val(t.resize, t.crop),
         max_image_pixels: args.pixel_limit.max_image_pixels,
+        dct_scaling: args.dct.dct_scaling,
         ..LoaderConfig::val(args.batch_size, workers)
     };
     let loader = Loader::new(dataset, loader_cfg)?;
