@@ -35,7 +35,7 @@ use anyhow::{bail, Context};
 use rn50_args::finite_in;
 use serde::Serialize;
 
-use crate::schema::{hardware_name, read_json, BenchResult};
+use crate::schema::{bench_hardware_label, read_json, BenchResult};
 use crate::table::{fmt_pct, fmt_rate, Align, Cell, Column, Table};
 
 /// torchvision's parameter counts.
@@ -631,7 +631,7 @@ fn bench_speed(path: &std::path::Path) -> anyhow::Result<BenchSpeed> {
         batch: c.batch_size,
         arch: c.arch.clone(),
         device: c.device.clone(),
-        hardware: hardware_name(c, b.machine.as_ref()),
+        hardware: bench_hardware_label(c, b.machine.as_ref()),
     })
 }
 

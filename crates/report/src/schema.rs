@@ -283,8 +283,9 @@ pub struct CudaDevice {
     pub compute_capability: Option<String>,
 }
 
-/// The "hardware" column: the GPU's name on CUDA, else the CPU model and thread count.
-pub fn hardware_name(config: &BenchConfig, machine: Option<&Machine>) -> String {
+/// The "hardware" column of a bench result, from what it recorded: the GPU's name on CUDA, else the CPU model and
+/// thread count (a live device's is `rn50::device::hardware_name`).
+pub fn bench_hardware_label(config: &BenchConfig, machine: Option<&Machine>) -> String {
     let device = config.device.as_deref().unwrap_or("");
     let Some(m) = machine else {
         return if device.is_empty() {
@@ -602,8 +603,8 @@ pub enum Input {
 }
 
 impl SweepResult {
-    /// The hardware column: `hardware` if set, else as a bench result's.
-    pub fn hardware_name(&self) -> String {
+    /// The hardware column: `hardware` if set, else as a bench result's ([`bench_hardware_label`]).
+    pub fn hardware_label(&self) -> String {
         if !self.hardware.is_empty() {
             return self.hardware.clone();
         }
@@ -613,7 +614,7 @@ impl SweepResult {
             threads: self.threads,
             ..BenchConfig::default()
         };
-        hardware_name(&config, self.machine.as_ref())
+        bench_hardware_label(&config, self.machine.as_ref())
     }
 }
 

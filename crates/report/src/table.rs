@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::efficiency::{speedup_throughput, throughput_efficiency_from, time_efficiency_from};
-use crate::schema::{hardware_name, BenchConfig, BenchResult, SweepResult, TrainRun, TrainSummary};
+use crate::schema::{
+    bench_hardware_label, BenchConfig, BenchResult, SweepResult, TrainRun, TrainSummary,
+};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Cell {
@@ -352,7 +354,7 @@ pub fn bench_row(source: &str, b: &BenchResult) -> ThroughputRow {
     let c = &b.config;
     ThroughputRow {
         source: source.into(),
-        hardware: hardware_name(c, b.machine.as_ref()),
+        hardware: bench_hardware_label(c, b.machine.as_ref()),
         config: config_label(
             &c.network(),
             c.precision.as_deref(),
@@ -382,7 +384,7 @@ pub fn sweep_rows(source: &str, s: &SweepResult) -> Vec<ThroughputRow> {
         s.image_size,
         s.data.as_deref(),
     );
-    let hardware = s.hardware_name();
+    let hardware = s.hardware_label();
     s.points
         .iter()
         .map(|p| ThroughputRow {

@@ -186,8 +186,9 @@ pub fn device_name(d: Device) -> String {
     }
 }
 
-/// The hardware as result tables name it: the GPU's model for a CUDA device ("NVIDIA H200", from the driver),
-/// else [`device_name`].
+/// The hardware of the live device `d` as result tables name it: the GPU's model for a CUDA device ("NVIDIA H200",
+/// from the driver), else [`device_name`]. A bench result's, from what it recorded, is
+/// [`rn50_report::schema::bench_hardware_label`].
 pub fn hardware_name(d: Device) -> String {
     let gpu = match d {
         Device::Cuda(i) => crate::machine::cuda_devices().0.into_iter().nth(i),

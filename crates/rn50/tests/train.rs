@@ -2,6 +2,7 @@
 //! evaluation, checkpoints, resume; SIGTERM gives a resumable checkpoint; bad data layouts are clear errors.
 mod common;
 
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -19,22 +20,8 @@ fn resnet50_trains_evaluates_checkpoints_and_resumes() {
     let data = dir.path().join("data");
     tree(&data, 4, 4);
     let out = dir.path().join("run");
-    let (d, o) = (data.to_str().unwrap(), out.to_str().unwrap());
-    let common = [
-        "train",
-        d,
-        "-a",
-        "resnet50",
-        "-b",
-        "4",
-        "-j",
-        "2",
-        "--steps-per-epoch",
-        "2",
-        "--device",
-        "cpu",
-    ];
-    let r = rn50(&[&common[..], &["--epochs", "2", "--out", o, "-p", "1"]].concat());
+    let train = TinyTrain::on(&data, &out).flags("-a resnet50 -b 4 -j 2 --steps-per-epoch 2");
+    let r = train.clone().flags("--epochs 2 -p 1").output();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     assert_eq!(json_lines(&out.join("metrics.jsonl")).len(), 2);
     let m = metrics(&out);
@@ -71,20 +58,7 @@ fn resnet50_trains_evaluates_checkpoints_and_resumes() {
     }
     // Resume for one more epoch: only epoch 2 runs.
     let ckpt = out.join("checkpoint.safetensors");
-    let r = rn50(
-        &[
-            &common[..],
-            &[
-                "--epochs",
-                "3",
-                "--out",
-                o,
-                "--resume",
-                ckpt.to_str().unwrap(),
-            ],
-        ]
-        .concat(),
-    );
+    let r = train.flags("--epochs 3 --resume").args([&ckpt]).output();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let epochs: Vec<u64> = json_lines(&out.join("metrics.jsonl"))
         .iter()
@@ -105,7 +79,7 @@ fn resnet50_trains_evaluates_checkpoints_and_resumes() {
         "resnet50",
         "--weights",
         final_w.to_str().unwrap(),
-        d,
+        data.to_str().unwrap(),
         "-b",
         "4",
     ]);
@@ -116,31 +90,9 @@ fn resnet50_trains_evaluates_checkpoints_and_resumes() {
 fn sigterm_saves_a_resumable_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rn50"))
-        .args([
-            "train",
-            "--dummy",
-            "-a",
-            "resnet18",
-            "-b",
-            "2",
-            "--image-size",
-            "32",
-            "--epochs",
-            "1",
-        ])
-        .args([
-            "--steps-per-epoch",
-            "100000",
-            "-p",
-            "1",
-            "--device",
-            "cpu",
-            "--precision",
-            "fp32",
-        ])
-        .arg("--out")
-        .arg(&out)
+    let mut child = TinyTrain::dummy(&out)
+        .flags("-b 2 --image-size 32 --epochs 1 --steps-per-epoch 100000 -p 1 --precision fp32")
+        .command()
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -198,14 +150,13 @@ fn resuming_reproduces_the_losses_with_the_recipe_augmentations() {
 
 /// `train DATA --out RUN` for 2 epochs of 6 steps of ResNet-18 at 64 px on the CPU, every step logged, with `extra`
 /// flags: the run the resume tests stop and resume.
-fn six_step_run(data: &Path, run: &Path, extra: &str) -> Vec<String> {
-    let flags = "-a resnet18 -j 2 --image-size 64 --val-resize 73 --val-crop 64 --epochs 2 \
-                 --steps-per-epoch 6 -p 1 --device cpu --precision fp32";
-    let mut v = vec!["train".to_string(), data.to_str().unwrap().into()];
-    v.extend(["--out".into(), run.to_str().unwrap().into()]);
-    v.extend(flags.split_whitespace().map(String::from));
-    v.extend(extra.split_whitespace().map(String::from));
-    v
+fn six_step_run(data: &Path, run: &Path, extra: &str) -> TinyTrain {
+    TinyTrain::on(data, run)
+        .flags(
+            "-j 2 --image-size 64 --val-resize 73 --val-crop 64 --epochs 2 --steps-per-epoch 6 -p 1 \
+             --precision fp32",
+        )
+        .flags(extra)
 }
 
 /// Trains 2 epochs of 6 steps on 4 classes of `copies` training images with `extra` flags whole, then again
@@ -217,18 +168,15 @@ fn resume_reproduces_losses(copies: usize, extra: &str) {
     image_tree(&data, "val", 4, 1);
     let args = |run: &Path| six_step_run(&data, run, extra);
     let whole = dir.path().join("whole");
-    let r = Command::new(env!("CARGO_BIN_EXE_rn50"))
-        .args(args(&whole))
-        .output()
-        .unwrap();
+    let r = args(&whole).output();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let want = step_losses(&whole);
     assert_eq!(want.len(), 12);
 
     // Interrupt a second run with SIGTERM after its second step, then resume it.
     let part = dir.path().join("part");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rn50"))
-        .args(args(&part))
+    let mut child = args(&part)
+        .command()
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -241,12 +189,7 @@ fn resume_reproduces_losses(copies: usize, extra: &str) {
         pos.epoch == 0 && (2..4).contains(&pos.batch_in_epoch),
         "{pos:?}"
     );
-    let mut resume = args(&part);
-    resume.extend(["--resume".to_string(), ckpt.to_str().unwrap().to_string()]);
-    let r = Command::new(env!("CARGO_BIN_EXE_rn50"))
-        .args(&resume)
-        .output()
-        .unwrap();
+    let r = args(&part).flags("--resume").args([&ckpt]).output();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
 
     let got = step_losses(&part);
@@ -296,23 +239,20 @@ fn a_preempted_and_killed_run_reports_what_the_straight_run_reports() {
     image_tree(&data, "val", 4, 1);
     let args = |run: &Path| six_step_run(&data, run, "-b 1");
     let whole = dir.path().join("whole");
-    let r = Command::new(env!("CARGO_BIN_EXE_rn50"))
-        .args(args(&whole))
-        .output()
-        .unwrap();
+    let r = args(&whole).output();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
 
     let part = dir.path().join("part");
-    let spawn = |extra: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_rn50"))
-            .args(args(&part))
-            .args(extra)
+    let spawn = |extra: &str| {
+        args(&part)
+            .flags(extra)
+            .command()
             .stderr(Stdio::piped())
             .spawn()
             .unwrap()
     };
     // Attempt 1: paused 3 s in epoch 0, then SIGTERM: a checkpoint where it stops, exit 3.
-    let mut child = spawn(&[]);
+    let mut child = spawn("");
     let _err = common::read_stderr_until(&mut child, "epoch 0 [    2/");
     pause(&child, 3);
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -326,18 +266,14 @@ fn a_preempted_and_killed_run_reports_what_the_straight_run_reports() {
     );
     // Attempt 2: resumed, paused 2 s after epoch 1's third step, killed after its fourth: its last checkpoint is
     // epoch 0's end, so epoch 1's first steps are trained again.
-    let mut child = spawn(&["--resume", "auto"]);
+    let mut child = spawn("--resume auto");
     let mut err = common::read_stderr_until(&mut child, "epoch 1 [    3/");
     pause(&child, 2);
     read_on_until(&mut err, "epoch 1 [    4/");
     child.kill().unwrap();
     child.wait().unwrap();
     // Attempt 3: to the end.
-    let r = Command::new(env!("CARGO_BIN_EXE_rn50"))
-        .args(args(&part))
-        .args(["--resume", "auto"])
-        .output()
-        .unwrap();
+    let r = args(&part).flags("--resume auto").output();
     let log = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{log}");
     assert!(log.contains("past its checkpoint"), "{log}");
@@ -416,9 +352,9 @@ fn snapshot(d: &Path) -> Vec<(String, Vec<u8>)> {
 
 /// Runs `rn50 args` in an empty folder (where the default `--out runs/train` lands, not in the source tree) and
 /// checks it fails with `want`.
-fn fails_with(args: &[&str], want: &str) {
+fn fails_with<S: AsRef<OsStr> + std::fmt::Debug>(args: &[S], want: &str) {
     let cwd = tempfile::tempdir().unwrap();
-    let r = std::process::Command::new(env!("CARGO_BIN_EXE_rn50"))
+    let r = Command::new(env!("CARGO_BIN_EXE_rn50"))
         .args(args)
         .current_dir(cwd.path())
         .output()
@@ -458,31 +394,9 @@ fn bad_data_and_checkpoints_are_clear_errors_that_overwrite_nothing() {
 
     // A run directory with history, then resumes that cannot work.
     let run = dir.path().join("run");
-    let small = [
-        "--dummy",
-        "-a",
-        "resnet18",
-        "--width",
-        "16",
-        "-b",
-        "2",
-        "--image-size",
-        "32",
-        "--augment",
-        "cifar",
-        "--steps-per-epoch",
-        "1",
-        "--device",
-        "cpu",
-    ];
-    let r = rn50(
-        &[
-            &["train"],
-            &small[..],
-            &["--epochs", "1", "--out", run.to_str().unwrap()],
-        ]
-        .concat(),
-    );
+    let small = TinyTrain::dummy(&run)
+        .flags("--width 16 -b 2 --image-size 32 --augment cifar --steps-per-epoch 1");
+    let r = small.clone().flags("--epochs 1").output();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     // A damaged file in the run directory, and one from elsewhere (another run's: refused before it is read).
     let garbage = run.join("garbage.safetensors");
@@ -490,44 +404,12 @@ fn bad_data_and_checkpoints_are_clear_errors_that_overwrite_nothing() {
     let elsewhere = dir.path().join("garbage.safetensors");
     std::fs::write(&elsewhere, b"this is not a checkpoint").unwrap();
     let before = snapshot(&run);
-    let o = run.to_str().unwrap();
-    let with = |extra: &[&str]| -> Vec<String> {
-        let mut a: Vec<&str> = vec!["train"];
-        a.extend(small);
-        a.extend(["--out", o, "--epochs", "2"]);
-        a.extend(extra);
-        a.iter().map(|s| s.to_string()).collect()
-    };
-    let args = with(&["--resume", garbage.to_str().unwrap()]);
-    fails_with(
-        &args.iter().map(String::as_str).collect::<Vec<_>>(),
-        "resuming from",
-    );
-    let args = with(&["--resume", elsewhere.to_str().unwrap()]);
-    fails_with(
-        &args.iter().map(String::as_str).collect::<Vec<_>>(),
-        "is not a checkpoint of it",
-    );
+    let resume = |from: &Path| small.clone().flags("--epochs 2 --resume").args([from]);
+    fails_with(&resume(&garbage).to_args(), "resuming from");
+    fails_with(&resume(&elsewhere).to_args(), "is not a checkpoint of it");
     // The checkpoint is a resnet18's: resuming it as a resnet34 names the mismatch.
-    let args: Vec<String> = with(&["--resume", o])
-        .into_iter()
-        .map(|a| {
-            if a == "resnet18" {
-                "resnet34".into()
-            } else {
-                a
-            }
-        })
-        .collect();
-    fails_with(
-        &args.iter().map(String::as_str).collect::<Vec<_>>(),
-        "does not fit",
-    );
-    let args = with(&["--resume", p("nowhere").as_str()]);
-    fails_with(
-        &args.iter().map(String::as_str).collect::<Vec<_>>(),
-        "nowhere",
-    );
+    fails_with(&resume(&run).flags("-a resnet34").to_args(), "does not fit");
+    fails_with(&resume(&dir.path().join("nowhere")).to_args(), "nowhere");
     assert!(
         before == snapshot(&run),
         "a failed start changed the run directory"
@@ -542,46 +424,13 @@ fn recipe_options_train_and_checkpoint() {
     let data = dir.path().join("data");
     tree(&data, 2, 2);
     let out = dir.path().join("run");
-    let r = rn50(&[
-        "train",
-        data.to_str().unwrap(),
-        "-a",
-        "resnet18",
-        "--width",
-        "16",
-        "-b",
-        "1",
-        "--accum-steps",
-        "2",
-        "--optimizer",
-        "lars",
-        "--ema",
-        "0.9",
-        "--min-res",
-        "64",
-        "--image-size",
-        "96",
-        "--start-ramp",
-        "0",
-        "--end-ramp",
-        "1",
-        "--val-resize",
-        "96",
-        "--val-crop",
-        "96",
-        "--epochs",
-        "2",
-        "--checkpoint-minutes",
-        "0.000001",
-        "--keep-checkpoints",
-        "2",
-        "-p",
-        "1",
-        "--device",
-        "cpu",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let r = TinyTrain::on(&data, &out)
+        .flags(
+            "--width 16 -b 1 --accum-steps 2 --optimizer lars --ema 0.9 --min-res 64 --image-size 96 \
+             --start-ramp 0 --end-ramp 1 --val-resize 96 --val-crop 96 --epochs 2 \
+             --checkpoint-minutes 0.000001 --keep-checkpoints 2 -p 1",
+        )
+        .output();
     let log = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{log}");
     assert!(
@@ -625,35 +474,12 @@ fn kill_9_during_checkpoint_writes_leaves_a_loadable_checkpoint() {
     let out = dir.path().join("run");
     let mut torn_seen = 0;
     for round in 0..3 {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rn50"))
-            .args([
-                "train",
-                "--dummy",
-                "-a",
-                "resnet18",
-                "-b",
-                "1",
-                "--image-size",
-                "32",
-            ])
-            .args([
-                "--augment",
-                "cifar",
-                "--epochs",
-                "1",
-                "--steps-per-epoch",
-                "100000",
-            ])
-            .args([
-                "--checkpoint-minutes",
-                "0.000001",
-                "--device",
-                "cpu",
-                "--precision",
-                "fp32",
-            ])
-            .args(["--resume", "auto", "--out"])
-            .arg(&out)
+        let mut child = TinyTrain::dummy(&out)
+            .flags(
+                "-b 1 --image-size 32 --augment cifar --epochs 1 --steps-per-epoch 100000 \
+                 --checkpoint-minutes 0.000001 --precision fp32 --resume auto",
+            )
+            .command()
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
@@ -700,37 +526,14 @@ fn two_ranks_via_launch_then_resume_on_one() {
     let data = dir.path().join("data");
     tree(&data, 3, 3);
     let out = dir.path().join("run");
-    let (d, o) = (data.to_str().unwrap(), out.to_str().unwrap());
-    let train = [
-        "train",
-        d,
-        "-a",
-        "resnet18",
-        "--width",
-        "16",
-        "-b",
-        "1",
-        "--image-size",
-        "64",
-        "--val-resize",
-        "64",
-        "--val-crop",
-        "64",
-        "--device",
-        "cpu",
-        "--out",
-        o,
-        "-p",
-        "1",
-    ];
-    let r = rn50(
-        &[
-            &["launch", "--nproc-per-node", "2", "--"],
-            &train[..],
-            &["--epochs", "1"],
-        ]
-        .concat(),
-    );
+    let train = TinyTrain::on(&data, &out)
+        .flags("--width 16 -b 1 --image-size 64 --val-resize 64 --val-crop 64 -p 1");
+    let r = train
+        .clone()
+        .flags("--epochs 1")
+        .launch(2)
+        .output()
+        .unwrap();
     let log = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{log}");
     assert!(
@@ -749,7 +552,7 @@ fn two_ranks_via_launch_then_resume_on_one() {
     );
     // 6 training images over 2 ranks with batch 1: 3 steps, each logged once.
     assert_eq!(json_lines(&out.join("steps.jsonl")).len(), 3);
-    let r = rn50(&[&train[..], &["--epochs", "2", "--resume", o]].concat());
+    let r = train.flags("--epochs 2 --resume").args([&out]).output();
     let log = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{log}");
     assert!(log.contains("resumed from"), "{log}");
@@ -762,50 +565,19 @@ fn two_ranks_via_launch_then_resume_on_one() {
 fn a_truncated_checkpoint_names_the_older_one_kept() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let o = out.to_str().unwrap();
-    let args = |extra: &[&str]| -> Vec<String> {
-        [
-            "train",
-            "--dummy",
-            "-a",
-            "resnet18",
-            "--width",
-            "16",
-            "-b",
-            "2",
-            "--image-size",
-            "32",
-            "--augment",
-            "cifar",
-            "--steps-per-epoch",
-            "1",
-            "--device",
-            "cpu",
-            "--precision",
-            "fp32",
-            "--keep-checkpoints",
-            "2",
-            "--out",
-            o,
-        ]
-        .iter()
-        .chain(extra)
-        .map(|s| s.to_string())
-        .collect()
+    let run = |extra: &[&str]| {
+        tiny(&out)
+            .flags("--keep-checkpoints 2")
+            .args(extra)
+            .output()
     };
-    let run = |a: Vec<String>| rn50(&a.iter().map(String::as_str).collect::<Vec<_>>());
-    let r = run(args(&["--epochs", "2"]));
+    let r = run(&["--epochs", "2"]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let latest = std::fs::canonicalize(out.join("checkpoint.safetensors")).unwrap();
     let bytes = std::fs::read(&latest).unwrap();
     std::fs::write(&latest, &bytes[..bytes.len() / 2]).unwrap();
     // Named explicitly, the damaged file is an error that names the older checkpoint.
-    let r = run(args(&[
-        "--epochs",
-        "3",
-        "--resume",
-        latest.to_str().unwrap(),
-    ]));
+    let r = run(&["--epochs", "3", "--resume", latest.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(!r.status.success(), "{err}");
     let older = err
@@ -818,7 +590,7 @@ fn a_truncated_checkpoint_names_the_older_one_kept() {
         "{older}"
     );
     // `--resume auto` (a requeued job: nobody to read an error) resumes from that older one, saying so.
-    let r = run(args(&["--epochs", "3", "--resume", "auto"]));
+    let r = run(&["--epochs", "3", "--resume", "auto"]);
     let log = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{log}");
     assert!(
@@ -835,10 +607,6 @@ fn tiny(out: &Path) -> TinyTrain {
     TinyTrain::dummy(out).flags(
         "--width 16 -b 2 --image-size 32 --augment cifar --steps-per-epoch 1 --precision fp32",
     )
-}
-
-fn run_strs(a: &[String]) -> std::process::Output {
-    rn50(&a.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 /// A second `train` into a used --out without --resume (issue 12, item 4) is refused and changes nothing; a
@@ -1130,18 +898,11 @@ fn resuming_onto_other_class_folders_is_refused() {
 
     // --init-weights of those weights onto the renamed folders: the classifier starts afresh (it loaded whole).
     rename(&classes[1], "aaa");
-    let eval_out = dir.path().join("eval");
-    let mut a: Vec<&str> = vec!["train", data.to_str().unwrap(), "-e", "--init-weights"];
-    a.extend([
-        weights.to_str().unwrap(),
-        "--out",
-        eval_out.to_str().unwrap(),
-    ]);
-    a.extend(
-        "-a resnet18 --width 8 -b 2 -j 2 --val-resize 32 --val-crop 32 --device cpu --precision fp32"
-            .split_whitespace(),
-    );
-    let r = rn50(&a);
+    let r = TinyTrain::on(&data, &dir.path().join("eval"))
+        .flags("-e --init-weights")
+        .args([&weights])
+        .flags("--width 8 -b 2 -j 2 --val-resize 32 --val-crop 32 --precision fp32")
+        .output();
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{err}");
     assert!(
@@ -1188,25 +949,15 @@ fn batches_with_nothing_to_train_on_are_skipped_and_counted() {
     )
     .unwrap();
     std::fs::write(class("val").join("junk.JPEG"), b"\xff\xd8").unwrap();
-    let args = |run: &Path, flags: &str| -> Vec<String> {
-        let mut v = vec![
-            "train".to_string(),
-            data.to_str().unwrap().into(),
-            "--out".into(),
-            run.to_str().unwrap().into(),
-        ];
-        v.extend(
-            "-a resnet18 --width 8 -j 2 --epochs 2 -p 1 --device cpu --precision fp32"
-                .split_whitespace()
-                .chain(flags.split_whitespace())
-                .map(String::from),
-        );
-        v
+    let args = |run: &Path, flags: &str| {
+        TinyTrain::on(&data, run)
+            .flags("--width 8 -j 2 --epochs 2 -p 1 --precision fp32")
+            .flags(flags)
     };
     // -b 1: each junk file is a batch of no image.
     let one = "-b 1 --image-size 64 --val-resize 64 --val-crop 64";
     let whole = dir.path().join("whole");
-    let r = run_strs(&args(&whole, one));
+    let r = args(&whole, one).output();
     let log = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{log}");
     for (e, rec) in metrics(&whole).iter().enumerate() {
@@ -1241,7 +992,7 @@ fn batches_with_nothing_to_train_on_are_skipped_and_counted() {
     // the epoch's few fast steps).
     let part = dir.path().join("part");
     let every_step = format!("{one} --checkpoint-minutes 0.000001 --keep-checkpoints 100");
-    let r = run_strs(&args(&part, &every_step));
+    let r = args(&part, &every_step).output();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let mid_epoch = std::fs::read_dir(&part)
         .unwrap()
@@ -1252,12 +1003,10 @@ fn batches_with_nothing_to_train_on_are_skipped_and_counted() {
             pos.epoch == 0 && pos.batch_in_epoch > 0 && pos.so_far.bad_images > 0
         })
         .expect("a checkpoint inside epoch 0 after an unreadable image");
-    let mut resume = args(&part, &every_step);
-    resume.extend([
-        "--resume".to_string(),
-        mid_epoch.to_string_lossy().into_owned(),
-    ]);
-    let r = run_strs(&resume);
+    let r = args(&part, &every_step)
+        .flags("--resume")
+        .args([&mid_epoch])
+        .output();
     let log = String::from_utf8_lossy(&r.stderr);
     assert!(
         r.status.success() && log.contains("at epoch 0 batch"),
@@ -1273,10 +1022,7 @@ fn batches_with_nothing_to_train_on_are_skipped_and_counted() {
 
     // -b 2 at 32 px: the last stage is 1x1, and a batch with one junk file leaves one image.
     let small = dir.path().join("small");
-    let r = run_strs(&args(
-        &small,
-        "-b 2 --image-size 32 --val-resize 32 --val-crop 32",
-    ));
+    let r = args(&small, "-b 2 --image-size 32 --val-resize 32 --val-crop 32").output();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     assert_eq!(
         all_finite(&small.join("final.safetensors")),
@@ -1299,16 +1045,18 @@ fn init_weights_fine_tune_with_a_new_classifier() {
     tree(&four, 4, 4);
     tree(&three, 3, 3);
     let s = |p: &Path| p.to_str().unwrap().to_string();
-    let small = "-a resnet18 --width 8 -b 4 -j 1 --steps-per-epoch 1 --epochs 1 --image-size 64 --val-resize 72 \
-                 --val-crop 64 --device cpu --precision fp32";
     let train = |data: &Path, out: &Path, extra: &[&str]| {
-        let mut a: Vec<String> = vec!["train".into(), s(data), "--out".into(), s(out)];
-        a.extend(small.split_whitespace().map(String::from));
-        a.extend(extra.iter().map(|x| x.to_string()));
-        let r = run_strs(&a);
+        let t = TinyTrain::on(data, out)
+            .flags(
+                "--width 8 -b 4 -j 1 --steps-per-epoch 1 --epochs 1 --image-size 64 --val-resize 72 \
+                 --val-crop 64 --precision fp32",
+            )
+            .args(extra);
+        let r = t.output();
         assert!(
             r.status.success(),
-            "{a:?}: {}",
+            "{:?}: {}",
+            t.to_args(),
             String::from_utf8_lossy(&r.stderr)
         );
         (
@@ -1368,23 +1116,10 @@ fn init_weights_fine_tune_with_a_new_classifier() {
         "{stderr}"
     );
     // Weights of another width do not fit: a clear error.
-    let r = run_strs(
-        &[
-            "train",
-            &s(&four),
-            "--out",
-            &s(&dir.path().join("bad")),
-            "--width",
-            "16",
-            "-a",
-            "resnet18",
-            "--device",
-            "cpu",
-            "--init-weights",
-            &s(&w),
-        ]
-        .map(String::from),
-    );
+    let r = TinyTrain::on(&four, &dir.path().join("bad"))
+        .flags("--width 16 --init-weights")
+        .args([&w])
+        .output();
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(!r.status.success() && err.contains("shape"), "{err}");
 }
@@ -1465,29 +1200,20 @@ fn mlperf_time_to_accuracy_eval_schedule_and_mllog() {
     // One class: every evaluation scores 100%.
     let all = dir.path().join("all");
     tree(&all, 1, 1);
-    let small = |data: &Path, out: &Path, log: &Path| -> Vec<String> {
-        let flags = "-a resnet18 --width 16 -b 2 --image-size 32 --val-resize 32 --val-crop 32 \
-                     --steps-per-epoch 1 --device cpu --precision fp32 --optimizer lars \
-                     --lr-schedule poly --lr-end 0.0001";
-        ["train", data.to_str().unwrap()]
-            .into_iter()
-            .chain(flags.split_whitespace())
-            .chain(["--out", out.to_str().unwrap()])
-            .chain(["--mllog", log.to_str().unwrap()])
-            .map(String::from)
-            .collect()
-    };
-    let with = |mut a: Vec<String>, extra: &[&str]| {
-        a.extend(extra.iter().map(|s| s.to_string()));
-        a
+    let small = |data: &Path, out: &Path, log: &Path| {
+        TinyTrain::on(data, out)
+            .flags(
+                "--width 16 -b 2 --image-size 32 --val-resize 32 --val-crop 32 --steps-per-epoch 1 \
+                 --precision fp32 --optimizer lars --lr-schedule poly --lr-end 0.0001 --mllog",
+            )
+            .args([log])
     };
 
     // 3 epochs, every 2nd from epoch 1 (0-based): epochs 1 and 2 (the last) are evaluated, epoch 0 is not.
     let (out, log) = (dir.path().join("every"), dir.path().join("every.log"));
-    let r = run_strs(&with(
-        small(&half, &out, &log),
-        &["--epochs", "3", "--eval-every", "2", "--eval-offset", "1"],
-    ));
+    let r = small(&half, &out, &log)
+        .flags("--epochs 3 --eval-every 2 --eval-offset 1")
+        .output();
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{err}");
     assert!(
@@ -1557,8 +1283,8 @@ fn mlperf_time_to_accuracy_eval_schedule_and_mllog() {
     // A reachable target (MLPerf's, with --mllog) stops after the first evaluation, with its checkpoint and the
     // time to it.
     let (out, log) = (dir.path().join("target"), dir.path().join("target.log"));
-    let reach = with(small(&all, &out, &log), &["--epochs", "3"]);
-    let r = run_strs(&reach);
+    let reach = small(&all, &out, &log).flags("--epochs 3");
+    let r = reach.output();
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "{err}");
     assert!(
@@ -1583,7 +1309,7 @@ fn mlperf_time_to_accuracy_eval_schedule_and_mllog() {
         ["eval_accuracy 1", "block_stop 1", "run_stop success"]
     );
     // It resumes: the next epoch, whose evaluation reaches the target again.
-    let r = run_strs(&with(reach, &["--resume", "auto"]));
+    let r = reach.flags("--resume auto").output();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let epochs: Vec<u64> = json_lines(&out.join("metrics.jsonl"))
         .iter()

@@ -1,5 +1,7 @@
-//! The network: ResNet definitions with torchvision's names and init, weights (safetensors, torch.save) and what
-//! is recorded with them ([`recorded`]), memory format.
+//! The network: ResNet definitions with torchvision's names and init, weights ([`weights`]: loading them into a
+//! model; [`weights_format`]: the safetensors and torch.save files they are in) and what is recorded with them
+//! ([`recorded`]), class names as printed ([`class_names`]), memory format.
+pub mod class_names;
 pub mod fused;
 pub mod memory_format;
 pub mod recorded;
@@ -7,6 +9,7 @@ pub mod resnet;
 pub mod sync_bn;
 pub mod torch_save;
 pub mod weights;
+pub mod weights_format;
 
 pub use resnet::{Arch, ResNet, ResNetConfig, Stem};
 

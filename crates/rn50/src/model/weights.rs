@@ -1,50 +1,25 @@
-//! Weights with torchvision's state_dict keys. rn50 writes safetensors, so files move freely between rn50 and
-//! PyTorch (`safetensors.torch.load_file` + `model.load_state_dict`), with the training set's class names in the
-//! header's metadata ([`CLASSES_KEY`]). It reads safetensors and torch.save files alike, told apart by their
-//! first bytes, not their names: torchvision's `.pth` (a state_dict), pytorch/examples' `checkpoint.pth.tar` /
-//! `model_best.pth.tar` (the state_dict under `state_dict`, with DDP's `module.` prefixes), timm's checkpoints,
-//! and rn50's own training checkpoints (the model's weights under `model.`). What rn50 records with its weights
-//! (the network, the class names, the training and evaluation sizes: [`Recorded`]) is how `rn50 eval`,
-//! `classify` and `export` run them without repeating the training's flags.
-use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::Read;
+//! Weights with torchvision's state_dict keys, saved from and loaded into a [`Model`]. rn50 writes safetensors, so
+//! files move freely between rn50 and PyTorch (`safetensors.torch.load_file` + `model.load_state_dict`), with the
+//! training set's class names in the header's metadata ([`CLASSES_KEY`]). It reads safetensors and torch.save
+//! files alike ([`weights_format`]: told apart by their first bytes, not their names): torchvision's `.pth` (a
+//! state_dict), pytorch/examples' `checkpoint.pth.tar` / `model_best.pth.tar` (the state_dict under `state_dict`,
+//! with DDP's `module.` prefixes), timm's checkpoints, and rn50's own training checkpoints (the model's weights
+//! under `model.`). What rn50 records with its weights (the network, the class names, the training and
+//! evaluation sizes: [`Recorded`]) is how `rn50 eval`, `classify` and `export` run them without repeating the
+//! training's flags.
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use safetensors::tensor::{Dtype, View};
-use tch::{Device, Kind, Tensor};
+use tch::Tensor;
 
+use super::weights_format;
 use super::{Model, ResNetConfig, Stem};
 
+pub use super::class_names::{names_list, printable};
 pub use super::recorded::{EvalTransform, Interpolation, Recorded, RecordedNet, CLASSES_KEY};
-
-/// `names` to print in a message, as a list (`["cat", "dog"]`): each quoted with its control characters escaped
-/// (Rust's `{:?}`), so that a name read from a file cannot colour the terminal or forge a line; the first ten and
-/// the count of the rest when there are more.
-pub fn names_list(names: &[String]) -> String {
-    let shown: Vec<String> = names.iter().take(10).map(|n| format!("{n:?}")).collect();
-    match names.len() {
-        n if n > 10 => format!("[{}, ... {} more]", shown.join(", "), n - 10),
-        _ => format!("[{}]", shown.join(", ")),
-    }
-}
-
-/// `name` as printed on its own (`rn50 classify`'s lines): its control characters escaped as `{:?}` escapes them
-/// (`\u{1b}`, `\n`), the rest as it is.
-pub fn printable(name: &str) -> Cow<'_, str> {
-    if !name.chars().any(char::is_control) {
-        return Cow::Borrowed(name);
-    }
-    Cow::Owned(
-        name.chars()
-            .map(|c| match c.is_control() {
-                true => c.escape_debug().to_string(),
-                false => c.to_string(),
-            })
-            .collect(),
-    )
-}
+pub(crate) use super::weights_format::write_safetensors;
+pub use super::weights_format::CHECKPOINT_MODEL_PREFIX;
 
 /// Keys a torchvision state_dict has that rn50 does not track (BN's step counter, unused with momentum 0.1).
 fn ignorable(key: &str) -> bool {
@@ -56,72 +31,6 @@ fn ignorable(key: &str) -> bool {
 /// the metadata.
 pub fn save(model: &Model, path: &Path, recorded: &Recorded) -> Result<()> {
     write_safetensors(path, &model.state(), recorded.metadata()?)
-}
-
-/// A CPU copy of a tensor in the form safetensors serialises.
-struct HostTensor {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
-}
-
-impl HostTensor {
-    fn new(t: &Tensor) -> Result<Self> {
-        let t = t.detach().to_device(Device::Cpu).contiguous();
-        let dtype = match t.kind() {
-            Kind::Float => Dtype::F32,
-            Kind::Double => Dtype::F64,
-            Kind::Half => Dtype::F16,
-            Kind::BFloat16 => Dtype::BF16,
-            Kind::Int64 => Dtype::I64,
-            Kind::Int => Dtype::I32,
-            Kind::Uint8 => Dtype::U8,
-            Kind::Bool => Dtype::BOOL,
-            k => bail!("cannot save a {k:?} tensor"),
-        };
-        let numel = t.numel();
-        let mut bytes = vec![0u8; numel * t.kind().elt_size_in_bytes()];
-        t.f_copy_data_u8(&mut bytes, numel)?;
-        Ok(Self {
-            dtype,
-            shape: t.size().iter().map(|&d| d as usize).collect(),
-            bytes,
-        })
-    }
-}
-
-impl View for &HostTensor {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.bytes)
-    }
-    fn data_len(&self) -> usize {
-        self.bytes.len()
-    }
-}
-
-/// Writes `tensors` (copied to the CPU, contiguous) and `metadata` (none if empty) to `path` as safetensors,
-/// atomically: what weights and training checkpoints are saved with.
-pub(crate) fn write_safetensors(
-    path: &Path,
-    tensors: &[(String, Tensor)],
-    metadata: HashMap<String, String>,
-) -> Result<()> {
-    let host: BTreeMap<&str, HostTensor> = tensors
-        .iter()
-        .map(|(k, t)| Ok((k.as_str(), HostTensor::new(t).with_context(|| k.clone())?)))
-        .collect::<Result<_>>()?;
-    let metadata = (!metadata.is_empty()).then_some(metadata);
-    rn50_util::atomic_write_with(path, |tmp| -> Result<()> {
-        safetensors::serialize_to_file(host.iter().map(|(k, v)| (*k, v)), &metadata, tmp)
-            .map_err(|e| anyhow::anyhow!("{e:?}"))
-    })
-    .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Loads `path` into the model ([`WeightsFile::load`]).
@@ -191,42 +100,6 @@ impl WeightsShape {
     }
 }
 
-/// The kinds of file weights come in, told by their first bytes.
-#[derive(Debug, PartialEq, Eq)]
-enum Format {
-    /// An 8-byte little-endian header length, then the JSON header.
-    Safetensors,
-    /// torch.save's zip archive (PyTorch 1.6 and later): "PK\x03\x04".
-    TorchZip,
-    /// torch.save's format before PyTorch 1.6: a pickled magic number, then pickles and raw storages.
-    TorchLegacy,
-}
-
-/// The pickle of torch.save's legacy magic number 0x1950a86a20f9469cfc6c (LONG1, 10 bytes, little-endian), after
-/// the 2-byte protocol header.
-const LEGACY_MAGIC: [u8; 12] = [
-    0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19,
-];
-
-fn format_of(path: &Path) -> Result<Format> {
-    let mut head = Vec::with_capacity(16);
-    std::fs::File::open(path)
-        .and_then(|f| f.take(16).read_to_end(&mut head))
-        .with_context(|| format!("opening weights {}", path.display()))?;
-    if head.starts_with(b"PK\x03\x04") {
-        Ok(Format::TorchZip)
-    } else if head.first() == Some(&0x80) && head.get(2..14) == Some(&LEGACY_MAGIC[..]) {
-        Ok(Format::TorchLegacy)
-    } else if head.get(8) == Some(&b'{') {
-        Ok(Format::Safetensors)
-    } else {
-        bail!(
-            "{} is not a weights file: neither safetensors nor saved by torch.save",
-            path.display()
-        )
-    }
-}
-
 /// A weights file read whole: its tensors by torchvision's names, and the class names it records.
 pub struct WeightsFile {
     path: PathBuf,
@@ -238,24 +111,7 @@ impl WeightsFile {
     /// Reads safetensors or a torch.save file (see the module's doc); the legacy torch.save format is an error
     /// with the one-line conversion.
     pub fn read(path: &Path) -> Result<Self> {
-        let (tensors, recorded) = match format_of(path)? {
-            Format::Safetensors => {
-                // The header first: its checks say what is wrong with a file that is no safetensors.
-                let recorded = recorded(path)?;
-                let tensors = Tensor::read_safetensors(path)
-                    .with_context(|| format!("reading weights {}", path.display()))?;
-                (checkpoint_model(tensors), recorded)
-            }
-            Format::TorchZip => (read_torch(path)?, Recorded::default()),
-            Format::TorchLegacy => bail!(
-                "{} was saved in torch.save's legacy format (PyTorch before 1.6), which rn50 does not read; \
-                 convert it once: python -c \"import torch; torch.save(torch.load('{}', map_location='cpu'), \
-                 '{}')\"",
-                path.display(),
-                path.display(),
-                converted_name(path).display()
-            ),
-        };
+        let (tensors, recorded) = weights_format::read(path)?;
         let (n, fc) = (
             recorded.classes.as_ref().map(Vec::len),
             tensors.get("fc.bias"),
@@ -376,107 +232,6 @@ impl WeightsFile {
     }
 }
 
-/// The prefix of the model's tensors in rn50's training checkpoints (beside `optim.`, `scaler.` and `ema.`).
-pub const CHECKPOINT_MODEL_PREFIX: &str = "model.";
-
-/// The weights among the tensors of a safetensors file: all of them in a weights file; the model's, without their
-/// [`CHECKPOINT_MODEL_PREFIX`], in an rn50 training checkpoint (one without `fc.bias` but with `model.fc.bias`),
-/// not its optimizer's state nor its EMA.
-fn checkpoint_model(tensors: Vec<(String, Tensor)>) -> HashMap<String, Tensor> {
-    let prefixed = |k: &str| format!("{CHECKPOINT_MODEL_PREFIX}{k}");
-    let names: HashSet<&str> = tensors.iter().map(|(k, _)| k.as_str()).collect();
-    let checkpoint = !names.contains("fc.bias") && names.contains(prefixed("fc.bias").as_str());
-    if !checkpoint {
-        return tensors.into_iter().collect();
-    }
-    tensors
-        .into_iter()
-        .filter_map(|(k, t)| Some((k.strip_prefix(CHECKPOINT_MODEL_PREFIX)?.to_string(), t)))
-        .collect()
-}
-
-/// Where the legacy-format `path` converted to torch.save's current format goes: beside it, `.zip` added.
-fn converted_name(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".zip");
-    path.with_file_name(name)
-}
-
-/// What the metadata of the safetensors file `path` records ([`Recorded`]).
-fn recorded(path: &Path) -> Result<Recorded> {
-    let metadata = match safetensors_header(path)?.get("__metadata__") {
-        None | Some(serde_json::Value::Null) => HashMap::new(),
-        Some(m) => serde_json::from_value(m.clone()).with_context(|| {
-            format!(
-                "{}: its metadata does not map strings to strings",
-                path.display()
-            )
-        })?,
-    };
-    Recorded::from_metadata(&metadata, path)
-}
-
-/// The JSON header of a safetensors file: `{"fc.bias": {"dtype": "F32", "shape": [1000], ...}, ...,
-/// "__metadata__": {...}}`.
-fn safetensors_header(path: &Path) -> Result<serde_json::Value> {
-    let not_st = || format!("{} is not a safetensors file", path.display());
-    let mut f =
-        std::fs::File::open(path).with_context(|| format!("opening weights {}", path.display()))?;
-    let mut len = [0u8; 8];
-    f.read_exact(&mut len).with_context(not_st)?;
-    let n = u64::from_le_bytes(len);
-    if n > 100 << 20 {
-        bail!("{} (header of {n} bytes)", not_st());
-    }
-    let mut header = vec![0u8; n as usize];
-    f.read_exact(&mut header).with_context(not_st)?;
-    serde_json::from_slice(&header).with_context(not_st)
-}
-
-/// The weights of a torch.save file ([`super::torch_save::tensors`] reads every tensor in it): a plain state_dict
-/// (torchvision's `.pth`), else the `state_dict` entry (pytorch/examples' checkpoint, timm's) or the `model`
-/// entry (torchvision's references); DDP's `module.` prefix is dropped when every name has it.
-fn read_torch(path: &Path) -> Result<HashMap<String, Tensor>> {
-    let all = super::torch_save::tensors(path)
-        .with_context(|| format!("reading {} (a torch.save file)", path.display()))?;
-    let under = |entry: &str| -> Vec<(String, &Tensor)> {
-        all.iter()
-            .filter_map(|(k, t)| {
-                let name = match entry {
-                    "" => (!k.contains('/')).then_some(k.as_str()),
-                    _ => k.strip_prefix(entry)?.strip_prefix('/'),
-                };
-                Some((name?.to_string(), t))
-            })
-            .collect()
-    };
-    let Some(state) = ["state_dict", "model", ""]
-        .into_iter()
-        .map(under)
-        .find(|s| !s.is_empty())
-    else {
-        let mut names: Vec<&str> = all.iter().map(|(k, _)| k.as_str()).collect();
-        names.truncate(5);
-        bail!(
-            "{} holds no state_dict: no tensors at its top level nor under \"state_dict\" or \"model\" \
-             (its tensors: {names:?})",
-            path.display()
-        );
-    };
-    let ddp = state.iter().all(|(k, _)| k.starts_with("module."));
-    Ok(state
-        .into_iter()
-        .map(|(k, t)| {
-            let k = if ddp {
-                k["module.".len()..].to_string()
-            } else {
-                k
-            };
-            (k, t.shallow_clone())
-        })
-        .collect())
-}
-
 /// Copies `file[name]` into each target tensor in place (keeping its memory format), after checking that
 /// every name is present with the target's shape.
 pub(crate) fn copy_into(
@@ -535,6 +290,8 @@ pub(crate) fn copy_into(
 
 #[cfg(test)]
 mod tests {
+    use tch::{Device, Kind};
+
     use super::*;
     use crate::model::{Arch, ResNetConfig};
 
@@ -710,47 +467,5 @@ mod tests {
         let file = WeightsFile::read(&ckpt).unwrap();
         assert_eq!(file.shape().unwrap().width, 8);
         file.load(&Model::new(cfg, Device::Cpu)).unwrap();
-    }
-
-    /// The format is read from the first bytes, whatever the name: safetensors named `.pth` loads; torch.save's
-    /// legacy magic number is the legacy error with a conversion; anything else is not a weights file.
-    #[test]
-    fn formats_are_told_apart_by_content_not_name() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut cfg = ResNetConfig::new(Arch::ResNet18);
-        cfg.width = 8;
-        let st = dir.path().join("looks-like.pth");
-        save(
-            &Model::new(cfg.clone(), Device::Cpu),
-            &st,
-            &Recorded::default(),
-        )
-        .unwrap();
-        WeightsFile::read(&st)
-            .unwrap()
-            .load(&Model::new(cfg, Device::Cpu))
-            .unwrap();
-        let write = |name: &str, bytes: &[u8]| {
-            let p = dir.path().join(name);
-            std::fs::write(&p, bytes).unwrap();
-            p
-        };
-        let mut legacy = vec![0x80, 0x02];
-        legacy.extend(LEGACY_MAGIC);
-        legacy.extend(b".junk");
-        let legacy = write("old.safetensors", &legacy);
-        let err = format!("{:#}", WeightsFile::read(&legacy).err().unwrap());
-        assert!(err.contains("legacy format"), "{err}");
-        assert!(
-            err.contains(&format!("'{}'", converted_name(&legacy).display())),
-            "{err}"
-        );
-        for junk in [&b"{}"[..], b"\x08\0\0\0\0\0\0\0[1,2,3,4]", b"PK\x05\x06"] {
-            let err = format!(
-                "{:#}",
-                WeightsFile::read(&write("junk", junk)).err().unwrap()
-            );
-            assert!(err.contains("not a weights file"), "{junk:?}: {err}");
-        }
     }
 }

@@ -201,10 +201,20 @@ impl TinyTrain {
         self.0.clone()
     }
 
-    /// `rn50` with these arguments, to add environment or pipes to.
+    /// `rn50` with these arguments, to add environment or pipes to (RN50_PARSE_ONLY removed, as [`rn50`]
+    /// does: it runs, not only parses, unless the test sets it again).
     pub fn command(&self) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_rn50"));
-        c.args(&self.0);
+        c.args(&self.0).env_remove("RN50_PARSE_ONLY");
+        c
+    }
+
+    /// `rn50 launch --nproc-per-node NPROC -- ` with these arguments: `nproc` data-parallel ranks on this machine.
+    pub fn launch(&self, nproc: usize) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_rn50"));
+        c.args(["launch", "--nproc-per-node", &nproc.to_string(), "--"])
+            .args(&self.0)
+            .env_remove("RN50_PARSE_ONLY");
         c
     }
 

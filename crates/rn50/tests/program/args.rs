@@ -8,18 +8,26 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 
-/// The command lines the bad values go into: small valid runs (a regression then does little), with `{dir}`
-/// for the test's empty folder. Everything after `--` stays last.
+use crate::common::TinyTrain;
+
+/// The command line the bad values of `train` go into: a tiny valid run (a regression then does little) into
+/// `dir`/run.
+fn train_base(dir: &Path) -> Vec<String> {
+    TinyTrain::dummy(&dir.join("run"))
+        .flags(
+            "--width 8 --image-size 32 --val-crop 32 --val-resize 32 --batch-size 2 --epochs 1 \
+             --max-steps-per-epoch 1 --workers 1",
+        )
+        .to_args()
+        .into_iter()
+        .map(|a| a.into_string().unwrap())
+        .collect()
+}
+
+/// The command lines the bad values of the other subcommands go into: small valid runs, with `{dir}` for the
+/// test's empty folder. Everything after `--` stays last.
 #[rustfmt::skip]
 const BASES: &[(&str, &[&str])] = &[
-    (
-        "train",
-        &[
-            "train", "--dummy", "--arch", "resnet18", "--width", "8", "--image-size", "32", "--val-crop",
-            "32", "--val-resize", "32", "--batch-size", "2", "--epochs", "1", "--max-steps-per-epoch", "1",
-            "--device", "cpu", "--workers", "1", "--out", "{dir}/run",
-        ],
-    ),
     (
         "eval",
         &[
@@ -217,12 +225,19 @@ const CASES: &[(&str, &[&str], &str)] = &[
     ("scaling", &["--intra-latency-us", "nan"], "--intra-latency-us"),
 ];
 
-/// The base command line with `bad` put in: a flag the base has gets the new value, others join before `--`.
-fn command_line(base: &[&str], bad: &[&str], dir: &Path) -> Vec<String> {
-    let mut args: Vec<String> = base
-        .iter()
+/// The base command line of `base` ([`train_base`], else from [`BASES`]) in `dir`.
+fn base_line(base: &str, dir: &Path) -> Vec<String> {
+    if base == "train" {
+        return train_base(dir);
+    }
+    let line = BASES.iter().find(|(n, _)| *n == base).unwrap().1;
+    line.iter()
         .map(|a| a.replace("{dir}", dir.to_str().unwrap()))
-        .collect();
+        .collect()
+}
+
+/// The base command line with `bad` put in: a flag the base has gets the new value, others join before `--`.
+fn command_line(mut args: Vec<String>, bad: &[&str]) -> Vec<String> {
     let tail = args
         .iter()
         .position(|a| a == "--")
@@ -289,8 +304,7 @@ fn run_capped(args: &[String], dir: &Path) -> (Option<i32>, String) {
 /// What is wrong with one case's run, if anything.
 fn check_case(base: &str, bad: &[&str], needle: &str) -> Option<String> {
     let dir = tempfile::tempdir().unwrap();
-    let base_args = BASES.iter().find(|(n, _)| *n == base).unwrap().1;
-    let args = command_line(base_args, bad, dir.path());
+    let args = command_line(base_line(base, dir.path()), bad);
     let (code, err) = run_capped(&args, dir.path());
     let mut problems = Vec::new();
     if code != Some(2) {
