@@ -553,25 +553,24 @@ impl MlperfArgs {
     }
 }
 
+/// `rn50 train`'s arguments parsed from `flags` (split at whitespace), for unit tests.
 #[cfg(test)]
-mod tests {
-    use clap::Parser;
-
-    use super::*;
-
-    #[derive(Parser)]
+pub(crate) fn parse_for_test(flags: &str) -> Result<TrainArgs, clap::Error> {
+    #[derive(clap::Parser)]
     struct Cli {
         #[command(flatten)]
         train: TrainArgs,
     }
+    let words = std::iter::once("train").chain(flags.split_whitespace());
+    <Cli as clap::Parser>::try_parse_from(words).map(|c| c.train)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     fn evaluated(flags: &str) -> Vec<usize> {
-        let args = Cli::parse_from(
-            ["train", "--dummy"]
-                .into_iter()
-                .chain(flags.split_whitespace()),
-        )
-        .train;
+        let args = parse_for_test(&format!("--dummy {flags}")).unwrap();
         (0..args.epochs).filter(|&e| args.evaluates(e)).collect()
     }
 
@@ -602,21 +601,16 @@ mod tests {
     #[test]
     fn lr_end_is_for_the_schedules_that_use_it() {
         let check = |flags: &str| {
-            Cli::parse_from(
-                ["train", "--dummy"]
-                    .into_iter()
-                    .chain(flags.split_whitespace()),
-            )
-            .train
-            .check()
-            .is_ok()
+            parse_for_test(&format!("--dummy {flags}"))
+                .unwrap()
+                .check()
+                .is_ok()
         };
         assert!(check("--lr-schedule poly --lr-end 0.0001"));
         assert!(check("--lr-schedule cosine --lr-end 0.0001"));
         assert!(!check("--lr-schedule linear --lr-end 0.0001"));
         assert!(!check("--lr-end 0.0001"), "step");
-        let target =
-            |v: &str| Cli::try_parse_from(["train", "--dummy", "--target-accuracy", v]).is_ok();
+        let target = |v: &str| parse_for_test(&format!("--dummy --target-accuracy {v}")).is_ok();
         assert!(target("75.9") && target("100"));
         assert!(!target("0") && !target("100.1") && !target("nan"));
     }

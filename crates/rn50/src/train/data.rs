@@ -185,21 +185,11 @@ pub fn drop_caches(drop: bool) -> Result<Option<SystemTime>> {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        train: TrainArgs,
-    }
+    use crate::train::args::parse_for_test;
 
     fn configs(flags: &str) -> (LoaderConfig, LoaderConfig) {
-        let words = ["train", "DATA"]
-            .into_iter()
-            .chain(flags.split_whitespace());
-        loader_configs(&Cli::parse_from(words).train, 3, 1, 4)
+        loader_configs(&parse_for_test(&format!("DATA {flags}")).unwrap(), 3, 1, 4)
     }
 
     #[test]
