@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """ImageNet in the forms users download it in, written by the tools that write those forms, for the rn50 tests
-(crates/pipeline/tests/wds.rs and parquet.rs). SPEC.json lists the samples; each image is a file whose bytes
+(crates/pipeline/tests/suite/wds.rs and parquet.rs). SPEC.json lists the samples; each image is a file whose bytes
 are stored as they are.
 
   wds PATTERN MAXCOUNT SPEC.json     webdataset.ShardWriter(PATTERN, maxcount=MAXCOUNT), one sample per item

@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tch::{Device, Kind, Tensor};
 
-// The interface checks live in crate::netif; their public path stays `group::…` (tests/multinode_args.rs uses it).
+// The interface checks live in crate::netif; their public path stays `group::…`
+// (tests/suite/multinode_args.rs uses it).
 pub use crate::netif::{
     describe_interfaces, ifname_problem, interfaces, master_addr_problem, Interface,
 };

@@ -239,7 +239,7 @@ pub(crate) fn gloo_binding(ifnames: &str, host: &str, ifs: &[Interface]) -> Stri
 
 #[cfg(test)]
 mod tests {
-    //! The crate-private helpers; the public checks are tested in tests/multinode_args.rs.
+    //! The crate-private helpers; the public checks are tested in tests/suite/multinode_args.rs.
     use super::*;
 
     fn iface(name: &str, addrs: &[&str]) -> Interface {

@@ -16,7 +16,7 @@
 //! `torch.linspace` steps with fused multiply-adds, the affine grid does not fuse its 3-term
 //! matrix product but `grid_sample` fuses its un-normalization, and so on (each function says
 //! which). The tests compare every op with torchvision on photos and odd sizes
-//! (`tests/autoaugment.rs`; docs/pipeline.md has the findings).
+//! (`tests/suite/autoaugment.rs`; docs/pipeline.md has the findings).
 
 use rand::Rng;
 
@@ -972,7 +972,7 @@ mod tests {
         assert_eq!(Emulated::fma(a, b, c), c);
     }
 
-    /// The torchvision comparison (tests/autoaugment.rs) runs the path this CPU picks (AVX2 and
+    /// The torchvision comparison (tests/suite/autoaugment.rs) runs the path this CPU picks (AVX2 and
     /// FMA here); this pins the emulated multiply-add to the fused one on every op.
     #[test]
     fn emulated_and_fused_multiply_adds_agree_on_every_op() {
@@ -1013,7 +1013,7 @@ mod tests {
 
     /// A 1x1 image (RandomResizedCrop of a tiny photo can make one) goes through every op, at
     /// small, middle and largest magnitudes and both signs, without a panic and with the result
-    /// torchvision gives (tests/autoaugment.rs compares a 1x1 image with torchvision itself; this
+    /// torchvision gives (tests/suite/autoaugment.rs compares a 1x1 image with torchvision itself; this
     /// needs no Python):
     /// - rotations and shears (under 45 degrees) turn about a point of the one pixel: it stays;
     ///   translations by a whole pixel or more move it out: black;

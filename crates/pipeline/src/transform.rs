@@ -316,38 +316,16 @@ impl Augmenter {
         b[2] = b[2].min(bw as f64 - b[0]).max(f64::MIN_POSITIVE);
         b[3] = b[3].min(bh as f64 - b[1]).max(f64::MIN_POSITIVE);
 
-        let resize_err = |e: &dyn std::fmt::Display| DecodeError::Jpeg(format!("resize: {e}"));
-        let src_img = ImageRef::new(bw as u32, bh as u32, decoded.pixels, PixelType::U8x3)
-            .map_err(|e| resize_err(&e))?;
-        let mut dst = Image::from_slice_u8(size as u32, size as u32, out, PixelType::U8x3)
-            .map_err(|e| resize_err(&e))?;
-        let alg = ResizeAlg::Convolution(FilterType::Bilinear);
-        if self.transform.is_train() {
-            // Restrict the filter to the crop (torchvision crops first): view the integer window
-            // containing the box, and crop the fractional rest inside it.
-            let ix0 = b[0].floor() as u32;
-            let iy0 = b[1].floor() as u32;
-            let ix1 = ((b[0] + b[2]).ceil() as u32).clamp(ix0 + 1, bw as u32);
-            let iy1 = ((b[1] + b[3]).ceil() as u32).clamp(iy0 + 1, bh as u32);
-            let view = CroppedImage::new(&src_img, ix0, iy0, ix1 - ix0, iy1 - iy0)
-                .map_err(|e| resize_err(&e))?;
-            let opts = ResizeOptions::new().resize_alg(alg).crop(
-                b[0] - ix0 as f64,
-                b[1] - iy0 as f64,
-                b[2],
-                b[3],
-            );
-            self.resizer
-                .resize(&view, &mut dst, &opts)
-                .map_err(|e| resize_err(&e))?;
-        } else {
-            let opts = ResizeOptions::new()
-                .resize_alg(alg)
-                .crop(b[0], b[1], b[2], b[3]);
-            self.resizer
-                .resize(&src_img, &mut dst, &opts)
-                .map_err(|e| resize_err(&e))?;
-        }
+        let train = self.transform.is_train();
+        resize_box(
+            &mut self.resizer,
+            decoded.pixels,
+            [bw, bh],
+            b,
+            train,
+            size,
+            out,
+        )?;
         let flipped = self.transform.is_train() && rng.random::<f64>() < 0.5;
         if flipped {
             for row in out.chunks_exact_mut(size * 3) {
@@ -369,6 +347,54 @@ impl Augmenter {
             augment_time: t2 - t1,
         })
     }
+}
+
+/// The bilinear resize of [`Augmenter::apply`]: the box `b` (decoded-buffer pixels) of the `bw x bh` RGB8 `pixels`
+/// into the `size x size` `out`. Outside the generic `apply`, so that fast_image_resize's convolutions are compiled
+/// once, in this crate, instead of again in every crate that calls `apply` with its own RNG type (they made each
+/// such test binary and example take about 1.5 minutes of CPU to compile).
+fn resize_box(
+    resizer: &mut Resizer,
+    pixels: &[u8],
+    [bw, bh]: [usize; 2],
+    b: [f64; 4],
+    train: bool,
+    size: usize,
+    out: &mut [u8],
+) -> Result<(), DecodeError> {
+    let resize_err = |e: &dyn std::fmt::Display| DecodeError::Jpeg(format!("resize: {e}"));
+    let src_img =
+        ImageRef::new(bw as u32, bh as u32, pixels, PixelType::U8x3).map_err(|e| resize_err(&e))?;
+    let mut dst = Image::from_slice_u8(size as u32, size as u32, out, PixelType::U8x3)
+        .map_err(|e| resize_err(&e))?;
+    let alg = ResizeAlg::Convolution(FilterType::Bilinear);
+    if train {
+        // Restrict the filter to the crop (torchvision crops first): view the integer window
+        // containing the box, and crop the fractional rest inside it.
+        let ix0 = b[0].floor() as u32;
+        let iy0 = b[1].floor() as u32;
+        let ix1 = ((b[0] + b[2]).ceil() as u32).clamp(ix0 + 1, bw as u32);
+        let iy1 = ((b[1] + b[3]).ceil() as u32).clamp(iy0 + 1, bh as u32);
+        let view = CroppedImage::new(&src_img, ix0, iy0, ix1 - ix0, iy1 - iy0)
+            .map_err(|e| resize_err(&e))?;
+        let opts = ResizeOptions::new().resize_alg(alg).crop(
+            b[0] - ix0 as f64,
+            b[1] - iy0 as f64,
+            b[2],
+            b[3],
+        );
+        resizer
+            .resize(&view, &mut dst, &opts)
+            .map_err(|e| resize_err(&e))?;
+    } else {
+        let opts = ResizeOptions::new()
+            .resize_alg(alg)
+            .crop(b[0], b[1], b[2], b[3]);
+        resizer
+            .resize(&src_img, &mut dst, &opts)
+            .map_err(|e| resize_err(&e))?;
+    }
+    Ok(())
 }
 
 impl Augmenter {

@@ -35,7 +35,7 @@
 //! per scalar. The messages are the few fields of tensorflow/core/util/event.proto and
 //! tensorflow/core/framework/summary.proto that rn50 uses, declared with `prost`'s derive (no .proto compiler
 //! at build time); CRC-32C comes from the `crc32c` crate. (`tensorboard-rs` is unmaintained.) The bytes are
-//! checked against files TensorBoard's and PyTorch's own writers wrote (tests/tensorboard.rs).
+//! checked against files TensorBoard's and PyTorch's own writers wrote (tests/suite/tensorboard.rs).
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! The module is the model's eval forward traced on CPU in fp32: it takes what torchvision's ResNets take, a
 //! normalised NCHW float batch (ImageNet's mean and std, as `rn50 eval` and `rn50 classify` apply them outside
 //! the model), and returns the logits. Tracing records the operations, not the example's shape: the module runs
-//! on any batch size and image size (tests/export.rs checks both against torchvision). The weights are frozen
+//! on any batch size and image size (tests/program/export.rs checks both against torchvision). The weights are frozen
 //! into the graph as constants, so the module has no trainable parameters. The network is `-a`'s, else the one
 //! the weights record, else ResNet-50; `--json` says how to make the module's input from an image (the resize,
 //! crop, mean and std the weights record, else torchvision's).

@@ -66,7 +66,8 @@ fn main() -> ExitCode {
     if let (Command::Train(a), Some(m)) = (&mut cli.command, matches.subcommand_matches("train")) {
         a.resolved_config = Some(rn50::train::config::resolved_flags(m));
     }
-    // Stop after parsing: how tests/help_examples.rs checks that every example in `--help` is a valid command line.
+    // Stop after parsing: how tests/program/help_examples.rs checks that every example in `--help` is a valid command
+    // line.
     // For train, the rules between flags are checked too, and the resolved flags (the run directory's config.toml)
     // go to stdout.
     if std::env::var_os("RN50_PARSE_ONLY").is_some() {

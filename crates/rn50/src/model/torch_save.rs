@@ -13,7 +13,7 @@
 //! The pickle's nesting is bounded before libtorch sees it ([`check_nesting`]): libtorch builds and destroys
 //! nested values recursively, and a crafted pickle a million lists deep overflowed the stack (an abort).
 //! The central directory is read here ([`records`]) rather than with the `zip` crate: zip 9.8 refused a
-//! torch.save archive that torch.load reads ("Invalid Central Directory header", tests/torch_save.rs's legacy
+//! torch.save archive that torch.load reads ("Invalid Central Directory header", tests/program/torch_save.rs's legacy
 //! conversion), and a check that refuses good files is worse than none.
 use std::collections::{HashMap, HashSet};
 use std::fs::File;

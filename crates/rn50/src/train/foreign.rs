@@ -1,7 +1,7 @@
 //! Flags of pytorch/examples' imagenet/main.py and timm's train.py that rn50 spells another way or does another
 //! way. Where the meaning is the same, the flag is a hidden alias on the rn50 flag itself (args.rs: `--learning-rate`,
 //! `--model`, `--sched`, `--smoothing`, `--output`, ...), or a visible one where the flag's help names it
-//! (`--min-lr`, `--model-ema-decay`, `--model-ema-steps`: tests/help_examples.rs checks that a name the help
+//! (`--min-lr`, `--model-ema-decay`, `--model-ema-steps`: tests/program/help_examples.rs checks that a name the help
 //! mentions is shown as an alias). The rest are here: each is accepted by the parser (hidden,
 //! with or without a value), so that clap does not answer it with a near-miss tip (`--pretrained` → "a similar
 //! argument exists: --print-freq"), and [`ForeignFlags::check`] refuses it with rn50's way (exit 2, before

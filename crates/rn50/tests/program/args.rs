@@ -454,7 +454,7 @@ fn every_default_parses_and_is_unchanged() {
             e.sizes.val_crop,
             e.print_freq
         ),
-        // The sizes default to what the weights record, else 256 -> 224 (tests/eval.rs).
+        // The sizes default to what the weights record, else 256 -> 224 (tests/program/eval.rs).
         (64, None, None, None, 10)
     );
 

@@ -360,7 +360,7 @@ fn one_name_per_thing() {
             d.sort();
             d
         },
-        "tests/help_examples.rs's definitions() are not main.rs's commands"
+        "tests/program/help_examples.rs's definitions() are not main.rs's commands"
     );
     let mut bad = Vec::new();
     let mut primaries: Vec<(String, String)> = Vec::new();

@@ -1,4 +1,4 @@
-"""Reference for tests/classify.rs: a torchvision ResNet-18 with seeded random weights, saved as safetensors with
+"""Reference for tests/program/classify.rs: a torchvision ResNet-18 with seeded random weights, saved as safetensors with
 torchvision's keys, and its top-5 classes (softmax probabilities) for each image under torchvision's own
 evaluation transform (Resize(256), CenterCrop(224), ToTensor, Normalize with ImageNet's mean and std).
 

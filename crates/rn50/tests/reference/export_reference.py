@@ -1,4 +1,4 @@
-"""Reference for tests/export.rs: torchvision's ResNets against the TorchScript `rn50 export` wrote.
+"""Reference for tests/program/export.rs: torchvision's ResNets against the TorchScript `rn50 export` wrote.
 
 usage: export_reference.py weights ARCH OUT.safetensors
            a torchvision ARCH with seeded random weights and random BN running statistics (so that eval-mode BN

@@ -1,4 +1,4 @@
-"""Reference for tests/mllog.rs: every `:::MLLOG` line of a log, read back and written again by mlperf_logging's
+"""Reference for tests/program/mllog.rs: every `:::MLLOG` line of a log, read back and written again by mlperf_logging's
 own encoder (mllog's `_encode_log`, what `mllogger.event/start/end` print: `json.dumps` of the six fields in
 their order), must be the line rn50 wrote, byte for byte. The file must be ASCII (json.dumps escapes the rest).
 

@@ -1,4 +1,4 @@
-"""Reference for tests/export.rs: docs/train.md's ONNX export, run as the docs give it, then onnxruntime against
+"""Reference for tests/program/export.rs: docs/train.md's ONNX export, run as the docs give it, then onnxruntime against
 torchvision.
 
 usage: onnx_reference.py DOCS.md ARCH WEIGHTS.safetensors DIR OUT.json

@@ -1,4 +1,4 @@
-"""Reference for tests/tensorboard.rs: a run's scalars as TensorBoard shows them, read by TensorBoard's own
+"""Reference for tests/program/tensorboard.rs: a run's scalars as TensorBoard shows them, read by TensorBoard's own
 EventAccumulator (the pip package `tensorboard`): every event file of the folder in name order, orphaned events
 purged as TensorBoard purges them (a SessionLog START drops the earlier events at its step or later), and every
 point kept (no reservoir sampling).

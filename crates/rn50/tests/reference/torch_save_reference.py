@@ -1,4 +1,4 @@
-"""Reference for tests/torch_save.rs: torchvision ResNets with seeded random weights saved with torch.save in the
+"""Reference for tests/program/torch_save.rs: torchvision ResNets with seeded random weights saved with torch.save in the
 forms PyTorch users have them, and their eval-mode logits on one input.
 
 usage: torch_save_reference.py OUT_DIR   writes into OUT_DIR:

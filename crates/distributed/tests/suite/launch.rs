@@ -1,6 +1,6 @@
 //! `launch --max-restarts`, `--log-dir` and `--nproc-per-node gpu`, with real launcher and worker processes
 //! (src/bin/worker.rs's `attempt` and `sleep`).
-mod common;
+use crate::common;
 use common::*;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! Loader behaviour: sharding, determinism, resumption, backpressure, clean shutdown and bad
 //! images, on the real ImageNet samples and crashtest files.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

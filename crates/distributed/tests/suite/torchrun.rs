@@ -1,5 +1,5 @@
 //! Under PyTorch's own launcher: torchrun's agent serves the store, the workers connect to it as clients.
-mod common;
+use crate::common;
 use common::*;
 use std::path::PathBuf;
 use std::process::Command;

@@ -6,7 +6,7 @@
 //! image like any other; packed, they are the same samples again; training on the validation split is warned
 //! of.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 
@@ -356,7 +356,7 @@ fn training_on_the_validation_split_is_warned_of_once() {
         let child = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "pack_logging_to_stderr",
+                "parquet::pack_logging_to_stderr",
                 "--ignored",
                 "--nocapture",
             ])

@@ -9,7 +9,7 @@ use rn50::model::{weights, Arch, Model, ResNetConfig};
 use rn50::step::{Precision, SgdConfig, StepConfig, TrainStep};
 use tch::{Device, Tensor};
 
-mod common;
+use crate::common;
 
 use common::max_abs_rel_err;
 

@@ -1,7 +1,7 @@
 //! Real troublesome files: every crashtest/edge JPEG decodes or is rejected with an error (no
 //! panic), and the ones Pillow can read decode to the same colours.
 
-mod common;
+use crate::common;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

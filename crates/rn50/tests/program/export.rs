@@ -2,7 +2,7 @@
 //! with `torch.jit.load`, gives torchvision's logits for the same torchvision-format weights, on the shared
 //! ImageNet photos and on batch and image sizes other than the traced one; and the command's refusals (an
 //! existing --out, weights of another architecture) leave the file system as it was.
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

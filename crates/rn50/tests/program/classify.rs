@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-mod common;
+use crate::common;
 
 /// (rank, percent, class index, rest of the line) of each class line, grouped by image.
 type Top = Vec<(usize, f64, usize, String)>;

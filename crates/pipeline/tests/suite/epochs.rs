@@ -4,7 +4,7 @@
 //! every worker helps with the oldest batch whatever the prefetch depth, and the batches are those
 //! of epochs loaded one at a time.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;

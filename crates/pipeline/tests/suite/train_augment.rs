@@ -2,7 +2,7 @@
 //! the crop and flip (pixels), random-erasing boxes (their distribution and probability), and
 //! repeated augmentation (RASampler's placement of the copies, one augmentation per copy).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

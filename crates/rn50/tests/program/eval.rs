@@ -1,6 +1,6 @@
 //! `rn50 eval` end to end on real ImageNet photos in an ImageFolder tree: every image counted once, the
 //! right labels, and clear errors when weights and data do not fit.
-mod common;
+use crate::common;
 
 use std::path::Path;
 

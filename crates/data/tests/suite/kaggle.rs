@@ -2,7 +2,7 @@
 //! becomes the very tree `prepare` extracts from those archives (hard links to the download), which `prepare
 //! check` passes; its bad inputs are one-line errors naming the file, with nothing written.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -485,7 +485,7 @@ fn child() {
 fn run_child(args: &[&str]) -> std::process::Child {
     std::process::Command::new(std::env::current_exe().unwrap())
         .args([
-            "child",
+            "kaggle::child",
             "--exact",
             "--ignored",
             "--nocapture",

@@ -1,6 +1,6 @@
 //! `rn50 train` end to end: an ImageNet-shaped folder of real photos, ResNet-50 at 224 px for a few steps,
 //! evaluation, checkpoints, resume; SIGTERM gives a resumable checkpoint; bad data layouts are clear errors.
-mod common;
+use crate::common;
 
 use std::ffi::OsStr;
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! End-to-end: extraction, odd files, re-runs, resume after an interruption, verification,
 //! `check`, and the command line.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

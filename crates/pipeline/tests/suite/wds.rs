@@ -6,7 +6,7 @@
 //! declaring gigabytes, is a bad image like any other; a brace pattern naming too many files is refused;
 //! packed, they are the same samples again.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

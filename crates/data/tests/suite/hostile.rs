@@ -1,7 +1,7 @@
 //! Hostile archives: traversal, absolute paths, links, devices, corrupt and truncated tars.
 //! Each must fail with an error naming the member and write nothing outside the output folder.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -3,7 +3,7 @@
 //! (exit 3), and so does the launcher, without "failed"; a second Ctrl-C stops the workers at once, and the
 //! launcher says it stopped on request (exit 130), again without "failed". Before, a worker died of the forwarded
 //! SIGINT and the launcher ended with `rn50 launch: failed: rank 0 was killed by signal 2 (SIGINT)`.
-mod common;
+use crate::common;
 use common::*;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};

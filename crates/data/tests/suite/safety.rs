@@ -2,7 +2,7 @@
 //! once, a tree damaged after (or by) a run, and user files in `--out`. Each test does the real
 //! thing: separate processes, truncated archives, zeroed and empty images on disk.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -62,7 +62,7 @@ impl Child {
         let exe = std::env::current_exe().unwrap();
         Child(
             Command::new(exe)
-                .args(["--exact", "prepare_as_a_child_process", "--ignored"])
+                .args(["--exact", "safety::prepare_as_a_child_process", "--ignored"])
                 .args(["--nocapture", "-q"])
                 .args(["--test-threads", "1"])
                 .env(CHILD_ARGS, args.join("\n"))

@@ -2,7 +2,7 @@
 //! scheduler or MPI launcher that started it, a MASTER_ADDR that is not rank 0's, a GLOO_SOCKET_IFNAME that cannot
 //! be used. The checks themselves on made-up environments and interfaces, then on real ranks
 //! (src/bin/worker.rs) on loopback. The same errors across network namespaces: crates/rn50/tests/multinode.rs.
-mod common;
+use crate::common;
 use common::*;
 use rn50_distributed::group::{
     describe_interfaces, ifname_problem, interfaces, master_addr_problem, Interface,

@@ -1,5 +1,5 @@
 //! DDP semantics on CPU with Gloo over loopback, with real worker processes.
-mod common;
+use crate::common;
 use common::*;
 
 /// Runs the job; returns the number of buckets rank 0 reported for each step.

@@ -4,7 +4,7 @@
 //! weights (tests/reference/torch_save_reference.py), and `rn50 eval`, `classify` and `train --init-weights` take
 //! them as they take the same weights in safetensors. The legacy format is an error carrying a conversion that
 //! works; TorchScript and damaged files are one-line errors.
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

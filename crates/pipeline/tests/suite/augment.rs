@@ -1,7 +1,7 @@
 //! Augmentations against torchvision: crop-box statistics (RandomResizedCrop.get_params) and
 //! pixels (Resize + CenterCrop, resized_crop + hflip) on the real ImageNet samples.
 
-mod common;
+use crate::common;
 
 use common::*;
 use rand::SeedableRng;

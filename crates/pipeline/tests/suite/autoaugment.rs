@@ -2,7 +2,7 @@
 //! every op's pixels on photos and edge sizes, the magnitude tables, and the policies' random
 //! draws.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

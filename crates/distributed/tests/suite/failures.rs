@@ -1,7 +1,7 @@
 //! Failures end the job quickly with messages that name the culprit: a rank killed mid-training, the store server
 //! (rank 0) killed or frozen, a wrong MASTER_PORT or one held by another program, a rank that never starts, ranks
 //! out of step, a worker failing or frozen under `launch`.
-mod common;
+use crate::common;
 use common::*;
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! error), the loader sees the same samples from shards as from the folder, and damaged shard
 //! files are rejected with an error.
 
-mod common;
+use crate::common;
 
 use common::*;
 use fast_image_resize::images::{Image, ImageRef};
@@ -547,7 +547,12 @@ fn a_killed_pack_leaves_a_directory_that_is_refused() {
     let fifo = src.join("c8/0.jpg");
     mkfifo(&fifo);
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "pack_until_killed", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "shards::pack_until_killed",
+            "--ignored",
+            "--nocapture",
+        ])
         .env("RN50_TEST_PACK_SRC", &src)
         .env("RN50_TEST_PACK_OUT", &out)
         .stdout(Stdio::null())
