@@ -90,6 +90,9 @@ pub struct BenchConfig {
     /// Bottlenecks with batch norm folded into the convolutions through cuDNN graphs; absent in older results.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fused_block: Option<bool>,
+    /// The stem's max-pool through cuDNN without an index tensor; absent in older results.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cudnn_pool: Option<bool>,
     pub optimizer: Option<SgdConfig>,
     /// Effective learning rate (after linear scaling).
     pub lr: Option<f64>,

@@ -343,6 +343,7 @@ fn settings(c: &BenchConfig) -> String {
             c.channels_last,
             c.fused_bn,
             c.fused_block,
+            c.cudnn_pool,
             c.tf32,
             &c.data_dir,
             &c.optimizer,

@@ -39,6 +39,12 @@ pub struct ComputeArgs {
     /// graph (bf16 there), the block runs without it and says so once.
     #[arg(long)]
     pub fused_block: bool,
+    /// On CUDA, run the stem's max-pool as PyTorch's kernel (which writes an int64 index per output and reads it
+    /// back in backward) instead of cuDNN's NHWC pooling, which keeps no index and finds each window's maximum
+    /// again in backward: the same output and input gradient, 2% less step time and 0.4 GiB less GPU memory on
+    /// an H200 (docs/benchmarks.md).
+    #[arg(long)]
+    pub no_cudnn_pool: bool,
     /// CPU threads of libtorch's intra-op pool (convolutions, matmuls and elementwise ops on CPU), 1 to 1024
     /// [default: bench: the CPUs this process may use, divided between the ranks of its node; elsewhere
     /// OMP_NUM_THREADS if set, else in train with several ranks on a node that same share, else libtorch's own:
@@ -58,6 +64,8 @@ pub struct Compute {
     pub fused_bn: bool,
     /// Bottlenecks with batch norm folded into the convolutions (see [`DeviceSettings::fused_block`]).
     pub fused_block: bool,
+    /// The max-pool through cuDNN where it applies (see [`DeviceSettings::cudnn_pool`]).
+    pub cudnn_pool: bool,
     pub cpu: crate::machine::CpuInfo,
 }
 
@@ -85,6 +93,7 @@ impl ComputeArgs {
             channels_last: memory_format::resolve(requested, device, narrowest_conv)?,
             fused_bn: !self.no_fused_bn,
             fused_block: !self.no_fused_bn && self.fused_block,
+            cudnn_pool: !self.no_cudnn_pool,
             cpu,
         })
     }
@@ -144,19 +153,44 @@ pub struct DeviceSettings {
     /// Each bottleneck in training as one autograd function with its batch norms folded into the convolutions
     /// through cuDNN graphs ([`crate::model::fused::bottleneck`]); same reach as `fused_bn`.
     pub fused_block: bool,
+    /// The stem's max-pool through cuDNN's NHWC pooling, without PyTorch's index tensor
+    /// ([`crate::model::fused::max_pool`]); it applies to channels_last CUDA tensors.
+    pub cudnn_pool: bool,
 }
 
 impl DeviceSettings {
-    /// The settings for `device`; `fused_bn: false` (`--no-fused-bn`) keeps PyTorch's separate kernels,
-    /// `fused_block` (`--fused-block`) folds bottlenecks' batch norms into their convolutions.
-    pub fn for_device(device: Device, fused_bn: bool, fused_block: bool) -> Self {
+    /// The settings for `device` from the resolved flags: `fused_bn: false` (`--no-fused-bn`) keeps PyTorch's
+    /// separate kernels, `fused_block` (`--fused-block`) folds bottlenecks' batch norms into their convolutions,
+    /// `cudnn_pool: false` (`--no-cudnn-pool`) keeps PyTorch's max-pool.
+    pub fn for_device(device: Device, c: &Compute) -> Self {
+        Self::new(device, c.fused_bn, c.fused_block, c.cudnn_pool)
+    }
+
+    /// The same from each switch (a recorded bench configuration's).
+    pub fn new(device: Device, fused_bn: bool, fused_block: bool, cudnn_pool: bool) -> Self {
         let gpu = device.is_cuda();
         Self {
             tf32: gpu,
             cudnn_benchmark: gpu,
             fused_bn: gpu && fused_bn,
             fused_block: gpu && fused_bn && fused_block,
+            cudnn_pool: gpu && cudnn_pool,
         }
+    }
+
+    /// What runs outside PyTorch's own kernels on a GPU, for start lines (`None` on a CPU, where nothing does):
+    /// "fused BN+ReLU on, folded block off, cuDNN max-pool on".
+    pub fn gpu_paths(&self) -> Option<String> {
+        let on = |b: bool| if b { "on" } else { "off" };
+        // TF32 is on exactly on GPUs.
+        self.tf32.then(|| {
+            format!(
+                "fused BN+ReLU {}, folded block {}, cuDNN max-pool {}",
+                on(self.fused_bn),
+                on(self.fused_block),
+                on(self.cudnn_pool)
+            )
+        })
     }
 
     fn apply(self) -> Result<()> {
@@ -164,13 +198,13 @@ impl DeviceSettings {
         tch::Cuda::cudnn_set_benchmark(self.cudnn_benchmark);
         crate::model::fused::set_enabled(self.fused_bn);
         crate::model::fused::set_block_enabled(self.fused_block);
+        crate::model::fused::set_pool_enabled(self.cudnn_pool);
         Ok(())
     }
 }
 
-/// Applies [`DeviceSettings`] for `device` to this process and starts its peak-memory count afresh.
-pub fn setup(device: Device, fused_bn: bool, fused_block: bool) -> Result<DeviceSettings> {
-    let settings = DeviceSettings::for_device(device, fused_bn, fused_block);
+/// Applies `settings` for `device` to this process and starts its peak-memory count afresh.
+pub fn setup(device: Device, settings: DeviceSettings) -> Result<DeviceSettings> {
     settings.apply()?;
     if let Device::Cuda(i) = device {
         crate::shim::cuda_reset_peak(i);
@@ -251,25 +285,52 @@ mod tests {
     /// context, which exists without a GPU).
     #[test]
     fn device_settings_reach_libtorch() {
-        let gpu = DeviceSettings::for_device(Device::Cuda(0), true, true);
+        let gpu = DeviceSettings::new(Device::Cuda(0), true, true, true);
         assert!(gpu.tf32 && gpu.cudnn_benchmark && gpu.fused_bn && gpu.fused_block);
-        let no_bn = DeviceSettings::for_device(Device::Cuda(0), false, true);
+        let no_bn = DeviceSettings::new(Device::Cuda(0), false, true, true);
         assert!(
             !no_bn.fused_bn && !no_bn.fused_block,
             "--no-fused-bn turns off both"
         );
-        let no_block = DeviceSettings::for_device(Device::Cuda(0), true, false);
-        assert!(no_block.fused_bn && !no_block.fused_block);
+        let no_block = DeviceSettings::new(Device::Cuda(0), true, false, false);
+        assert!(no_block.fused_bn && !no_block.fused_block && !no_block.cudnn_pool);
+        assert_eq!(
+            no_block.gpu_paths().as_deref(),
+            Some("fused BN+ReLU on, folded block off, cuDNN max-pool off")
+        );
+        assert!(
+            gpu.cudnn_pool,
+            "the cuDNN max-pool is on by default on a GPU"
+        );
         gpu.apply().unwrap();
         assert!(crate::shim::tf32() && crate::shim::cudnn_benchmark());
         assert!(crate::model::fused::enabled() && crate::model::fused::block_enabled());
-        let cpu = setup(Device::Cpu, true, true).unwrap();
-        assert_eq!(cpu, DeviceSettings::for_device(Device::Cpu, true, true));
+        assert!(crate::model::fused::pool_enabled());
+        let cpu = setup(
+            Device::Cpu,
+            DeviceSettings::new(Device::Cpu, true, true, true),
+        )
+        .unwrap();
+        assert_eq!(
+            cpu,
+            DeviceSettings {
+                tf32: false,
+                cudnn_benchmark: false,
+                fused_bn: false,
+                fused_block: false,
+                cudnn_pool: false
+            }
+        );
+        assert_eq!(cpu.gpu_paths(), None);
         assert!(!crate::shim::tf32() && !crate::shim::cudnn_benchmark());
         assert!(!crate::model::fused::enabled(), "no fused BN on a CPU");
         assert!(
             !crate::model::fused::block_enabled(),
             "no fused block on a CPU"
+        );
+        assert!(
+            !crate::model::fused::pool_enabled(),
+            "no cuDNN max-pool on a CPU"
         );
     }
 }

@@ -413,7 +413,9 @@ pub fn checks(m: &MachineInfo) -> Vec<Check> {
         out.push(if shim::cuda_compiled() {
             ok(
                 "rn50 cuda",
-                "built in (NCCL process groups, fused cuDNN batch norm, GPU memory statistics)",
+                "built in (NCCL process groups, fused cuDNN batch norm, cuDNN max-pool, GPU memory statistics); \
+                 a GPU's default: fused BN+ReLU on (--no-fused-bn), folded block off (--fused-block), \
+                 cuDNN max-pool on (--no-cudnn-pool)",
             )
         } else {
             warn(

@@ -96,6 +96,7 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         no_channels_last: true,
         no_fused_bn: true,
         fused_block: false,
+        no_cudnn_pool: true,
         threads: None,
     };
     let file = WeightsFile::read(&args.weights)?;

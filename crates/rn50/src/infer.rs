@@ -208,7 +208,10 @@ pub(crate) fn load_for_inference(
     let mut cfg = ResNetConfig::new(arch);
     file.shape()?.apply(&mut cfg);
     let c = compute.resolve(0, cfg.narrowest_conv())?;
-    crate::device::setup(c.device, c.fused_bn, c.fused_block)?;
+    crate::device::setup(
+        c.device,
+        crate::device::DeviceSettings::for_device(c.device, &c),
+    )?;
     let model = Model::new(cfg, c.device);
     file.load(&model)?;
     if c.channels_last {

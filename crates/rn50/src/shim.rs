@@ -1,7 +1,8 @@
 //! Safe wrappers over `shim/shim.cpp`: the libtorch calls tch 0.26 lacks (CPU autocast, foreach SGD, AMP
 //! unscale, TF32 and cuDNN autotuning, pinning without the deprecated device argument, build facts, CUDA
 //! allocator statistics, torch.save files), the fused cuDNN batch norm + ReLU of `shim/fused_bn.cpp`, the
-//! bottleneck with batch norm folded into its convolutions of `shim/fused_block.cpp`, and libtorch's Kineto
+//! bottleneck with batch norm folded into its convolutions of `shim/fused_block.cpp`, cuDNN's max-pool without
+//! an index tensor of `shim/pool.cpp`, and libtorch's Kineto
 //! profiler of `shim/profile.cpp` ([`Profiler`], its events read by [`crate::bench::profile`]).
 //!
 //! The conventions of rn50's two FFI layers (this one and `rn50_distributed`'s `ffi.rs`), the same in both:
@@ -102,6 +103,12 @@ mod ffi {
             out: *mut *mut C_tensor,
         ) -> c_int;
         pub fn rn50_block_last_error() -> *const c_char;
+        pub fn rn50_pool_last_error() -> *const c_char;
+        pub fn rn50_max_pool(
+            x: *const C_tensor,
+            window: *const i64,
+            out: *mut *mut C_tensor,
+        ) -> c_int;
         #[allow(clippy::too_many_arguments)]
         pub fn rn50_bottleneck(
             x: *const C_tensor,
@@ -164,6 +171,12 @@ mod ffi {
     pub fn block_last_error() -> String {
         // SAFETY: as in `last_error`.
         unsafe { message(rn50_block_last_error()) }
+    }
+
+    /// The same for `shim/pool.cpp`.
+    pub fn pool_last_error() -> String {
+        // SAFETY: as in `last_error`.
+        unsafe { message(rn50_pool_last_error()) }
     }
 
     /// The same for `shim/profile.cpp`.
@@ -322,7 +335,7 @@ pub fn pin_memory(t: &Tensor) -> Result<Tensor> {
     Ok(unsafe { Tensor::from_ptr(out) })
 }
 
-/// What [`bn_relu`] did.
+/// What a fused op ([`bn_relu`], [`bottleneck`], [`max_pool`]) did.
 pub enum Fused {
     /// The fused op's output, recorded for autograd.
     Done(Tensor),
@@ -366,6 +379,30 @@ pub fn bn_relu(
         0 => Ok(Fused::Done(unsafe { Tensor::from_ptr(out) })),
         2 => Ok(Fused::NotApplicable(ffi::fused_last_error())),
         _ => bail!("fused batch norm + ReLU: {}", ffi::fused_last_error()),
+    }
+}
+
+/// `max_pool2d(x, kernel, stride, padding)` (floor mode, no dilation) through cuDNN's NHWC pooling, forward and
+/// backward, with no index tensor (`shim/pool.cpp`): the output is PyTorch's, and so is the input gradient
+/// wherever a window's maximum is unique. Applies to NHWC-contiguous fp16/bf16/fp32 CUDA tensors of a build with
+/// the `cuda` feature.
+pub fn max_pool(
+    x: &Tensor,
+    kernel: [i64; 2],
+    stride: [i64; 2],
+    padding: [i64; 2],
+) -> Result<Fused> {
+    let window = [
+        kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1],
+    ];
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: a live tensor handle and six integers; on success the shim stores a new heap tensor in `out`.
+    let rc = unsafe { ffi::rn50_max_pool(x.as_ptr(), window.as_ptr(), &mut out) };
+    match rc {
+        // SAFETY: on success `out` is a new heap tensor, owned from here on by the returned Tensor.
+        0 => Ok(Fused::Done(unsafe { Tensor::from_ptr(out) })),
+        2 => Ok(Fused::NotApplicable(ffi::pool_last_error())),
+        _ => bail!("cuDNN max-pool: {}", ffi::pool_last_error()),
     }
 }
 

@@ -1,10 +1,11 @@
 //! The fused CUDA paths against the unfused ones on the same inputs. The cuDNN batch norm (+ residual add) +
 //! ReLU (`shim/fused_bn.cpp`) against PyTorch's separate ops: outputs, running statistics and every gradient,
-//! then a whole ResNet-50 training forward/backward with it on and off. The fused SGD that reads fp16's overflow
+//! then a whole ResNet-50 training forward/backward with it (and the cuDNN max-pool) on and off. The stem's
+//! max-pool through cuDNN (`shim/pool.cpp`) against PyTorch's. The fused SGD that reads fp16's overflow
 //! flag on the device against the foreach kernels, and a skipped overflowing step. These need a GPU and a build
 //! against a CUDA libtorch: they are marked ignored, with that reason in the test output, and run with
 //! `--include-ignored` on a GPU machine (asked to run without one, they fail). What runs everywhere: the fused
-//! batch norm declines what it does not apply to.
+//! batch norm and the cuDNN max-pool decline what they do not apply to.
 mod common;
 
 use common::{assert_as_close_as_peer, l2_rel_err};
@@ -164,6 +165,7 @@ fn resnet50_trains_the_same_with_the_fused_op() {
             }
         });
         fused::set_enabled(fused_on);
+        fused::set_pool_enabled(fused_on);
         let loss = {
             let _autocast = precision.map(|k| shim::Autocast::enter(dev, k).unwrap());
             model.forward_t(&x, true).cross_entropy_loss(
@@ -180,6 +182,7 @@ fn resnet50_trains_the_same_with_the_fused_op() {
             .map(|g| g.to_kind(Kind::Float) / SCALE)
             .collect();
         fused::set_enabled(false);
+        fused::set_pool_enabled(false);
         let flat =
             |v: &[Tensor]| Tensor::cat(&v.iter().map(|t| t.flatten(0, -1)).collect::<Vec<_>>(), 0);
         (f64::try_from(&loss).unwrap(), grads, flat(&model.buffers()))
@@ -221,6 +224,103 @@ fn resnet50_trains_the_same_with_the_fused_op() {
     );
 }
 
+/// The stem's max-pool through cuDNN (`shim/pool.cpp`) against PyTorch's `max_pool2d` in fp16, bf16 and fp32:
+/// the same output, NaN included, and the same input gradient where each window's maximum is unique. Inputs: in
+/// every 3x3 window the nine positions differ in (h mod 3, w mod 3), and each (sample, channel) gives those nine
+/// classes nine distinct integers (exact in every type), all negative in one case so that a padding counted as
+/// zero would show at every border. Then ties: an all-zero input (a ReLU's dead region) shows how cuDNN shares a
+/// window's gradient among tied maxima, which the test prints beside PyTorch's (the first in scan order).
+#[test]
+#[ignore = "needs a CUDA GPU (and rn50 built against a CUDA libtorch): run with --include-ignored there"]
+fn cudnn_max_pool_matches_pytorch() {
+    let dev = gpu();
+    let window = |x: &Tensor| x.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false);
+    let cudnn = |x: &Tensor| match shim::max_pool(x, [3, 3], [2, 2], [1, 1]).unwrap() {
+        Fused::Done(y) => y,
+        Fused::NotApplicable(why) => panic!("cuDNN's max-pool declined: {why}"),
+    };
+    for kind in [Kind::Half, Kind::BFloat16, Kind::Float] {
+        for (shape, offset) in [
+            ([8i64, 64, 112, 112], -4.0),
+            ([3, 5, 9, 10], -4.0),
+            ([2, 8, 15, 15], -9.0),
+        ] {
+            tch::manual_seed(3);
+            let [n, c, h, w] = shape;
+            let case = format!("{kind:?} {shape:?} values from {offset}");
+            // rank[n, c, k] is a permutation of 0..9 for each (n, c); class k = 3 * (h % 3) + (w % 3).
+            let rank = Tensor::rand([n, c, 9], (Kind::Float, dev)).argsort(-1, false);
+            let hk = (Tensor::arange(h, (Kind::Int64, dev)).remainder(3) * 3).view([h, 1]);
+            let wk = Tensor::arange(w, (Kind::Int64, dev))
+                .remainder(3)
+                .view([1, w]);
+            let class = (hk + wk).view([1, 1, h, w]).expand([n, c, h, w], false);
+            let values = rank
+                .gather(2, &class.reshape([n, c, h * w]), false)
+                .view([n, c, h, w]);
+            let x =
+                memory_format::channels_last(&(values.to_kind(Kind::Float) + offset).to_kind(kind));
+            let x_ref = leaf(x.copy());
+            let x_cud = leaf(x.copy());
+            let (y_ref, y_cud) = (window(&x_ref), cudnn(&x_cud));
+            assert_eq!(y_cud.size(), y_ref.size(), "{case}: output shape");
+            assert!(
+                memory_format::is_channels_last(&y_cud),
+                "{case}: output not NHWC"
+            );
+            assert!(y_cud.equal(&y_ref), "{case}: outputs differ");
+            let dy = Tensor::randn(y_ref.size(), (Kind::Float, dev)).to_kind(kind);
+            let dx_ref =
+                &Tensor::run_backward(&[(&y_ref * &dy).sum(kind)], &[&x_ref], false, false)[0];
+            let dx_cud =
+                &Tensor::run_backward(&[(&y_cud * &dy).sum(kind)], &[&x_cud], false, false)[0];
+            assert!(dx_cud.equal(dx_ref), "{case}: input gradients differ");
+        }
+        // NaN propagates as in PyTorch: every window holding one outputs NaN.
+        let x = memory_format::channels_last(
+            &Tensor::randn([2, 4, 12, 12], (Kind::Float, dev)).to_kind(kind),
+        );
+        let _ = x.get(0).get(1).get(5).get(6).fill_(f64::NAN);
+        let (y_ref, y_cud) = (window(&x), cudnn(&x));
+        assert!(
+            y_cud.isnan().equal(&y_ref.isnan()),
+            "{kind:?}: NaN outputs differ"
+        );
+        assert!(
+            y_cud
+                .nan_to_num(0.0, None, None)
+                .equal(&y_ref.nan_to_num(0.0, None, None)),
+            "{kind:?}: outputs beside the NaN differ"
+        );
+        // Ties: all zeros, a gradient of one per output.
+        let x = leaf(memory_format::channels_last(&Tensor::zeros(
+            [1, 1, 7, 7],
+            (kind, dev),
+        )));
+        let y = cudnn(&x);
+        let dx = &Tensor::run_backward(&[y.sum(kind)], &[&x], false, false)[0];
+        let x_ref = leaf(x.copy());
+        let dx_ref = &Tensor::run_backward(&[window(&x_ref).sum(kind)], &[&x_ref], false, false)[0];
+        let show = |t: &Tensor| {
+            format!(
+                "{:?}",
+                Vec::<f32>::try_from(t.to_kind(Kind::Float).flatten(0, -1)).unwrap()
+            )
+        };
+        eprintln!(
+            "{kind:?} ties (7x7 zeros, 3x3 stride-2 pad-1, dy = 1): cuDNN dx sum {} {}; PyTorch dx sum {} {}",
+            f64::try_from(dx.sum(Kind::Float)).unwrap(),
+            show(dx),
+            f64::try_from(dx_ref.sum(Kind::Float)).unwrap(),
+            show(dx_ref),
+        );
+        assert!(
+            bool::try_from(dx.isfinite().all()).unwrap(),
+            "{kind:?}: non-finite gradient on ties"
+        );
+    }
+}
+
 /// Everywhere: the switch does not change anything the fused op does not apply to (here, CPU tensors).
 #[test]
 fn the_fused_path_declines_cpu_tensors() {
@@ -229,6 +329,14 @@ fn the_fused_path_declines_cpu_tensors() {
     let b = Tensor::zeros([8], (Kind::Float, Device::Cpu));
     match shim::bn_relu(&x, None, &w, &b, &b, &w, 0.1, 1e-5).unwrap() {
         Fused::Done(_) => panic!("the fused op ran on a CPU tensor"),
+        Fused::NotApplicable(why) => assert!(
+            why.contains("not on CUDA") || why.contains("built without CUDA"),
+            "{why}"
+        ),
+    }
+    let x = memory_format::channels_last(&x);
+    match shim::max_pool(&x, [3, 3], [2, 2], [1, 1]).unwrap() {
+        Fused::Done(_) => panic!("cuDNN's max-pool ran on a CPU tensor"),
         Fused::NotApplicable(why) => assert!(
             why.contains("not on CUDA") || why.contains("built without CUDA"),
             "{why}"

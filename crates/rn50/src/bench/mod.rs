@@ -161,7 +161,7 @@ impl BenchArgs {
             (Some(m), None) => m,
             (None, None) => DataMode::Device,
         };
-        let settings = DeviceSettings::for_device(device, compute.fused_bn, compute.fused_block);
+        let settings = DeviceSettings::for_device(device, &compute);
         let global_batch = batch_size * world.world_size;
         Ok((
             BenchConfig {
@@ -183,6 +183,7 @@ impl BenchArgs {
                 tf32: Some(settings.tf32),
                 fused_bn: Some(settings.fused_bn),
                 fused_block: Some(settings.fused_block),
+                cudnn_pool: Some(settings.cudnn_pool),
                 optimizer: Some(SgdConfig::default()),
                 // train's default rate (--lr-base 0.1 per 256 images) at this global batch.
                 lr: Some(scaled_lr(
@@ -351,8 +352,12 @@ pub fn measure(
     }
     crate::device::setup(
         device,
-        cfg.fused_bn.unwrap_or(false),
-        cfg.fused_block.unwrap_or(false),
+        DeviceSettings::new(
+            device,
+            cfg.fused_bn.unwrap_or(false),
+            cfg.fused_block.unwrap_or(false),
+            cfg.cudnn_pool.unwrap_or(false),
+        ),
     )?;
     tch::manual_seed(cfg.seed.unwrap_or(0) as i64);
     let model = Model::new(network(plan.arch, plan.width), device);
@@ -484,7 +489,7 @@ fn n(v: Option<f64>) -> f64 {
 pub fn render(r: &BenchResult) -> String {
     let c = &r.config;
     let mut s = format!(
-        "rn50 bench: {} batch {}{} {}px {}{}{} on {} ({} threads), data={}, {} steps after {} warm-up\n",
+        "rn50 bench: {} batch {}{} {}px {}{}{}{} on {} ({} threads), data={}, {} steps after {} warm-up\n",
         c.network(),
         c.batch_size,
         if c.world_size() > 1 {
@@ -500,6 +505,7 @@ pub fn render(r: &BenchResult) -> String {
             (Some(true), _) => " fused-BN",
             _ => "",
         },
+        if c.cudnn_pool == Some(true) { " cuDNN-pool" } else { "" },
         c.device.as_deref().unwrap_or("?"),
         c.threads.unwrap_or(0),
         c.data.as_deref().unwrap_or("?"),

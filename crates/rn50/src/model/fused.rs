@@ -6,6 +6,8 @@
 //! A second switch folds bn1 and bn2 of each bottleneck into its convolutions (`shim/fused_block.cpp`: statistics
 //! in the convolution's epilogue, normalisation and ReLU in the next one's prologue, as NVIDIA's MLPerf ResNet-50
 //! runs); the block's tail stays the fused batch norm + add + ReLU.
+//!
+//! A third runs the stem's max-pool through cuDNN (`shim/pool.cpp`), without the index tensor PyTorch's writes.
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tch::nn::BatchNorm;
@@ -90,6 +92,31 @@ pub fn bottleneck(
         tracing::warn!("fused bottleneck: {line}");
     }
     match fused {
+        Ok(Fused::Done(y)) => Some(y),
+        Ok(Fused::NotApplicable(_)) => None,
+        Err(e) => panic!("{e:#}"),
+    }
+}
+
+static POOL_ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// The stem's max-pool through cuDNN's NHWC pooling, which keeps no index tensor: on by default on CUDA
+/// ([`crate::device::setup`]), off with `--no-cudnn-pool`.
+pub fn set_pool_enabled(on: bool) {
+    POOL_ENABLED.store(on, Ordering::Relaxed);
+}
+
+pub fn pool_enabled() -> bool {
+    POOL_ENABLED.load(Ordering::Relaxed)
+}
+
+/// `max_pool2d(x, kernel, stride, padding)` (floor mode, no dilation) through cuDNN ([`shim::max_pool`]), or
+/// `None` where that is off or does not apply (CPU, NCHW): the caller then runs PyTorch's.
+pub fn max_pool(x: &Tensor, kernel: i64, stride: i64, padding: i64) -> Option<Tensor> {
+    if !pool_enabled() || !x.device().is_cuda() {
+        return None;
+    }
+    match shim::max_pool(x, [kernel, kernel], [stride, stride], [padding, padding]) {
         Ok(Fused::Done(y)) => Some(y),
         Ok(Fused::NotApplicable(_)) => None,
         Err(e) => panic!("{e:#}"),

@@ -407,7 +407,8 @@ impl ResNet {
     pub fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
         let mut y = self.stem.forward_relu(x, train, None);
         if self.config.stem == Stem::ImageNet {
-            y = y.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false);
+            y = fused::max_pool(&y, 3, 2, 1)
+                .unwrap_or_else(|| y.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false));
         }
         for block in &self.layers {
             y = block.forward(&y, train);

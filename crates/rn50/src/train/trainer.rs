@@ -16,7 +16,7 @@ use rn50_pipeline::sampler::rng_for;
 use rn50_pipeline::Epoch;
 use tch::{Kind, Tensor};
 
-use crate::device::{device_name, Compute};
+use crate::device::{device_name, Compute, DeviceSettings};
 use crate::input::{self, BatchSource, DeviceBatch};
 use crate::model::weights::{self, Recorded};
 use crate::model::{Model, ResNetConfig, Stem};
@@ -144,7 +144,10 @@ impl<'a> RunState<'a> {
             .compute
             .resolve(world_info.local_rank, model_cfg.narrowest_conv())?;
         let device = compute.device;
-        crate::device::setup(device, compute.fused_bn, compute.fused_block)?;
+        let settings = crate::device::setup(device, DeviceSettings::for_device(device, &compute))?;
+        if let Some(paths) = settings.gpu_paths() {
+            tracing::info!("{}: {paths}", device_name(device));
+        }
         // The CPUs this process may use, split between the ranks of this node (as bench does).
         let per_rank = world_info.threads_per_rank();
         if args.compute.threads.is_none()
