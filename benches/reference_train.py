@@ -17,7 +17,10 @@ What it does, step for step as rn50:
   - the rate of each step from rn50's schedule (crates/rn50/src/train/schedule.rs): linear warmup from 0 over
     --warmup-epochs, then step/cosine/linear, evaluated at t = epoch + (batch + 1) / batches per epoch;
     --lr, or --lr-base x global batch / --lr-base-size (default 0.1 per 256);
-  - CrossEntropyLoss(label_smoothing); shuffled, drop_last batches; channels_last; autocast for bf16;
+  - CrossEntropyLoss(label_smoothing); shuffled, drop_last batches; channels_last; autocast for bf16 and fp16
+    (fp16 with torch.amp.GradScaler, rn50's default on a GPU);
+  - on CUDA (--device, default as rn50's: cuda when there is one) the settings rn50 applies there: cuDNN autotuning
+    (cudnn.benchmark) and TF32; the loader pins its batches and they go to the GPU without blocking;
   - evaluation after every epoch: top-1, top-5 and the mean cross-entropy (no smoothing), as main.py's validate().
 
 OUT/metrics.jsonl has one line per epoch in rn50's schema (rn50_report::schema::EpochMetrics: epoch, train_loss,
@@ -58,7 +61,8 @@ DEFAULTS = {
     "image-size": 224,
     "val-resize": None,
     "val-crop": None,
-    "precision": "fp32",
+    "precision": None,
+    "device": "auto",
     "channels-last": True,
     "threads": None,
     "workers": 2,
@@ -66,7 +70,7 @@ DEFAULTS = {
     "max-steps-per-epoch": None,
 }
 # Keys of rn50's recipe files that do not change what is trained: accepted and ignored.
-IGNORED = {"print-freq", "out", "checkpoint-minutes", "keep-checkpoints", "data", "device", "json"}
+IGNORED = {"print-freq", "out", "checkpoint-minutes", "keep-checkpoints", "data", "json"}
 ALIASES = {"steps-per-epoch": "max-steps-per-epoch", "learning-rate": "lr", "weight-decay": "wd", "model": "arch"}
 
 
@@ -94,7 +98,8 @@ def parse():
     p.add_argument("--image-size", type=int)
     p.add_argument("--val-resize", type=int)
     p.add_argument("--val-crop", type=int)
-    p.add_argument("--precision", choices=["fp32", "bf16"])
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="default: fp16 on CUDA, fp32 on the CPU")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.add_argument("--channels-last", action="store_const", const=True)
     p.add_argument("--no-channels-last", dest="channels_last", action="store_const", const=False)
     p.add_argument("--threads", type=int)
@@ -123,6 +128,12 @@ def parse():
         recipe["val-crop"] = recipe["image-size"]
     if recipe["val-resize"] is None:
         recipe["val-resize"] = round(recipe["val-crop"] / 0.875)
+    if recipe["device"] == "auto":
+        recipe["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+    if recipe["precision"] is None:
+        recipe["precision"] = "fp16" if recipe["device"] == "cuda" else "fp32"
+    if recipe["precision"] == "fp16" and recipe["device"] != "cuda":
+        sys.exit("reference_train.py: fp16 needs --device cuda")
     return a, recipe
 
 
@@ -144,19 +155,24 @@ def lr_at(r, peak, t):
     raise ValueError(kind)
 
 
-def evaluate(model, loader, fmt, amp):
+def evaluate(model, loader, fmt, dev, amp):
     model.eval()
     n = hit1 = hit5 = 0
     loss_sum = 0.0
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+    with torch.no_grad(), torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
         for images, labels in loader:
-            out = model(images.contiguous(memory_format=fmt)).float()
+            images, labels = to_device(images, labels, dev, fmt)
+            out = model(images).float()
             loss_sum += torch.nn.functional.cross_entropy(out, labels, reduction="sum").item()
             top5 = out.topk(min(5, out.shape[1]), 1).indices
             hit1 += (top5[:, 0] == labels).sum().item()
             hit5 += (top5 == labels[:, None]).any(1).sum().item()
             n += len(labels)
     return 100.0 * hit1 / n, 100.0 * hit5 / n, loss_sum / n, n
+
+
+def to_device(images, labels, dev, fmt):
+    return images.to(dev, non_blocking=True).contiguous(memory_format=fmt), labels.to(dev, non_blocking=True)
 
 
 def main():
@@ -169,7 +185,13 @@ def main():
         torch.set_num_threads(r["threads"])
     torch.manual_seed(r["seed"])
     fmt = torch.channels_last if r["channels-last"] else torch.contiguous_format
-    amp = r["precision"] == "bf16"
+    dev = torch.device(r["device"])
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(r["precision"])
+    if dev.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    scaler = torch.amp.GradScaler("cuda", enabled=r["precision"] == "fp16")
 
     normalize = [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]
     train_tf = v2.Compose(
@@ -186,13 +208,16 @@ def main():
     b = r["batch-size"]
     g = torch.Generator().manual_seed(r["seed"])
     train_loader = torch.utils.data.DataLoader(
-        train_set, b, shuffle=True, drop_last=True, num_workers=r["workers"], generator=g, persistent_workers=True
+        train_set, b, shuffle=True, drop_last=True, num_workers=r["workers"], generator=g, persistent_workers=True,
+        pin_memory=dev.type == "cuda",
     )
-    val_loader = torch.utils.data.DataLoader(val_set, b, num_workers=r["workers"], persistent_workers=True)
+    val_loader = torch.utils.data.DataLoader(
+        val_set, b, num_workers=r["workers"], persistent_workers=True, pin_memory=dev.type == "cuda"
+    )
 
     model = torchvision.models.__dict__[r["arch"]](
         num_classes=len(train_set.classes), zero_init_residual=r["zero-init-residual"]
-    ).to(memory_format=fmt)
+    ).to(dev, memory_format=fmt)
     decay, no_decay = [], []
     for p in model.parameters():
         (no_decay if r["no-bn-wd"] and p.ndim <= 1 else decay).append(p)
@@ -220,22 +245,26 @@ def main():
             w0 = time.perf_counter()
             images, labels = next(it)
             wait += time.perf_counter() - w0
+            images, labels = to_device(images, labels, dev, fmt)
             last_lr = lr_at(r, peak, epoch + (i + 1) / steps)
             for group in opt.param_groups:
                 group["lr"] = last_lr
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-                out = model(images.contiguous(memory_format=fmt))
+            with torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
+                out = model(images)
                 loss = criterion(out.float(), labels)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            loss_sum += loss.item()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            loss_sum += loss.detach()
             logged += 1
-            hits += (out.argmax(1) == labels).sum().item()
+            hits += (out.argmax(1) == labels).sum()
             images_seen += len(labels)
         del it
+        # Summed on the device without a host sync per step; one here, so the epoch's clock is the device's too.
+        loss_sum, hits = float(loss_sum), int(hits)
         train_seconds = time.perf_counter() - t0
-        acc1, acc5, val_loss, val_n = evaluate(model, val_loader, fmt, amp)
+        acc1, acc5, val_loss, val_n = evaluate(model, val_loader, fmt, dev, amp)
         record = {
             "epoch": epoch,
             "train_loss": loss_sum / logged,
@@ -263,7 +292,8 @@ def main():
     # rn50's TrainSummary fields (rn50_report::schema), so `rn50 report` lists the reference beside rn50's runs.
     summary = {
         "arch": r["arch"],
-        "device": f"PyTorch {torch.__version__} eager, CPU ({torch.get_num_threads()} threads)",
+        "device": f"PyTorch {torch.__version__} eager, "
+        + (torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"),
         "world_size": 1,
         "batch_size": b,
         "global_batch": b,
