@@ -27,6 +27,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, ensure, Context, Result};
+use clap::ValueEnum;
 use rn50_util::{lock_unpoisoned, unpoisoned};
 
 use crate::decode::MAX_IMAGE_PIXELS;
@@ -35,7 +36,7 @@ use crate::source::Dataset;
 use crate::transform::{Applied, Augmenter, Erase, TrainAugment, Transform};
 
 /// What to do with an image that cannot be decoded.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum BadImagePolicy {
     /// Leave the image out (its batch is one shorter) and count it.
     #[default]

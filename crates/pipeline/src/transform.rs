@@ -326,13 +326,13 @@ impl Augmenter {
             size,
             out,
         )?;
-        let flipped = self.transform.is_train() && rng.random::<f64>() < 0.5;
+        let flipped = train && rng.random::<f64>() < 0.5;
         if flipped {
             for row in out.chunks_exact_mut(size * 3) {
                 flip_row(row);
             }
         }
-        let erase = if self.transform.is_train() {
+        let erase = if train {
             self.train_augment(out, size, rng)
         } else {
             None

@@ -5,6 +5,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use clap::Args;
 use serde::Serialize;
 
 use crate::plot::{self, Chart, Series, XAxis, YAxis};
@@ -15,7 +16,7 @@ use crate::table::{
     train_row, train_table, ThroughputRow, TrainRow,
 };
 
-#[derive(clap::Args, Clone, Debug)]
+#[derive(Args, Clone, Debug)]
 pub struct ReportArgs {
     /// Bench results (`rn50 bench --json`), sweep results (`rn50 bench --sweep`), training run directories
     /// (or their summary.json), or directories holding those; which is which is told from the contents.

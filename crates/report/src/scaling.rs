@@ -32,6 +32,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
 use rn50_args::finite_in;
 use serde::Serialize;
 
@@ -58,7 +59,7 @@ pub fn param_count(arch: &str) -> Option<u64> {
 /// (18 links × 50 GB/s) of NVIDIA's H100 and H200 datasheets; NVLink 3 (A100 SXM) 300 GB/s (600 bidirectional);
 /// NVLink 2 (V100 SXM2) 150 GB/s; PCIe 5.0/4.0/3.0 x16 64/32/16 GB/s; InfiniBand NDR/HDR/EDR 400/200/100 Gb/s
 /// per card = 50/25/12.5 GB/s (DGX H100 and HGX H100/H200 nodes have one 400 Gb/s ConnectX-7 card per GPU).
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Link {
     /// NVLink 4 through NVSwitch (DGX/HGX H100 and H200: 450 GB/s each way per GPU): 360 GB/s, 3 µs.
@@ -118,7 +119,6 @@ impl Link {
 
     /// The name on the command line (`nvlink4`, `ib-ndr400`, `100gbe`).
     pub fn name(self) -> String {
-        use clap::ValueEnum;
         self.to_possible_value()
             .map_or_else(|| format!("{self:?}"), |v| v.get_name().to_string())
     }
@@ -167,7 +167,7 @@ pub struct NodeLinks {
     pub card_per_gpu: bool,
 }
 
-#[derive(clap::Args, Clone, Debug)]
+#[derive(Args, Clone, Debug)]
 pub struct ScalingArgs {
     /// Worker counts to predict, 1 to 1000000 each; efficiency is against the first (smallest).
     #[arg(

@@ -1,10 +1,10 @@
 use std::process::ExitCode;
 
-use clap::{CommandFactory, FromArgMatches, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use rn50::train::Outcome;
 
 /// rn50: prepare ImageNet, train ResNet-50 (and 18…152) on one to many accelerators, and measure it.
-#[derive(clap::Parser)]
+#[derive(Parser)]
 #[command(name = "rn50", version, about, long_about = None, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]

@@ -5,9 +5,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use clap::Parser;
 use rn50_data::{ExtractOptions, PrepareOptions, ValLabels};
 
-#[derive(clap::Parser)]
+#[derive(Parser)]
 struct Cli {
     #[command(flatten)]
     cmd: rn50_data::cli::PrepareArgs,
@@ -15,7 +16,6 @@ struct Cli {
 
 /// `rn50 prepare ARGS` through its command line.
 pub fn cli(args: &[&str]) -> anyhow::Result<()> {
-    use clap::Parser;
     let c = Cli::try_parse_from(std::iter::once("prepare").chain(args.iter().copied())).unwrap();
     rn50_data::cli::run(&c.cmd)
 }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
+use clap::Args;
 use rn50_args::{check_batch_bytes, usize_in, UsageError, MAX_BATCH, MAX_IMAGE_SIZE, MAX_THREADS};
 
 use super::{
@@ -19,7 +20,7 @@ use crate::transform::Transform;
 /// number of undecodable images. DATA is an ImageFolder directory, packed shards, WebDataset shards, or
 /// a dataset repository holding splits (its train split, with --val its validation split); use
 /// --synthetic N instead for generated ImageNet-sized JPEGs.
-#[derive(clap::Args, Debug, Clone)]
+#[derive(Args, Debug, Clone)]
 pub struct BenchLoaderArgs {
     /// ImageFolder directory, shard directory or file, WebDataset shards (a directory, a .tar, or a
     /// pattern such as 'train-{0000..0099}.tar'), or a directory with train/ and val/ or timm-named

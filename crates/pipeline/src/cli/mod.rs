@@ -4,6 +4,7 @@
 //! those that read a split of a dataset repository ([`TrainSplitArg`], [`ValSplitArg`]).
 
 use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
 use rn50_args::{finite_in, usize_in};
 
 use crate::autoaugment::Policy;
@@ -20,7 +21,7 @@ pub(crate) fn default_workers() -> usize {
 
 /// `--max-image-pixels`, for every command that decodes images (pack, bench-loader, train, eval), passed
 /// on as `LoaderConfig::max_image_pixels`.
-#[derive(clap::Args, Debug, Clone, Copy, serde::Serialize)]
+#[derive(Args, Debug, Clone, Copy, serde::Serialize)]
 pub struct PixelLimit {
     /// Images with more pixels than this are bad images, refused from their header before any
     /// pixel is decoded (a guard against decompression bombs). The default is Pillow's
@@ -32,7 +33,7 @@ pub struct PixelLimit {
 
 /// `--dct-scaling`, for every command that decodes images for a model (bench-loader, train, eval), passed on as
 /// `LoaderConfig::dct_scaling`.
-#[derive(clap::Args, Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Args, Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct DctScalingArg {
     /// Decode a JPEG at 1/2, 1/4 or 1/8 scale in the DCT domain when its crop is shrunk at least that much anyway:
     /// a faster decode of small crops, but not torchvision's pixels. On Imagenette at 64 px it cost ResNet-18 about
@@ -48,7 +49,7 @@ pub struct DctScalingArg {
 
 /// `--train-split NAME`, for the commands that read a dataset repository's training split (train,
 /// bench-loader, pack).
-#[derive(clap::Args, Debug, Clone, Default, serde::Serialize)]
+#[derive(Args, Debug, Clone, Default, serde::Serialize)]
 pub struct TrainSplitArg {
     /// The training split's name in DATA (timm's --train-split): the folder DATA/NAME/, the WebDataset shards
     /// DATA/*-NAME-NNNN.tar or the parquet files DATA/data/NAME-*.parquet. Letters, digits and _, up to 64
@@ -67,7 +68,7 @@ impl TrainSplitArg {
 
 /// `--val-split NAME`, for the commands that read a dataset repository's validation split (train, eval,
 /// bench-loader --val, pack).
-#[derive(clap::Args, Debug, Clone, Default, serde::Serialize)]
+#[derive(Args, Debug, Clone, Default, serde::Serialize)]
 pub struct ValSplitArg {
     /// The validation split's name in DATA (timm's --val-split), found as --train-split's is. Letters, digits
     /// and _, up to 64 [default: val, validation or test, the first found].
@@ -99,7 +100,7 @@ fn split_name(name: &str) -> Result<String, String> {
 /// `--auto-augment`, `--ra-magnitude`, `--random-erase`: the training augmentations of
 /// torchvision's recipe (references/classification's flags of the same names), passed on as
 /// `LoaderConfig::augment`.
-#[derive(clap::Args, Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Args, Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct AugmentArgs {
     /// Per-image automatic augmentation after the crop and flip (torchvision's recipe: ta_wide):
     /// ta_wide (TrivialAugmentWide: one of 14 ops, random magnitude) or ra (RandAugment: 2 ops at
@@ -117,7 +118,7 @@ pub struct AugmentArgs {
 }
 
 /// `--auto-augment`'s values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AutoAugmentPolicy {
     /// TrivialAugmentWide.
@@ -165,7 +166,7 @@ mod tests {
     use super::*;
     use crate::cli::{bench_loader, bench_loader::BenchLoaderArgs, pack::PackArgs};
 
-    #[derive(clap::Parser)]
+    #[derive(Parser)]
     enum Cli {
         Pack(PackArgs),
         BenchLoader(BenchLoaderArgs),

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
+use clap::Args;
 use rn50_args::{usize_in, MAX_THREADS};
 
 use super::{default_workers, write_json, PixelLimit, TrainSplitArg, ValSplitArg};
@@ -23,7 +24,7 @@ use crate::source::{Dataset, Split};
 /// `rn50 train`/`bench-loader` accept the output directory wherever they accept an ImageFolder.
 /// Ctrl-C, SIGTERM or SIGUSR1 stops the pack and removes the shards it wrote (exit 3); a second
 /// Ctrl-C stops at once.
-#[derive(clap::Args, Debug, Clone)]
+#[derive(Args, Debug, Clone)]
 pub struct PackArgs {
     /// Dataset to pack: an ImageFolder directory (root/<class>/<image>), existing shards, or WebDataset
     /// shards (a directory, a .tar, or a pattern such as 'train-{0000..0099}.tar').

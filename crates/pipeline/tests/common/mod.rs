@@ -318,7 +318,7 @@ impl Drop for TempCache {
 /// Runs `rn50 pack ARGS` as the binary would.
 pub fn pack_command(args: &[&str]) -> anyhow::Result<()> {
     use clap::Parser;
-    #[derive(clap::Parser)]
+    #[derive(Parser)]
     struct Pack {
         #[command(flatten)]
         args: rn50_pipeline::cli::pack::PackArgs,

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use clap::{ArgAction, Args};
+use clap::{ArgAction, Args, ValueEnum};
 use rn50_report::schema::{parse_json, BenchResult, SweepPoint, SweepResult};
 use serde_json::Value;
 
@@ -55,7 +55,7 @@ pub fn point_args(a: &BenchArgs, batch: Option<usize>, json: &Path) -> Result<Ve
 }
 
 /// How the ranks of one sweep point are started.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SweepLauncher {
     /// `rn50 launch` on this node.

@@ -556,13 +556,14 @@ impl MlperfArgs {
 /// `rn50 train`'s arguments parsed from `flags` (split at whitespace), for unit tests.
 #[cfg(test)]
 pub(crate) fn parse_for_test(flags: &str) -> Result<TrainArgs, clap::Error> {
-    #[derive(clap::Parser)]
+    use clap::Parser;
+    #[derive(Parser)]
     struct Cli {
         #[command(flatten)]
         train: TrainArgs,
     }
     let words = std::iter::once("train").chain(flags.split_whitespace());
-    <Cli as clap::Parser>::try_parse_from(words).map(|c| c.train)
+    Cli::try_parse_from(words).map(|c| c.train)
 }
 
 #[cfg(test)]
