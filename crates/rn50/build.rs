@@ -14,6 +14,7 @@ fn main() {
         "shim/profile.cpp",
     ];
     let mut build = torch.shim("shim/shim.cpp", torch.cuda());
+    println!("cargo:rerun-if-changed=shim/rn50_cudnn.h");
     for file in extra {
         println!("cargo:rerun-if-changed={file}");
         build.file(file);

@@ -16,20 +16,8 @@
 #include <ATen/ATen.h>
 
 #ifdef RN50_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#include <ATen/cudnn/Handle.h>
-#include <cudnn.h>
-#include <torch/autograd.h>
+#include "rn50_cudnn.h"
 
-#include <stdexcept>
-
-// cuDNN is loaded by libtorch_cuda (a NEEDED entry of it): weak references resolve to that copy at load time
-// without a link-time dependency on where the wheel keeps libcudnn.so.9.
-#pragma weak cudnnGetErrorString
-#pragma weak cudnnSetStream
-#pragma weak cudnnCreateTensorDescriptor
-#pragma weak cudnnDestroyTensorDescriptor
-#pragma weak cudnnSetTensor4dDescriptor
 #pragma weak cudnnDeriveBNTensorDescriptor
 #pragma weak cudnnCreateActivationDescriptor
 #pragma weak cudnnDestroyActivationDescriptor
@@ -41,18 +29,6 @@
 #pragma weak cudnnBatchNormalizationBackwardEx
 
 namespace {
-
-// The fused path does not apply; the caller falls back to the unfused ops.
-struct NotApplicable : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void check(cudnnStatus_t status, const char* what) {
-  if (status == CUDNN_STATUS_SUCCESS) return;
-  std::string msg = std::string(what) + ": " + cudnnGetErrorString(status);
-  if (status == CUDNN_STATUS_NOT_SUPPORTED) throw NotApplicable(msg);
-  throw std::runtime_error(msg);
-}
 
 constexpr cudnnBatchNormMode_t kMode = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
 
@@ -190,24 +166,13 @@ const char* rn50_fused_last_error() { return last_error.c_str(); }
 int rn50_bn_relu(at::Tensor* x, at::Tensor* z, at::Tensor* weight, at::Tensor* bias, at::Tensor* running_mean,
                  at::Tensor* running_var, double momentum, double eps, at::Tensor** out) {
 #ifdef RN50_CUDA
-  try {
+  return cudnn_call([&] {
     auto why = not_applicable(*x, z, *weight);
-    if (!why.empty()) {
-      last_error = why;
-      return 2;
-    }
+    if (!why.empty()) return why;
     auto zt = z ? std::optional<at::Tensor>(*z) : std::nullopt;
     *out = new at::Tensor(BnAddRelu::apply(*x, zt, *weight, *bias, *running_mean, *running_var, momentum, eps));
-    return 0;
-  } catch (const NotApplicable& e) {
-    last_error = e.what();
-    return 2;
-  } catch (const c10::Error& e) {
-    last_error = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    last_error = e.what();
-  }
-  return 1;
+    return std::string();
+  });
 #else
   last_error = "built without CUDA (a CPU-only libtorch)";
   return 2;

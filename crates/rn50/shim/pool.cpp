@@ -18,21 +18,11 @@
 #include <ATen/ATen.h>
 
 #ifdef RN50_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#include <ATen/cudnn/Handle.h>
-#include <cudnn.h>
-#include <torch/autograd.h>
+#include "rn50_cudnn.h"
 
 #include <array>
 #include <vector>
-#include <stdexcept>
 
-// Resolved in the cuDNN that libtorch_cuda loads, as in fused_bn.cpp.
-#pragma weak cudnnGetErrorString
-#pragma weak cudnnSetStream
-#pragma weak cudnnCreateTensorDescriptor
-#pragma weak cudnnDestroyTensorDescriptor
-#pragma weak cudnnSetTensor4dDescriptor
 #pragma weak cudnnCreatePoolingDescriptor
 #pragma weak cudnnDestroyPoolingDescriptor
 #pragma weak cudnnSetPooling2dDescriptor
@@ -40,17 +30,6 @@
 #pragma weak cudnnPoolingBackward
 
 namespace {
-
-struct NotApplicable : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-void check(cudnnStatus_t status, const char* what) {
-  if (status == CUDNN_STATUS_SUCCESS) return;
-  std::string msg = std::string(what) + ": " + cudnnGetErrorString(status);
-  if (status == CUDNN_STATUS_NOT_SUPPORTED) throw NotApplicable(msg);
-  throw std::runtime_error(msg);
-}
 
 cudnnDataType_t data_type(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -170,25 +149,14 @@ const char* rn50_pool_last_error() { return last_error.c_str(); }
 // h, w, stride h, w, padding h, w.
 int rn50_max_pool(at::Tensor* x, const int64_t* window, at::Tensor** out) {
 #ifdef RN50_CUDA
-  try {
+  return cudnn_call([&] {
     Window w;
     std::copy(window, window + 6, w.begin());
     auto why = not_applicable(*x, w);
-    if (!why.empty()) {
-      last_error = why;
-      return 2;
-    }
+    if (!why.empty()) return why;
     *out = new at::Tensor(MaxPool::apply(*x, std::vector<int64_t>(w.begin(), w.end())));
-    return 0;
-  } catch (const NotApplicable& e) {
-    last_error = e.what();
-    return 2;
-  } catch (const c10::Error& e) {
-    last_error = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    last_error = e.what();
-  }
-  return 1;
+    return std::string();
+  });
 #else
   (void)x;
   (void)window;
