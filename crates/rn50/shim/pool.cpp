@@ -11,8 +11,8 @@
 // In a ResNet the pool reads a ReLU's output, whose ties are zeros the ReLU's backward masks out anyway.
 //
 // rn50_max_pool returns 0 on success, 1 on an error (message in rn50_pool_last_error), and 2 where this path does
-// not apply (not CUDA, not NHWC-contiguous, a type other than fp16/bf16/fp32, ceil mode or dilation): the caller
-// then runs PyTorch's max_pool2d. Built without CUDA, it always returns 2.
+// not apply (not CUDA, not NHWC-contiguous, a type other than fp16/bf16/fp32, a window PyTorch would refuse): the
+// caller then runs PyTorch's max_pool2d (floor mode, no dilation, as here). Built without CUDA, it always returns 2.
 #include "rn50_shim_common.h"
 
 #include <ATen/ATen.h>
