@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # rn50 and the PyTorch reference (benches/reference_train.py) on Imagenette on one GPU, one run after the other,
 # for a queue of runs, until BUDGET seconds would be passed by the next one (each run's length is estimated by the
-# longest of its kind so far, so a timed device session ends with whole runs). Each run writes OUT/<who>-<recipe>-s<seed>/
-# (metrics.jsonl, summary.json); TARBALL (OUT/runs.tgz) holds them all without weights, refreshed after every run.
+# longest of its kind so far, so a timed device session ends with whole runs). Each run writes
+# OUT/<who>-<recipe>-s<seed>/ (metrics.jsonl, summary.json); TARBALL (OUT/runs.tgz) holds them all without weights,
+# refreshed after every run.
 #
 #   benches/imagenette_gpu.sh DATA OUT BUDGET "rn50:5ep:1 ref:5ep:1 rn50:20ep:1 ..." [flags for both]
 #
 # A job is WHO:RECIPE:SEED[:FLAGS]: WHO rn50 or ref (benches/reference_train.py), RECIPE naming
 # recipes/imagenette-<RECIPE>.toml, FLAGS (optional) comma-separated flags of that run alone, e.g.
 # `rn50:5ep:1:--lr=0.05,--zero-init-residual` for a tuning sweep (on the held-out slice that
-# benches/imagenette_holdout.py makes, never on val): its folder is then named after them too. Environment: RN50 (target/release/rn50), PYTHON (python3),
-# WORKERS (15: loader threads of each). If an rn50 run fails, the rn50 runs after it add --no-cudnn-pool (said so).
+# benches/imagenette_holdout.py makes, never on val): its folder is then named after them too.
+#
+# Environment: RN50 (target/release/rn50), PYTHON (python3), WORKERS (15: loader threads of each).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 data=$1 out=$2 budget=$3 queue=$4
@@ -20,7 +22,6 @@ tarball=${TARBALL:-$out/runs.tgz}
 mkdir -p "$out"
 start=$SECONDS
 declare -A longest
-extra=()
 for job in $queue; do
     IFS=: read -r who recipe seed own <<<"$job"
     IFS=, read -r -a own <<<"${own:-}"
@@ -36,11 +37,7 @@ for job in $queue; do
     flags=(--config "recipes/imagenette-$recipe.toml" --seed "$seed" -j "$workers" --out "$run" "$@" "${own[@]}")
     echo "=== $job at $((SECONDS - start)) s"
     if [ "$who" = rn50 ]; then
-        timeout "$left" "$rn50" train "$data" "${flags[@]}" --keep-checkpoints 1 "${extra[@]}" 2>&1 | tail -12
-        if ((PIPESTATUS[0] != 0)) && ((${#extra[@]} == 0)); then
-            echo "!!! rn50 $job failed: the rn50 runs after it add --no-cudnn-pool"
-            extra=(--no-cudnn-pool)
-        fi
+        timeout "$left" "$rn50" train "$data" "${flags[@]}" --keep-checkpoints 1 2>&1 | tail -12
     else
         timeout "$left" "$python" benches/reference_train.py "$data" "${flags[@]}" 2>&1 | tail -8
     fi
