@@ -1,6 +1,9 @@
-//! Real convergence on real data: a CIFAR-width ResNet-18 from the same code, trained for about a minute on a
+//! Real convergence on real data: a CIFAR-width ResNet-18 from the same code, trained for 4 epochs on a
 //! 10,000-image subset of CIFAR-10 (32 px crops with padding and flips), must beat the ~40% a linear classifier
 //! reaches on the test images by a clear margin.
+//!
+//! 4 epochs, not 6: on the 2-core CI machine (fp32, about 350 img/s) the run is about two minutes alone, and it was
+//! the longest test of the suite. Measured there: 31.5, 41.9, 54.3, 59.2% after epochs 1-4 (6 epochs: 64.1%).
 use crate::common;
 
 use std::path::Path;
@@ -65,7 +68,7 @@ fn cifar10_subset_beats_the_linear_baseline() {
         "-b",
         "128",
         "--epochs",
-        "6",
+        "4",
         "--lr-base",
         "0.4",
         "--warmup-epochs",
@@ -88,11 +91,11 @@ fn cifar10_subset_beats_the_linear_baseline() {
         .iter()
         .map(|m| m.acc1.unwrap())
         .collect();
-    assert_eq!(accs.len(), 6, "{accs:?}");
+    assert_eq!(accs.len(), 4, "{accs:?}");
     let last = *accs.last().unwrap();
     assert!(
-        last >= 55.0,
-        "test accuracy {last:.2}% after 6 epochs (per epoch: {accs:?}); a linear classifier gets ~40%\n{log}"
+        last >= 52.0,
+        "test accuracy {last:.2}% after 4 epochs (per epoch: {accs:?}); a linear classifier gets ~40%\n{log}"
     );
     // The run's report: summary table, CSV and plots.
     for f in [

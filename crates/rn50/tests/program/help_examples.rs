@@ -10,6 +10,7 @@
 //! README's quick start is checked the same way: each of its command lines is an rn50 command that parses, the
 //! SLURM script it names, whose arguments `rn50 train` parses, or the build step.
 use std::path::Path;
+use std::sync::OnceLock;
 
 use crate::common::{rn50, rn50_parse_only};
 
@@ -35,20 +36,24 @@ fn subcommands(help: &str) -> Vec<String> {
         .collect()
 }
 
-/// Every command path (`[]`, `["prepare"]`, `["prepare", "verify"]`, …) with its long help.
-fn all_helps() -> Vec<(Vec<String>, String)> {
-    let mut todo = vec![Vec::new()];
-    let mut done = Vec::new();
-    while let Some(path) = todo.pop() {
-        let text = help(&path);
-        for sub in subcommands(&text) {
-            let mut p = path.clone();
-            p.push(sub);
-            todo.push(p);
+/// Every command path (`[]`, `["prepare"]`, `["prepare", "verify"]`, …) with its long help: one `rn50 … --help`
+/// process each, run once for all the tests of this file.
+fn all_helps() -> &'static [(Vec<String>, String)] {
+    static HELPS: OnceLock<Vec<(Vec<String>, String)>> = OnceLock::new();
+    HELPS.get_or_init(|| {
+        let mut todo = vec![Vec::new()];
+        let mut done = Vec::new();
+        while let Some(path) = todo.pop() {
+            let text = help(&path);
+            for sub in subcommands(&text) {
+                let mut p = path.clone();
+                p.push(sub);
+                todo.push(p);
+            }
+            done.push((path, text));
         }
-        done.push((path, text));
-    }
-    done
+        done
+    })
 }
 
 /// Backquoted spans starting with `rn50 `, with clap's line wrapping undone. In `launch`'s help a span starting
@@ -120,10 +125,10 @@ fn every_help_example_parses() {
     }
     let mut checked = 0;
     let mut bad = Vec::new();
-    for (path, text) in &commands {
+    for (path, text) in commands {
         for example in examples(text, path.iter().eq(["launch"])) {
             checked += 1;
-            if let Err(why) = check(&example, &commands) {
+            if let Err(why) = check(&example, commands) {
                 bad.push(format!(
                     "`rn50 {} --help`: `{example}`: {why}",
                     path.join(" ")
@@ -144,18 +149,18 @@ fn the_checker_catches_a_wrong_flag() {
     let commands = all_helps();
     assert!(check(
         "rn50 launch --nproc-per-node 2 -- train --data /imagenet",
-        &commands
+        commands
     )
     .is_err());
-    assert!(check("rn50 train --data", &commands).is_err());
-    assert!(check("rn50 trian /imagenet", &commands).is_err());
+    assert!(check("rn50 train --data", commands).is_err());
+    assert!(check("rn50 trian /imagenet", commands).is_err());
     assert!(check(
         "rn50 launch --nproc-per-node 2 -- train /imagenet",
-        &commands
+        commands
     )
     .is_ok());
-    assert!(check("rn50 bench --json", &commands).is_ok());
-    assert!(check("rn50 launch", &commands).is_ok());
+    assert!(check("rn50 bench --json", commands).is_ok());
+    assert!(check("rn50 launch", commands).is_ok());
     assert_eq!(
         examples(
             "see `rn50 launch\n    --nproc-per-node 2 -- train` and `--other`",
@@ -169,7 +174,7 @@ fn the_checker_catches_a_wrong_flag() {
         old,
         ["rn50 launch --nproc-per-node 1 -- train --data /imagenet"]
     );
-    assert!(check(&old[0], &commands).is_err());
+    assert!(check(&old[0], commands).is_err());
 }
 
 /// The command lines of README's "Quick start" section: every ```sh block in it, comments dropped.
@@ -201,7 +206,7 @@ fn every_quick_start_command_parses() {
     let mut bad = Vec::new();
     for line in &lines {
         let verdict = if line.starts_with("rn50 ") {
-            check(line, &commands)
+            check(line, commands)
         } else if let Some(rest) = line.strip_prefix("sbatch ") {
             let words: Vec<&str> = rest.split_whitespace().collect();
             match words.iter().position(|w| w.ends_with(".sbatch")) {
@@ -210,7 +215,7 @@ fn every_quick_start_command_parses() {
                     assert!(script.contains("train --resume auto \"$@\""));
                     check(
                         &format!("rn50 train --resume auto {}", words[i + 1..].join(" ")),
-                        &commands,
+                        commands,
                     )
                 }
                 _ => Err("names no SLURM script of this repository".into()),
