@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Compiles every C++ file of rn50's build (torch-sys's generated wrapper, both shims, with the cuda feature) and
-# type-checks the Rust against the headers of another PyTorch release, so that the compat path that lets rn50
-# build against PyTorch 2.11 and 2.12 (crates/shim-build/compat/rn50_torch_compat.h) keeps working. `./dev test`
-# runs it for 2.11.0; no linking, so the wheel's headers are all it needs (about 530 MB to download once, then
-# cached under .venv/compat).
+# Compiles every C++ file of rn50's build (torch-sys's generated wrapper, both shims, with the cuda feature)
+# against the headers of another PyTorch release, so that the compat path that lets rn50 build against PyTorch
+# 2.11 and 2.12 (crates/shim-build/compat/rn50_torch_compat.h) keeps working. `./dev test` runs it for 2.11.0; no
+# linking, so the wheel's headers are all it needs (about 530 MB to download once, then cached under
+# .venv/compat).
+#
+# The headers reach only the C++, which the build scripts of torch-sys, rn50 and rn50-distributed compile: checking
+# the rn50 package runs all three. The Rust reads no header (tch's bindings are the same whatever the libtorch),
+# so the workspace's tests and other crates, already built and linted by `./dev test`, are not checked again.
 #
 #   scripts/check-torch-compat.sh [VERSION]      VERSION: a torch release on PyPI, default 2.11.0
 set -euo pipefail
@@ -27,5 +31,6 @@ mkdir -p "$root/torch/lib"
 # The CUDA and NCCL headers sit next to torch/ in a site-packages (crates/shim-build looks there): the .venv's.
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 ln -sfn "$site/nvidia" "$root/nvidia"
-LIBTORCH=$root/torch cargo check --locked --workspace --all-targets --features rn50/cuda \
+# Type-checked, not compiled (scripts/cxx-syntax-only): what a compile would refuse, without the code generation.
+CXX=$PWD/scripts/cxx-syntax-only LIBTORCH=$root/torch cargo check --locked -p rn50 --features rn50/cuda \
     --target-dir "target/compat-$version"
