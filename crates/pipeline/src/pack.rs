@@ -27,6 +27,7 @@ use crate::source::shards::{
     write_manifest, ShardMeta, ShardWriter, EXTENSION, FORMAT_VERSION, MANIFEST,
 };
 use crate::source::Dataset;
+use crate::transform::resize_rgb8;
 
 #[derive(Clone, Debug)]
 pub struct PackOptions {
@@ -256,12 +257,7 @@ fn encode_record(bytes: &[u8], opts: &PackOptions) -> Result<Option<Vec<u8>>, De
     )
     .map_err(|e| err(&e))?;
     let mut dst = Image::new(nw as u32, nh as u32, PixelType::U8x3);
-    Resizer::new()
-        .resize(
-            &src,
-            &mut dst,
-            &ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear)),
-        )
-        .map_err(|e| err(&e))?;
+    let bilinear = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
+    resize_rgb8(&mut Resizer::new(), &src, &mut dst, &bilinear).map_err(|e| err(&e))?;
     encode_jpeg(nw, nh, dst.buffer(), opts.quality).map(Some)
 }

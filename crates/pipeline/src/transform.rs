@@ -11,7 +11,11 @@
 use std::time::{Duration, Instant};
 
 use fast_image_resize::images::{CroppedImage, Image, ImageRef};
-use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use fast_image_resize::pixels::U8x3;
+use fast_image_resize::{
+    FilterType, IntoImageView, IntoImageViewMut, PixelType, ResizeAlg, ResizeError, ResizeOptions,
+    Resizer,
+};
 use rand::Rng;
 
 use crate::autoaugment::{AutoAugment, Policy};
@@ -349,6 +353,23 @@ impl Augmenter {
     }
 }
 
+/// `resizer.resize(src, dst, opts)` for RGB8 images, the pipeline's only kind: the `resize_typed::<U8x3>` that
+/// `resize` calls once it has matched the pixel type. Called directly, only the RGB8 code is compiled. `resize`
+/// compiles fast_image_resize's convolutions for all 13 of its pixel types, for each pair of image types it is
+/// called with, in each crate that calls it: that was 4.5 of this crate's 6.1 MB of machine code, and most of
+/// its compile time (docs/testing.md).
+pub fn resize_rgb8(
+    resizer: &mut Resizer,
+    src: &impl IntoImageView,
+    dst: &mut impl IntoImageViewMut,
+    opts: &ResizeOptions,
+) -> Result<(), ResizeError> {
+    match (src.image_view::<U8x3>(), dst.image_view_mut::<U8x3>()) {
+        (Some(src), Some(mut dst)) => resizer.resize_typed(&src, &mut dst, opts),
+        _ => Err(ResizeError::PixelTypesAreDifferent),
+    }
+}
+
 /// The bilinear resize of [`Augmenter::apply`]: the box `b` (decoded-buffer pixels) of the `bw x bh` RGB8 `pixels`
 /// into the `size x size` `out`. Outside the generic `apply`, so that fast_image_resize's convolutions are compiled
 /// once, in this crate, instead of again in every crate that calls `apply` with its own RNG type (they made each
@@ -383,16 +404,12 @@ fn resize_box(
             b[2],
             b[3],
         );
-        resizer
-            .resize(&view, &mut dst, &opts)
-            .map_err(|e| resize_err(&e))?;
+        resize_rgb8(resizer, &view, &mut dst, &opts).map_err(|e| resize_err(&e))?;
     } else {
         let opts = ResizeOptions::new()
             .resize_alg(alg)
             .crop(b[0], b[1], b[2], b[3]);
-        resizer
-            .resize(&src_img, &mut dst, &opts)
-            .map_err(|e| resize_err(&e))?;
+        resize_rgb8(resizer, &src_img, &mut dst, &opts).map_err(|e| resize_err(&e))?;
     }
     Ok(())
 }

@@ -12,6 +12,7 @@ use rn50_pipeline::decode::decode_rgb;
 use rn50_pipeline::pack::{pack, PackOptions};
 use rn50_pipeline::source::shards::ShardSet;
 use rn50_pipeline::source::Source;
+use rn50_pipeline::transform::resize_rgb8;
 use rn50_pipeline::{BadImagePolicy, Dataset, Loader, LoaderConfig, Transform};
 
 fn options(max_side: Option<usize>) -> PackOptions {
@@ -109,7 +110,7 @@ fn reencoded_pack_is_within_jpeg_error() {
         .unwrap();
         let mut dst = Image::new(w as u32, h as u32, PixelType::U8x3);
         let opts = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
-        Resizer::new().resize(&src, &mut dst, &opts).unwrap();
+        resize_rgb8(&mut Resizer::new(), &src, &mut dst, &opts).unwrap();
         let e = mae(dst.buffer(), &packed.pixels);
         worst = worst.max(e);
         errs.push(e);
