@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compiles every C++ file of rn50's build (torch-sys's generated wrapper, both shims, with the cuda feature)
+# Type-checks every C++ file of rn50's build (torch-sys's generated wrapper, both shims, with the cuda feature)
 # against the headers of another PyTorch release, so that the compat path that lets rn50 build against PyTorch
 # 2.11 and 2.12 (crates/shim-build/compat/rn50_torch_compat.h) keeps working. `./dev test` runs it for 2.11.0; no
 # linking, so the wheel's headers are all it needs (about 530 MB to download once, then cached under
