@@ -1,36 +1,43 @@
-"""The workspace's dependencies that do not need PyTorch, as `-p NAME@VERSION` arguments for cargo.
+"""The workspace's dependencies that do not need PyTorch, as `-p NAME@VERSION` arguments for `cargo build`.
 
 `./dev` builds them while pip installs PyTorch into .venv: pip keeps about one of the CI machine's two cores busy for
 two and a half minutes, and the C libraries (libjpeg-turbo, zstd, bzip2), parquet, image, clap and the rest need
 nothing from it. Everything else waits for .venv/libtorch: torch-sys and what depends on it (tch, the workspace's own
-crates). A package picked out with `-p` gets the features the workspace gives it, so `cargo test --workspace` then
-finds it built.
+crates).
 
-    deps-without-torch.py < `cargo metadata --format-version 1 --locked` output
+The packages are those `cargo tree` shows for the workspace's build on this machine: normal dependencies as cargo's
+feature resolver activates them, without proc-macros and build-dependencies (built for the host, and built anyway as
+dependencies of these), less the workspace's own and those that depend on torch-sys. A package picked out with `-p`
+then gets the features the workspace's build gives it, so that build finds it built. (Not `cargo metadata`: its
+graph holds every optional dependency any feature could turn on, and cargo 1.95 panics when `-p` names a package the
+build does not activate as a normal dependency: "did not find features for ... NormalOrDev".)
+
+    deps-without-torch.py      prints the arguments
 """
-import json
-import sys
+import subprocess
+
+
+def tree(*extra):
+    """`NAME vVERSION [(SOURCE)]` of each package of the workspace's normal dependency tree, for this machine."""
+    host = subprocess.run(["rustc", "-vV"], capture_output=True, text=True, check=True).stdout
+    host = next(line.split(": ", 1)[1] for line in host.splitlines() if line.startswith("host: "))
+    out = subprocess.run(
+        ["cargo", "tree", "--locked", "--workspace", "-e", "normal,no-proc-macro", "--target", host,
+         "--prefix", "none", "-f", "{p}", *extra],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    return {line.removesuffix(" (*)") for line in out.splitlines() if line.strip()}
 
 
 def main():
-    meta = json.load(sys.stdin)
-    members = set(meta["workspace_members"])
-    nodes = {n["id"]: n for n in meta["resolve"]["nodes"]}
-    names = {p["id"]: (p["name"], p["version"]) for p in meta["packages"]}
-    needs_torch = {}
-
-    def torch(pid):
-        if pid not in needs_torch:
-            if names[pid][0] == "torch-sys":
-                needs_torch[pid] = True
-            else:
-                needs_torch[pid] = any(torch(d["pkg"]) for d in nodes[pid]["deps"])
-        return needs_torch[pid]
-
-    picked = sorted(
-        f"{names[pid][0]}@{names[pid][1]}" for pid in nodes if pid not in members and not torch(pid)
-    )
-    print(" ".join(f"-p {p}" for p in picked))
+    packages = tree() - tree("-i", "torch-sys")
+    picked = []
+    for p in sorted(packages):
+        name, version, *source = p.split(" ")
+        if source:  # a path: the workspace's own
+            continue
+        picked.append(f"-p {name}@{version.removeprefix('v')}")
+    print(" ".join(picked))
 
 
 if __name__ == "__main__":
