@@ -30,13 +30,15 @@ def tree(*extra):
 
 
 def main():
-    packages = tree() - tree("-i", "torch-sys")
-    picked = []
-    for p in sorted(packages):
-        name, version, *source = p.split(" ")
-        if source:  # a path: the workspace's own
-            continue
-        picked.append(f"-p {name}@{version.removeprefix('v')}")
+    packages = [p.split(" ") for p in sorted(tree() - tree("-i", "torch-sys"))]
+    # Not a name held in two versions (bitflags 1 and 2, …): cargo would copy both libraries to the same file name in
+    # target/release/ and warns that this "may become a hard error". They are built anyway, as dependencies.
+    names = [name for name, *_ in packages]
+    picked = [
+        f"-p {name}@{version.removeprefix('v')}"
+        for name, version, *source in packages
+        if not source and names.count(name) == 1  # a source is a path: the workspace's own
+    ]
     print(" ".join(picked))
 
 
