@@ -18,12 +18,11 @@ import subprocess
 
 
 def tree(*extra):
-    """`NAME vVERSION [(SOURCE)]` of each package of the workspace's normal dependency tree, for this machine."""
-    host = subprocess.run(["rustc", "-vV"], capture_output=True, text=True, check=True).stdout
-    host = next(line.split(": ", 1)[1] for line in host.splitlines() if line.startswith("host: "))
+    """`NAME vVERSION [(SOURCE)]` of each package of the workspace's normal dependency tree, for this machine (cargo
+    tree's default target is the host's)."""
     out = subprocess.run(
-        ["cargo", "tree", "--locked", "--workspace", "-e", "normal,no-proc-macro", "--target", host,
-         "--prefix", "none", "-f", "{p}", *extra],
+        ["cargo", "tree", "--locked", "--workspace", "-e", "normal,no-proc-macro", "--prefix", "none", "-f", "{p}",
+         *extra],
         capture_output=True, text=True, check=True,
     ).stdout
     return {line.removesuffix(" (*)") for line in out.splitlines() if line.strip()}
