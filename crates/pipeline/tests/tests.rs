@@ -16,6 +16,8 @@ mod epochs;
 mod loader;
 #[path = "suite/parquet.rs"]
 mod parquet;
+#[path = "suite/reference_python.rs"]
+mod reference_python;
 #[path = "suite/shards.rs"]
 mod shards;
 #[path = "suite/train_augment.rs"]

@@ -7,10 +7,11 @@
 //! saved weights on images) and [`export`] (`rn50 export`: them as TorchScript); [`pyjson`] writes JSON as Python
 //! does. [`device`] chooses and sets up the compute device;
 //! [`shim`] wraps the C++ calls tch lacks; [`machine`] and [`doctor`] describe the node; [`alloc`] keeps
-//! glibc from returning freed memory each step.
+//! glibc from returning freed memory each step. [`cli`] is the command line of every subcommand.
 pub mod alloc;
 pub mod bench;
 pub mod classify;
+pub mod cli;
 pub mod device;
 pub mod doctor;
 pub mod export;

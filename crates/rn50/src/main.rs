@@ -1,87 +1,26 @@
 use std::process::ExitCode;
 
-use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use rn50::cli::{Command, Refused};
 use rn50::train::Outcome;
 
-/// rn50: prepare ImageNet, train ResNet-50 (and 18…152) on one to many accelerators, and measure it.
-#[derive(Parser)]
-#[command(name = "rn50", version, about, long_about = None, propagate_version = true)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Verify and extract the ILSVRC2012 archives into an ImageFolder tree (parallel, resumable).
-    Prepare(rn50_data::cli::PrepareArgs),
-    /// Pack an image folder into a few large shard files for fast sequential reading.
-    Pack(rn50_pipeline::cli::pack::PackArgs),
-    /// Training throughput on synthetic data (images/s, step time, data wait, memory).
-    Bench(rn50::bench::BenchArgs),
-    /// Train on DATA/train with per-epoch evaluation on DATA/val; checkpoints, resume, preemption-safe.
-    Train(Box<rn50::train::TrainArgs>),
-    /// Evaluate saved weights: top-1/top-5 over every validation image once.
-    Eval(rn50::train::EvalArgs),
-    /// Top-5 classes of images under saved weights, with their WordNet names.
-    Classify(rn50::classify::ClassifyArgs),
-    /// Weights as TorchScript for PyTorch and ONNX: `rn50 export --weights W.safetensors -a resnet50 --out model.pt`.
-    Export(rn50::export::ExportArgs),
-    /// Input-pipeline throughput: decode + augment + batch, without the model.
-    BenchLoader(rn50_pipeline::cli::bench_loader::BenchLoaderArgs),
-    /// Start N data-parallel workers on this node (like torchrun): `rn50 launch --nproc-per-node 2 -- train …`.
-    Launch(rn50_distributed::launch::LaunchArgs),
-    /// Tables (Markdown, CSV) and PNG plots from bench, sweep and train results.
-    Report(rn50_report::report::ReportArgs),
-    /// Predict throughput and scaling efficiency at N workers from a measured single-worker step.
-    #[command(visible_alias = "predict")]
-    Scaling(Box<rn50_report::scaling::ScalingArgs>),
-    /// Check this node: libtorch, CPU features, GPUs, cuDNN/NCCL, Gloo, launcher environment.
-    Doctor(rn50::doctor::DoctorArgs),
-}
-
-/// Lets every flag that takes a value take a negative number, so that `--ema -1` or `-b -5` is refused by that
-/// flag's range, with its name and the range, instead of as an unknown flag `-1`.
-fn negative_numbers_are_values(cmd: clap::Command) -> clap::Command {
-    cmd.mut_args(|a| {
-        let takes_values = a.get_action().takes_values();
-        a.allow_negative_numbers(takes_values)
-    })
-    .mut_subcommands(negative_numbers_are_values)
-}
-
 fn main() -> ExitCode {
-    // `train --config FILE.toml`: the file's flags go before the command line's, which override them.
-    let argv = match rn50::train::config::expand(std::env::args_os().collect()) {
-        Ok(argv) => argv,
-        Err(e) => {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // Parse and stop (docs/train.md): for train, the rules between flags are checked too, and the resolved flags
+    // (the run directory's config.toml) go to stdout.
+    if std::env::var_os("RN50_PARSE_ONLY").is_some() {
+        let parsed = rn50::cli::parse_only(argv);
+        print!("{}", parsed.stdout);
+        eprint!("{}", parsed.stderr);
+        return ExitCode::from(parsed.code);
+    }
+    let cli = match rn50::cli::parse(argv) {
+        Ok(cli) => cli,
+        Err(Refused::Config(e)) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
+        Err(Refused::Clap(e)) => e.exit(),
     };
-    let matches = negative_numbers_are_values(Cli::command())
-        .mut_subcommand("train", |c| c.args_override_self(true))
-        .get_matches_from(argv);
-    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    if let (Command::Train(a), Some(m)) = (&mut cli.command, matches.subcommand_matches("train")) {
-        a.resolved_config = Some(rn50::train::config::resolved_flags(m));
-    }
-    // Stop after parsing: how tests/program/help_examples.rs checks that every example in `--help` is a valid command
-    // line.
-    // For train, the rules between flags are checked too, and the resolved flags (the run directory's config.toml)
-    // go to stdout.
-    if std::env::var_os("RN50_PARSE_ONLY").is_some() {
-        if let Command::Train(a) = &cli.command {
-            if let Err(e) = rn50::train::check(a) {
-                eprintln!("error: {e}");
-                return ExitCode::from(2);
-            }
-            if let Some(flags) = &a.resolved_config {
-                print!("{}", rn50::train::config::document(flags, None));
-            }
-        }
-        return ExitCode::SUCCESS;
-    }
     // Log lines: UTC time stamp, level, `[rank N]` when this process is one of several ranks; RUST_LOG filters.
     let rank = rn50_distributed::WorldInfo::from_env()
         .ok()

@@ -26,11 +26,13 @@ use rn50_util::testing::serial;
 use tch::Tensor;
 
 const EPOCHS: u64 = 2;
-/// Enough steps (2 ranks do about 60 a second on 2 idle cores) that an interruption sent once a run is 20 steps
-/// into an epoch lands well inside it.
-const STEPS: u64 = 300;
+/// Steps per epoch. An interruption is sent once a run is [`INTO_EPOCH`] steps into an epoch, with its ranks
+/// stopped ([`Frozen`]) until it reached them: it lands a step or two later however long the scheduler takes to
+/// pass it on, well inside the epoch. (Before the ranks were stopped, epochs of 300 steps gave the signal time to
+/// arrive, and their training took 450 of the 490 CPU-seconds of these tests.)
+const STEPS: u64 = 50;
 /// Steps into an epoch before an interruption is sent.
-const INTO_EPOCH: u64 = 20;
+const INTO_EPOCH: u64 = 10;
 /// Bound on every wait: a hang is a clear failure, not a stuck CI job.
 const PATIENCE: Duration = Duration::from_secs(300);
 
@@ -202,6 +204,99 @@ impl Drop for Reaper {
         for _ in 0..2 {
             self.kill_all(libc::SIGKILL);
             std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// The training ranks among a [`Reaper`]'s processes (`rn50 train`, not a launcher, job script or daemon), stopped
+/// (SIGSTOP) once their run is where a test interrupts it, so that the interruption lands at the step they are at
+/// however long it takes to reach them. [`Frozen::thaw_when_signalled`] continues them once it did; dropped, it
+/// continues any still stopped.
+struct Frozen(Vec<i32>);
+
+/// `/proc/PID/status` as KEY → value; empty once the process is gone.
+fn proc_status(pid: i32) -> BTreeMap<String, String> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// Whether process `pid` is stopped (state T).
+fn stopped(pid: i32) -> bool {
+    proc_status(pid)
+        .get("State")
+        .is_some_and(|s| s.starts_with('T'))
+}
+
+impl Frozen {
+    fn ranks(reaper: &Reaper) -> Frozen {
+        let ranks: Vec<i32> = reaper
+            .pids()
+            .into_iter()
+            .filter(|pid| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                cmdline.split(|&b| b == 0).nth(1) == Some(b"train".as_slice())
+            })
+            .collect();
+        assert!(!ranks.is_empty(), "no rn50 train process to stop");
+        for &pid in &ranks {
+            // SAFETY: plain kill(2) of a process this test started (it carries the marker).
+            unsafe { libc::kill(pid, libc::SIGSTOP) };
+        }
+        let frozen = Frozen(ranks);
+        wait_for(
+            "the ranks to stop",
+            || format!("{:?}", frozen.0),
+            || {
+                frozen
+                    .0
+                    .iter()
+                    .all(|&pid| stopped(pid) || proc_status(pid).is_empty())
+                    .then_some(())
+            },
+        );
+        frozen
+    }
+
+    /// Waits until each rank has SIGTERM, SIGUSR1 or SIGINT pending, or is no longer stopped (ended, killed, or
+    /// continued by whoever signalled it: slurmd sends SIGCONT before SIGTERM), then continues them.
+    fn thaw_when_signalled(self, what: &str) {
+        let interruptions = [libc::SIGTERM, libc::SIGUSR1, libc::SIGINT]
+            .iter()
+            .fold(0u64, |m, s| m | 1 << (s - 1));
+        let reached = |pid: i32| {
+            let st = proc_status(pid);
+            let pending = |k: &str| {
+                st.get(k)
+                    .and_then(|v| u64::from_str_radix(v, 16).ok())
+                    .unwrap_or(0)
+            };
+            !st.get("State").is_some_and(|s| s.starts_with('T'))
+                || (pending("ShdPnd") | pending("SigPnd")) & interruptions != 0
+        };
+        wait_for(
+            &format!("{what} to reach the stopped ranks {:?}", self.0),
+            || {
+                self.0
+                    .iter()
+                    .map(|&pid| format!("{pid}: {:?}\n", proc_status(pid)))
+                    .collect()
+            },
+            || self.0.iter().all(|&pid| reached(pid)).then_some(()),
+        );
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            if stopped(pid) {
+                // SAFETY: plain kill(2) of a rank this test stopped.
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+            }
         }
     }
 }
@@ -692,11 +787,15 @@ fn slurm_sbatch_requeue_and_resume() {
         &args,
     );
     slurm.wait_running_into(&id, &out, &run, 0, 0);
+    let frozen = Frozen::ranks(&slurm.reaper);
     let o = slurm.cmd("scontrol", &["requeue", &id]);
     assert!(o.status.success(), "scontrol requeue: {o:?}");
+    frozen.thaw_when_signalled("scontrol requeue");
     slurm.wait_running_into(&id, &out, &run, 1, 1);
+    let frozen = Frozen::ranks(&slurm.reaper);
     let o = slurm.cmd("scancel", &["--signal=USR1", &id]);
     assert!(o.status.success(), "scancel --signal=USR1: {o:?}");
+    frozen.thaw_when_signalled("scancel --signal=USR1");
     slurm.wait_completed(&id, 2, &out);
 
     let log = read(&out);
@@ -875,6 +974,7 @@ fn pbs_walltime(whole_job: bool) {
             last_step(&run).filter(|&(e, s)| e == 0 && s >= INTO_EPOCH)
         },
     );
+    let frozen = Frozen::ranks(&reaper);
     let targets = if whole_job {
         session_pids(job.id() as i32)
     } else {
@@ -888,6 +988,7 @@ fn pbs_walltime(whole_job: bool) {
         // SAFETY: plain kill(2) of the script or a process of its session, all started by this test.
         unsafe { libc::kill(pid, libc::SIGTERM) };
     }
+    frozen.thaw_when_signalled("SIGTERM");
     let status = wait_exit(&mut job, "the script to stop", || read(&log));
     let text = read(&log);
     assert_eq!(status.code(), Some(3), "{text}");
@@ -1000,8 +1101,10 @@ fn torchrun_static_sigterm_then_rerun_resumes() {
             last_step(&run).filter(|&(e, s)| e == 0 && s >= INTO_EPOCH)
         },
     );
+    let frozen = Frozen::ranks(&reaper);
     // SAFETY: plain kill(2) of torchrun, still running.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    frozen.thaw_when_signalled("torchrun's SIGTERM");
     let status = wait_exit(&mut child, "torchrun to stop", || read(&log));
     let text = read(&log);
     assert!(!status.success(), "{text}");
@@ -1077,8 +1180,10 @@ fn torchrun_c10d_rendezvous_restarts_a_killed_worker() {
             pid_with(&reaper, &first)
         },
     );
+    let frozen = Frozen::ranks(&reaper);
     // SAFETY: plain kill(2) of rank 1, found running a moment ago and training until killed.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    drop(frozen);
     let status = wait_exit(&mut child, "torchrun to finish", || read(&log));
     let text = read(&log);
     assert!(status.success(), "{status}\n{text}");

@@ -3,10 +3,10 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use rn50_util::testing::python;
+use rn50_util::testing::python_output;
 /// `RN50_SHARED_DATA`, else `<repo>/../shared/data`.
 pub use rn50_util::testing::shared_data;
 
@@ -109,16 +109,11 @@ pub fn open_error<T>(opened: anyhow::Result<T>, file: &Path) -> String {
 /// Runs `scripts/dataset_writers.py ARGS...`, which writes datasets with webdataset's and Hugging Face
 /// `datasets`' own writers. Fails (never skips) when Python or its packages are missing.
 pub fn dataset_writer(args: &[&str]) {
-    let py = python();
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../scripts/dataset_writers.py"
     );
-    let out = Command::new(&py)
-        .arg(script)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {} ({e}): set RN50_PYTHON", py.display()));
+    let out = python_output(&[&[script], args].concat(), None, &[]);
     assert!(
         out.status.success(),
         "dataset_writers.py {args:?} failed:\n{}",
@@ -126,27 +121,26 @@ pub fn dataset_writer(args: &[&str]) {
     );
 }
 
+/// What `scripts/pipeline_reference.py` runs with: MKL pinned to its AVX2 path where MKL_CBWR is unset (the
+/// script's header says why), before torch is imported, as MKL reads it when it starts (`python_output`).
+pub fn reference_env() -> &'static [(&'static str, &'static str)] {
+    if std::env::var_os("MKL_CBWR").is_none() {
+        &[("MKL_CBWR", "AVX2")]
+    } else {
+        &[]
+    }
+}
+
 /// Run `scripts/pipeline_reference.py MODE OUT ARGS...` and return its manifest.
 /// Fails (never skips) when Python or its packages are missing.
 pub fn reference(mode: &str, out: &Path, args: &[String]) -> serde_json::Value {
-    let py = python();
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../scripts/pipeline_reference.py"
     );
-    let output = Command::new(&py)
-        .arg(script)
-        .arg(mode)
-        .arg(out)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run the reference Python {} ({e}); set RN50_PYTHON to an interpreter \
-                 with Pillow and torchvision (./dev sets up .venv)",
-                py.display()
-            )
-        });
+    let mut line: Vec<&OsStr> = vec![script.as_ref(), mode.as_ref(), out.as_os_str()];
+    line.extend(args.iter().map(OsStr::new));
+    let output = python_output(&line, None, reference_env());
     assert!(
         output.status.success(),
         "reference script failed ({}):\n{}",
@@ -285,7 +279,10 @@ pub fn mutate(bytes: &[u8], rng: &mut impl rand::Rng) -> Vec<u8> {
 /// test that puts one among a dataset's files knows, deterministically, when a worker has reached
 /// that file, and holds the worker there until it writes.
 pub fn mkfifo(path: &Path) {
-    let status = Command::new("mkfifo").arg(path).status().unwrap();
+    let status = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
     assert!(status.success(), "mkfifo {} failed", path.display());
 }
 

@@ -8,20 +8,18 @@ use std::process::{Command, Output};
 /// and the Python with torch and torchvision that reference scripts run under (`RN50_PYTHON`, else the repo's
 /// .venv): rn50_util's, which every crate's tests use.
 #[allow(unused_imports)]
-pub use rn50_util::testing::{python, shared_data, shared_photos};
+pub use rn50_util::testing::{python, python_output, shared_data, shared_photos};
 
-/// Runs `tests/reference/SCRIPT ARGS…` under [`python`]; panics with the script's stderr if it fails.
+/// Runs `tests/reference/SCRIPT ARGS…` under [`python`] ([`python_output`]); panics with the script's stderr if it
+/// fails.
 #[allow(dead_code)]
 pub fn reference_script<S: AsRef<std::ffi::OsStr>>(script: &str, args: &[S]) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/reference")
         .join(script);
-    let py = python();
-    let out = std::process::Command::new(&py)
-        .arg(&path)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {} (run ./dev setup): {e}", py.display()));
+    let mut line = vec![path.as_os_str()];
+    line.extend(args.iter().map(AsRef::as_ref));
+    let out = python_output(&line, None, &[]);
     assert!(
         out.status.success(),
         "{script} failed:\n{}",
@@ -100,7 +98,7 @@ pub fn metrics_lines(run: &Path) -> Vec<rn50_report::EpochMetrics> {
 /// `rn50 ARGS…`, run to the end (RN50_PARSE_ONLY removed from its environment: it runs, not only parses).
 #[allow(dead_code)]
 pub fn rn50(args: &[&str]) -> Output {
-    rn50_in(Path::new("."), args, false)
+    rn50_in(Path::new("."), args)
 }
 
 /// [`rn50`] with RUST_BACKTRACE=1, so that a panic shows as one ("panicked", "stack backtrace"): for tests that
@@ -115,24 +113,33 @@ pub fn rn50_backtrace(args: &[&str]) -> Output {
         .expect("run rn50")
 }
 
-/// `rn50 ARGS…` only parsed (RN50_PARSE_ONLY: train prints its resolved flags as TOML and stops; the others
-/// parse and stop).
+/// `rn50 ARGS…` only parsed, what `RN50_PARSE_ONLY=1 rn50 ARGS…` prints and exits with (train prints its resolved
+/// flags as TOML and stops; the others parse and stop), here in this process: `rn50::cli::parse_only`, which that
+/// binary runs. A process would spend about 0.7 CPU-seconds starting libtorch for it (docs/testing.md).
 #[allow(dead_code)]
-pub fn rn50_parse_only(args: &[&str]) -> Output {
-    rn50_in(Path::new("."), args, true)
+pub fn rn50_parse_only<S: AsRef<OsStr>>(args: &[S]) -> Output {
+    use std::os::unix::process::ExitStatusExt;
+    let argv = std::iter::once(OsStr::new("rn50"))
+        .chain(args.iter().map(AsRef::as_ref))
+        .map(OsStr::to_os_string)
+        .collect();
+    let parsed = rn50::cli::parse_only(argv);
+    Output {
+        status: std::process::ExitStatus::from_raw(i32::from(parsed.code) << 8),
+        stdout: parsed.stdout.into_bytes(),
+        stderr: parsed.stderr.into_bytes(),
+    }
 }
 
-/// `rn50 ARGS…` in the working directory `cwd`, only parsed ([`rn50_parse_only`]) or run ([`rn50`]).
+/// `rn50 ARGS…` run ([`rn50`]) in the working directory `cwd`.
 #[allow(dead_code)]
-pub fn rn50_in(cwd: &Path, args: &[&str], parse_only: bool) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rn50"));
-    cmd.current_dir(cwd).args(args);
-    if parse_only {
-        cmd.env("RN50_PARSE_ONLY", "1");
-    } else {
-        cmd.env_remove("RN50_PARSE_ONLY");
-    }
-    cmd.output().expect("run rn50")
+pub fn rn50_in(cwd: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rn50"))
+        .current_dir(cwd)
+        .args(args)
+        .env_remove("RN50_PARSE_ONLY")
+        .output()
+        .expect("run rn50")
 }
 
 /// Reads `child`'s piped stderr until a line contains `text` (a training run's `[    3/` for its third step, or

@@ -152,14 +152,16 @@ fn classify_prints_the_class_folder_names_recorded_at_training() {
 
     for weights in ["best.safetensors", "final.safetensors"] {
         let path = run.join(weights);
-        let py = Command::new(common::python())
-            .args([
-                "-c",
-                "import sys; from safetensors import safe_open; print(safe_open(sys.argv[1], 'pt').metadata()['classes'])",
-            ])
-            .arg(&path)
-            .output()
-            .unwrap();
+        let py = common::python_output(
+            &[
+                "-c".as_ref(),
+                "import sys; from safetensors import safe_open; print(safe_open(sys.argv[1], 'pt').metadata()['classes'])"
+                    .as_ref(),
+                path.as_os_str(),
+            ],
+            None,
+            &[],
+        );
         assert!(
             py.status.success(),
             "{}",

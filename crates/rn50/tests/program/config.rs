@@ -22,12 +22,7 @@ fn resolved(args: &[&str]) -> toml::Table {
 
 /// The resolved flags of `t`, which must parse.
 fn resolved_tiny(t: &TinyTrain) -> toml::Table {
-    let out = t
-        .command()
-        .env("RN50_PARSE_ONLY", "1")
-        .output()
-        .expect("run rn50");
-    resolved_output(&format!("{:?}", t.to_args()), out)
+    resolved_output(&format!("{:?}", t.to_args()), rn50_parse_only(&t.to_args()))
 }
 
 /// The resolved flags that `rn50 ARGS…` (parse-only) printed; it must have succeeded.
@@ -437,7 +432,7 @@ fn config_toml_is_portable_and_says_what_differs() {
 
     // The file alone, from another directory: a new run in runs/train there, with the same config.toml.
     let saved = saved.to_str().unwrap();
-    let o = rn50_in(&elsewhere, &["train", "--config", saved], false);
+    let o = rn50_in(&elsewhere, &["train", "--config", saved]);
     let err = text(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(!err.contains("other settings"), "nothing differs: {err}");
@@ -451,7 +446,6 @@ fn config_toml_is_portable_and_says_what_differs() {
     let o = rn50_in(
         &elsewhere,
         &["train", "--config", saved, "--out", "b4", "-b", "4"],
-        false,
     );
     let err = text(&o.stderr);
     assert!(o.status.success(), "{err}");
@@ -465,7 +459,6 @@ fn config_toml_is_portable_and_says_what_differs() {
     let o = rn50_in(
         &elsewhere,
         &["train", "--config", &gpu_file, "--out", "gpu"],
-        false,
     );
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");

@@ -2,8 +2,8 @@
 //! with a flag that never existed (`launch -- train --data …`), fails here instead of in a user's terminal.
 //!
 //! An example is a backquoted span starting with `rn50 ` in the long help of any subcommand, nested ones included.
-//! It is run by the real binary with `RN50_PARSE_ONLY` set, which stops right after clap has parsed it; the worker
-//! command of a `rn50 launch … -- COMMAND` example is parsed the same way. A span that only names a command or one
+//! It is parsed as the binary parses it, in this process (`rn50::cli::parse_only`, what `RN50_PARSE_ONLY=1 rn50 …`
+//! runs); the worker command of a `rn50 launch … -- COMMAND` example is parsed the same way. A span that only names a command or one
 //! of its flags (`rn50 launch`, `rn50 bench --json`) is a mention, not a command line: its command must exist and
 //! the flag must be in that command's help.
 //!

@@ -5,11 +5,14 @@
 //! same file, submission flags without --mllog. --drop-caches really drops the page cache, and needs root.
 use crate::common;
 
+use std::ffi::OsStr;
 use std::os::unix::io::AsRawFd;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 
-use common::{metrics_lines, python, reference_script, shared_photos, steps, TinyTrain};
+use common::{
+    metrics_lines, python, python_output, reference_script, shared_photos, steps, TinyTrain,
+};
 use serde_json::Value;
 
 /// DATA/{train,val}/<wnid>/: the `n` smallest ImageNet sample photos (quick to decode), each its own class,
@@ -53,36 +56,41 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-/// The tests' Python, which must have MLCommons' mlperf-logging (scripts/requirements.txt pins it; ./dev setup
-/// installs it): a missing module fails the test, saying so.
-fn mlperf_python() -> PathBuf {
-    let py = python();
-    let probe = Command::new(&py)
-        .args([
+/// `python ARGS…` ([`python_output`]) where the tests' Python must have MLCommons' mlperf-logging
+/// (scripts/requirements.txt pins it; ./dev setup installs it): a missing module fails the test, saying so.
+fn mlperf_python(args: &[&OsStr]) -> Output {
+    let probe = python_output(
+        &[
             "-c",
             "import mlperf_logging.compliance_checker, mlperf_logging.mllog",
-        ])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {} (./dev setup makes it): {e}", py.display()));
+        ],
+        None,
+        &[],
+    );
     assert!(
         probe.status.success(),
         "MLCommons' mlperf-logging is not installed in {} (pinned in scripts/requirements.txt; ./dev setup installs \
          it):\n{}",
-        py.display(),
+        python().display(),
         String::from_utf8_lossy(&probe.stderr)
     );
-    py
+    python_output(args, None, &[])
 }
 
 /// MLCommons' compliance checker on `log` (training, ruleset 4.0.0): whether it passed, and what it printed.
 fn checker(log: &Path) -> (bool, String) {
-    let out = Command::new(mlperf_python())
-        .args(["-m", "mlperf_logging.compliance_checker"])
-        .args(["--usage", "training", "--ruleset", "4.0.0", "--log_output"])
-        .arg(log.with_extension("checker.txt"))
-        .arg(log)
-        .output()
-        .unwrap();
+    let report = log.with_extension("checker.txt");
+    let out = mlperf_python(&[
+        "-m".as_ref(),
+        "mlperf_logging.compliance_checker".as_ref(),
+        "--usage".as_ref(),
+        "training".as_ref(),
+        "--ruleset".as_ref(),
+        "4.0.0".as_ref(),
+        "--log_output".as_ref(),
+        report.as_os_str(),
+        log.as_os_str(),
+    ]);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -143,10 +151,7 @@ fn a_closed_division_run_passes_the_official_checker() {
          mllog.get_mllogger().event(key=mllog.constants.CACHE_CLEAR, value=True)",
         s(&log)
     );
-    let logged = Command::new(mlperf_python())
-        .args(["-c", &script])
-        .output()
-        .unwrap();
+    let logged = mlperf_python(&["-c".as_ref(), script.as_ref()]);
     assert!(
         logged.status.success(),
         "{}",
@@ -342,11 +347,7 @@ fn run_stop_success_is_mlperfs_target_only() {
         "{err}"
     );
     assert!(!out.exists() && !log.exists(), "nothing written");
-    let parsed = with("--target-accuracy 75.9")
-        .command()
-        .env("RN50_PARSE_ONLY", "1")
-        .output()
-        .unwrap();
+    let parsed = common::rn50_parse_only(&with("--target-accuracy 75.9").to_args());
     assert!(
         parsed.status.success(),
         "{}",

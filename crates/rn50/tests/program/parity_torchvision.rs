@@ -216,11 +216,11 @@ fn the_reference_trainer_s_learning_rates_are_rn50_s() {
              r = json.loads('{recipe}'); r.setdefault('lr-end', 0.0)\n\
              print(json.dumps([lr_at(r, {peak}, t) for t in json.loads(sys.argv[1])]))"
         );
-        let out = std::process::Command::new(rn50_util::testing::python())
-            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-            .args(["-c", &script, &serde_json::to_string(&ts).unwrap()])
-            .output()
-            .unwrap();
+        let out = common::python_output(
+            &["-c", &script, &serde_json::to_string(&ts).unwrap()],
+            Some(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))),
+            &[],
+        );
         assert!(
             out.status.success(),
             "{}",

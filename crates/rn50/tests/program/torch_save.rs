@@ -7,7 +7,7 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::OnceLock;
 
 use common::{image_tree, max_abs_rel_err, rn50};
@@ -207,10 +207,7 @@ fn legacy_format_gives_a_conversion_that_works() {
         .split_once("python -c \"")
         .and_then(|(_, rest)| rest.trim_end().strip_suffix('"'))
         .unwrap_or_else(|| panic!("no python -c \"...\" in {err}"));
-    let conv = Command::new(common::python())
-        .args(["-c", code])
-        .output()
-        .unwrap();
+    let conv = common::python_output(&["-c", code], None, &[]);
     assert!(
         conv.status.success(),
         "{code}: {}",
