@@ -224,11 +224,9 @@ fn proc_status(pid: i32) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Whether process `pid` is stopped (state T).
-fn stopped(pid: i32) -> bool {
-    proc_status(pid)
-        .get("State")
-        .is_some_and(|s| s.starts_with('T'))
+/// Whether a process of this [`proc_status`] is stopped (state T).
+fn stopped(status: &BTreeMap<String, String>) -> bool {
+    status.get("State").is_some_and(|s| s.starts_with('T'))
 }
 
 impl Frozen {
@@ -254,7 +252,10 @@ impl Frozen {
                 frozen
                     .0
                     .iter()
-                    .all(|&pid| stopped(pid) || proc_status(pid).is_empty())
+                    .all(|&pid| {
+                        let st = proc_status(pid);
+                        st.is_empty() || stopped(&st)
+                    })
                     .then_some(())
             },
         );
@@ -274,8 +275,7 @@ impl Frozen {
                     .and_then(|v| u64::from_str_radix(v, 16).ok())
                     .unwrap_or(0)
             };
-            !st.get("State").is_some_and(|s| s.starts_with('T'))
-                || (pending("ShdPnd") | pending("SigPnd")) & interruptions != 0
+            !stopped(&st) || (pending("ShdPnd") | pending("SigPnd")) & interruptions != 0
         };
         wait_for(
             &format!("{what} to reach the stopped ranks {:?}", self.0),
@@ -293,7 +293,7 @@ impl Frozen {
 impl Drop for Frozen {
     fn drop(&mut self) {
         for &pid in &self.0 {
-            if stopped(pid) {
+            if stopped(&proc_status(pid)) {
                 // SAFETY: plain kill(2) of a rank this test stopped.
                 unsafe { libc::kill(pid, libc::SIGCONT) };
             }

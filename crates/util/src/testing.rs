@@ -118,10 +118,8 @@ pub fn python_output<S: AsRef<OsStr>>(
     let mut reply = String::new();
     stream.read_to_string(&mut reply).unwrap();
     let status: i32 = reply.parse().unwrap_or_else(|_| {
-        panic!(
-            "the Python fork server replied {reply:?} to python {:?}",
-            args_text(args)
-        )
+        let line: Vec<&OsStr> = args.iter().map(AsRef::as_ref).collect();
+        panic!("the Python fork server replied {reply:?} to python {line:?}")
     });
     let take = |p: &Path| {
         let bytes = std::fs::read(p).unwrap_or_default();
@@ -133,12 +131,6 @@ pub fn python_output<S: AsRef<OsStr>>(
         stdout: take(&out),
         stderr: take(&err),
     }
-}
-
-fn args_text<S: AsRef<OsStr>>(args: &[S]) -> Vec<String> {
-    args.iter()
-        .map(|a| a.as_ref().to_string_lossy().into_owned())
-        .collect()
 }
 
 /// A running `python_forkserver.py`: its folder (the script, the socket, the requests' output files), which it
@@ -167,6 +159,8 @@ fn fork_server(env: &[(&str, &str)]) -> Arc<ForkServer> {
         std::process::id(),
         servers.len()
     ));
+    // A folder left by an earlier process of this pid would hold its socket, which bind(2) refuses.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let script = dir.join("python_forkserver.py");
     std::fs::write(&script, include_str!("python_forkserver.py")).unwrap();
