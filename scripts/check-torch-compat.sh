@@ -5,9 +5,11 @@
 # linking, so the wheel's headers are all it needs (about 530 MB to download once, then cached under
 # .venv/compat).
 #
-# The headers reach only the C++, which the build scripts of torch-sys, rn50 and rn50-distributed compile: checking
-# the rn50 package runs all three. The Rust reads no header (tch's bindings are the same whatever the libtorch),
-# so the workspace's tests and other crates, already built and linted by `./dev test`, are not checked again.
+# The headers reach only the C++, which the build scripts of torch-sys and rn50-shim (crates/shim: the C++ of rn50
+# and rn50-distributed) compile: checking rn50-shim runs both, and checks nothing but torch-sys's few dependencies
+# besides (352 CPU-seconds when this checked the rn50 package, which built the C libraries and checked every crate).
+# The Rust reads no header (tch's bindings are the same whatever the libtorch), so the workspace's crates, already
+# built and linted by `./dev test`, are not checked again.
 #
 #   scripts/check-torch-compat.sh [VERSION]      VERSION: a torch release on PyPI, default 2.11.0
 set -euo pipefail
@@ -32,5 +34,5 @@ mkdir -p "$root/torch/lib"
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 ln -sfn "$site/nvidia" "$root/nvidia"
 # Type-checked, not compiled (scripts/cxx-syntax-only): what a compile would refuse, without the code generation.
-CXX=$PWD/scripts/cxx-syntax-only LIBTORCH=$root/torch cargo check --locked -p rn50 --features rn50/cuda \
+CXX=$PWD/scripts/cxx-syntax-only LIBTORCH=$root/torch cargo check --locked -p rn50-shim --features rn50-shim/cuda \
     --target-dir "target/compat-$version"

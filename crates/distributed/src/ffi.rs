@@ -1,4 +1,4 @@
-//! The C ABI of shim/c10d.cpp, and the only helpers that touch its raw pointers.
+//! The C ABI of crates/shim/cpp/c10d.cpp, and the only helpers that touch its raw pointers.
 //!
 //! The conventions, the same as rn50's `shim.rs` (whose module doc has them in full): every entry point returns 0
 //! on success and non-zero on failure with the C++ message kept per thread ([`last_error`]); [`check`] turns a
@@ -8,6 +8,9 @@
 //! reducer) belong to one Rust value whose `Drop` calls their `*_free`.
 use std::ffi::{c_char, c_int, c_void, CStr};
 use torch_sys::C_tensor;
+
+// The library these functions are in (linked into every binary that links this crate).
+extern crate rn50_shim;
 
 extern "C" {
     pub fn rn50d_last_error() -> *const c_char;

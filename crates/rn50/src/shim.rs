@@ -1,9 +1,9 @@
-//! Safe wrappers over `shim/shim.cpp`: the libtorch calls tch 0.26 lacks (CPU autocast, foreach SGD, AMP
+//! Safe wrappers over `crates/shim/cpp/shim.cpp`: the libtorch calls tch 0.26 lacks (CPU autocast, foreach SGD, AMP
 //! unscale, TF32 and cuDNN autotuning, pinning without the deprecated device argument, build facts, CUDA
-//! allocator statistics, torch.save files), the fused cuDNN batch norm + ReLU of `shim/fused_bn.cpp`, the
-//! bottleneck with batch norm folded into its convolutions of `shim/fused_block.cpp`, cuDNN's max-pool without
-//! an index tensor of `shim/pool.cpp`, and libtorch's Kineto
-//! profiler of `shim/profile.cpp` ([`Profiler`], its events read by [`crate::bench::profile`]).
+//! allocator statistics, torch.save files), the fused cuDNN batch norm + ReLU of `crates/shim/cpp/fused_bn.cpp`, the
+//! bottleneck with batch norm folded into its convolutions of `crates/shim/cpp/fused_block.cpp`, cuDNN's max-pool without
+//! an index tensor of `crates/shim/cpp/pool.cpp`, and libtorch's Kineto
+//! profiler of `crates/shim/cpp/profile.cpp` ([`Profiler`], its events read by [`crate::bench::profile`]).
 //!
 //! The conventions of rn50's two FFI layers (this one and `rn50_distributed`'s `ffi.rs`), the same in both:
 //! - the `extern "C"` declarations sit in a private `ffi` module with the only helpers that touch raw
@@ -24,6 +24,9 @@ use tch::{Device, Kind, Tensor};
 use torch_sys::C_tensor;
 
 mod ffi {
+    // The library these functions are in (linked into every binary that links this crate).
+    extern crate rn50_shim;
+
     use std::ffi::{c_char, c_int, c_void, CStr};
 
     use tch::Tensor;
@@ -132,7 +135,7 @@ mod ffi {
         pub fn rn50_profile_free(p: *mut RawProfile);
     }
 
-    /// shim/profile.cpp's Rn50ProfileEvent.
+    /// crates/shim/cpp/profile.cpp's Rn50ProfileEvent.
     #[repr(C)]
     #[derive(Clone, Copy)]
     pub struct RawEvent {
@@ -149,7 +152,7 @@ mod ffi {
         pub is_async: u8,
     }
 
-    /// shim/profile.cpp's Rn50Profile, only ever behind a pointer.
+    /// crates/shim/cpp/profile.cpp's Rn50Profile, only ever behind a pointer.
     #[repr(C)]
     pub struct RawProfile {
         _private: [u8; 0],
@@ -161,25 +164,25 @@ mod ffi {
         unsafe { message(rn50_last_error()) }
     }
 
-    /// The same for `shim/fused_bn.cpp`, which keeps its own.
+    /// The same for `crates/shim/cpp/fused_bn.cpp`, which keeps its own.
     pub fn fused_last_error() -> String {
         // SAFETY: as in `last_error`.
         unsafe { message(rn50_fused_last_error()) }
     }
 
-    /// The same for `shim/fused_block.cpp`.
+    /// The same for `crates/shim/cpp/fused_block.cpp`.
     pub fn block_last_error() -> String {
         // SAFETY: as in `last_error`.
         unsafe { message(rn50_block_last_error()) }
     }
 
-    /// The same for `shim/pool.cpp`.
+    /// The same for `crates/shim/cpp/pool.cpp`.
     pub fn pool_last_error() -> String {
         // SAFETY: as in `last_error`.
         unsafe { message(rn50_pool_last_error()) }
     }
 
-    /// The same for `shim/profile.cpp`.
+    /// The same for `crates/shim/cpp/profile.cpp`.
     pub fn profile_last_error() -> String {
         // SAFETY: as in `last_error`.
         unsafe { message(rn50_profile_last_error()) }
@@ -344,7 +347,7 @@ pub enum Fused {
 }
 
 /// `relu(batch_norm(x) + z)` (or `relu(batch_norm(x))`) in training mode as one cuDNN fused batch norm, forward
-/// and backward (`shim/fused_bn.cpp`); `running_mean`/`running_var` are updated as `batch_norm` does. Applies to
+/// and backward (`crates/shim/cpp/fused_bn.cpp`); `running_mean`/`running_var` are updated as `batch_norm` does. Applies to
 /// NHWC-contiguous fp16/bf16 CUDA tensors of a build with the `cuda` feature.
 #[allow(clippy::too_many_arguments)]
 pub fn bn_relu(
@@ -383,7 +386,7 @@ pub fn bn_relu(
 }
 
 /// `max_pool2d(x, kernel, stride, padding)` (floor mode, no dilation) through cuDNN's NHWC pooling, forward and
-/// backward, with no index tensor (`shim/pool.cpp`): the output is PyTorch's, and so is the input gradient
+/// backward, with no index tensor (`crates/shim/cpp/pool.cpp`): the output is PyTorch's, and so is the input gradient
 /// wherever a window's maximum is unique. Applies to NHWC-contiguous fp16/bf16/fp32 CUDA tensors of a build with
 /// the `cuda` feature.
 pub fn max_pool(
@@ -407,7 +410,7 @@ pub fn max_pool(
 }
 
 /// A ResNet bottleneck's body in training, `conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))`, as one autograd
-/// function whose stages fold each batch norm into the convolutions around it (`shim/fused_block.cpp`): statistics
+/// function whose stages fold each batch norm into the convolutions around it (`crates/shim/cpp/fused_block.cpp`): statistics
 /// from the convolution's output, the normalisation and ReLU applied as the next convolution reads its input, the
 /// activations recomputed in backward instead of stored. `params`: the conv weights of conv1, conv2, conv3, then
 /// γ and β of bn1 and bn2; `buffers`: the running mean and variance of bn1 and bn2, updated as `batch_norm` does.
@@ -726,7 +729,7 @@ impl KinetoEvent {
     }
 }
 
-/// [`ffi::check`] for `shim/profile.cpp`, which keeps its own message.
+/// [`ffi::check`] for `crates/shim/cpp/profile.cpp`, which keeps its own message.
 fn profile_check(rc: c_int, what: &str) -> Result<()> {
     if rc == 0 {
         return Ok(());

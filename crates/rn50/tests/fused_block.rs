@@ -1,4 +1,4 @@
-//! The bottleneck whose body (conv1 to conv3) has bn1 and bn2 folded into its convolutions (`shim/fused_block.cpp`),
+//! The bottleneck whose body (conv1 to conv3) has bn1 and bn2 folded into its convolutions (`crates/shim/cpp/fused_block.cpp`),
 //! followed by the block's tail (bn3, the shortcut, add, ReLU), against PyTorch autograd of the plain block (conv →
 //! batch_norm(training) → ReLU ×3, the shortcut, add, ReLU) on the same inputs: output, the input gradient, every
 //! parameter gradient and the running statistics.

@@ -1,5 +1,5 @@
 //! torch.save files (the zip format of PyTorch 1.6 and later), read without Python through libtorch's unpickler
-//! (`shim/shim.cpp`). That unpickler was written for TorchScript archives and takes two things of a plain
+//! (`crates/shim/cpp/shim.cpp`). That unpickler was written for TorchScript archives and takes two things of a plain
 //! `torch.save(model.state_dict())` wrongly: it turns `collections.OrderedDict()` into None (it expects one only as
 //! a tensor's unused backward hooks), so the items of a state_dict, an OrderedDict, fail to load; and it runs
 //! BUILD as a call, which fails on the `_metadata` attribute a state_dict carries. [`plain_dicts`] rewrites the

@@ -1,5 +1,5 @@
 //! `rn50 bench --profile`: where a step's time goes, by kind of work (convolution, batch norm, elementwise,
-//! optimizer, casts, copies, communication, other), from libtorch's Kineto profiler (shim/profile.cpp).
+//! optimizer, casts, copies, communication, other), from libtorch's Kineto profiler (crates/shim/cpp/profile.cpp).
 //!
 //! What is summed:
 //! - on CPU, the *self* time of every op (its duration less that of the ops nested in it on the same thread),
