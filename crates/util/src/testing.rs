@@ -14,7 +14,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -196,12 +196,22 @@ fn fork_server(env: &[(&str, &str)]) -> Arc<ForkServer> {
     server
 }
 
-/// Holds the test binary's one lock: tests that take it run one at a time (multi-process tests: on a 2-core
-/// machine, several jobs at once only make each slow enough to time out). A test that panicked while holding it
-/// does not poison it for the others.
-pub fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    crate::lock_unpoisoned(&LOCK)
+/// The lock of [`serial`] and [`serial_shared`].
+static SERIAL: RwLock<()> = RwLock::new(());
+
+/// Holds the test binary's one lock alone: tests that take it run one at a time, and never beside a
+/// [`serial_shared`] one (multi-process tests whose processes compute: on a 2-core machine, several such jobs at once
+/// only make each slow enough to time out). A test that panicked while holding it does not poison it for the others.
+pub fn serial() -> RwLockWriteGuard<'static, ()> {
+    crate::unpoisoned(SERIAL.write())
+}
+
+/// Holds the test binary's lock shared: tests that take it may run beside one another (as many as there are test
+/// threads), never beside a [`serial`] one. For multi-process tests whose processes mostly wait (sleeping workers, a
+/// timeout that must run out, a frozen peer): what they wait for is wall-clock, not CPU, so two of them take about
+/// the time of one (the distributed tests: 107 s with every test serial, docs/testing.md).
+pub fn serial_shared() -> RwLockReadGuard<'static, ()> {
+    crate::unpoisoned(SERIAL.read())
 }
 
 /// Sends this process one SIGINT (a user's Ctrl-C) from a thread as soon as `ready()` holds (looked at every

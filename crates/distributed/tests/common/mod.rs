@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 pub const WORKER: &str = env!("CARGO_BIN_EXE_rn50-dist-worker");
 
 /// Multi-process tests run one at a time: on a 2-core machine, several jobs at once only make them slow.
-pub use rn50_util::testing::serial;
+pub use rn50_util::testing::{serial, serial_shared};
 
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {

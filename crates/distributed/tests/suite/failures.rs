@@ -102,7 +102,7 @@ fn survivors_report_the_lost_store_server() {
 
 #[test]
 fn wrong_master_port_fails_within_the_timeout() {
-    let _serial = serial();
+    let _waits = serial_shared();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().to_str().unwrap().to_string();
     let (good, bad) = (free_port(), free_port());
@@ -127,7 +127,7 @@ fn wrong_master_port_fails_within_the_timeout() {
 
 #[test]
 fn a_rank_that_never_starts_is_named() {
-    let _serial = serial();
+    let _waits = serial_shared();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().to_str().unwrap().to_string();
     let port = free_port();
@@ -170,7 +170,7 @@ fn two_sleeping_workers(up: &std::path::Path, extra: &[&str]) -> std::process::C
 
 #[test]
 fn launch_stops_everyone_when_a_worker_fails() {
-    let _serial = serial();
+    let _waits = serial_shared();
     let up = tempfile::tempdir().unwrap();
     let master = format!("127.0.0.1:{}", free_port());
     let child = launcher(
@@ -209,7 +209,7 @@ fn launch_stops_everyone_when_a_worker_fails() {
 
 #[test]
 fn launch_forwards_sigusr1_and_exits_3() {
-    let _serial = serial();
+    let _waits = serial_shared();
     let up = tempfile::tempdir().unwrap();
     let child = two_sleeping_workers(up.path(), &[]);
     // SAFETY: kill(2) on our own child's pid.
@@ -235,7 +235,7 @@ fn launch_forwards_sigusr1_and_exits_3() {
 /// SIGQUIT rank 1 is frozen: the same escalation to SIGKILL after --grace.
 #[test]
 fn launch_turns_sighup_and_sigquit_into_sigterm() {
-    let _serial = serial();
+    let _waits = serial_shared();
     for (sig, name) in [(libc::SIGHUP, "SIGHUP"), (libc::SIGQUIT, "SIGQUIT")] {
         let up = tempfile::tempdir().unwrap();
         let child = two_sleeping_workers(up.path(), &["--grace", "3"]);
@@ -329,7 +329,7 @@ fn sigstop(pid: u32) -> KillOnDrop {
 
 #[test]
 fn a_frozen_store_server_is_named_not_waited_for() {
-    let _serial = serial();
+    let _waits = serial_shared();
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let out = dir.path().to_str().unwrap().to_string();
@@ -351,7 +351,7 @@ fn a_frozen_store_server_is_named_not_waited_for() {
 
 #[test]
 fn launch_ends_a_job_whose_rank_0_is_frozen() {
-    let _serial = serial();
+    let _waits = serial_shared();
     let dir = tempfile::tempdir().unwrap();
     let master = format!("127.0.0.1:{}", free_port());
     let out = dir.path().to_str().unwrap().to_string();
@@ -394,7 +394,7 @@ fn launch_ends_a_job_whose_rank_0_is_frozen() {
 
 #[test]
 fn launch_escalates_its_sigterm_to_sigkill() {
-    let _serial = serial();
+    let _waits = serial_shared();
     let up = tempfile::tempdir().unwrap();
     let child = two_sleeping_workers(up.path(), &["--grace", "3"]);
     // Rank 1 cannot act on SIGTERM: the launcher must not wait for it forever.
@@ -434,7 +434,7 @@ fn foreign_listener(reply: &'static [u8]) -> u16 {
 }
 
 fn not_a_store(reply: &'static [u8]) {
-    let _serial = serial();
+    let _waits = serial_shared();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().to_str().unwrap().to_string();
     let port = foreign_listener(reply);
@@ -468,7 +468,7 @@ fn a_master_port_that_answers_garbage_is_not_a_store() {
 /// it for SIGTERM and exited 3, "checkpointed, requeue me").
 #[test]
 fn a_rank_out_of_step_is_an_error_not_a_stop_request() {
-    let _serial = serial();
+    let _waits = serial_shared();
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let mut ranks: Vec<Rank> = (0..2)

@@ -50,7 +50,7 @@ fn ctrl_c(launcher: &std::process::Child) {
 
 #[test]
 fn ctrl_c_stops_the_workers_as_asked_and_the_launcher_exits_3() {
-    let _serial = serial();
+    let _waits = serial_shared();
     let up = tempfile::tempdir().unwrap();
     let child = two_workers_in_a_terminal(up.path(), &[]);
     ctrl_c(&child);
@@ -70,7 +70,7 @@ fn ctrl_c_stops_the_workers_as_asked_and_the_launcher_exits_3() {
 
 #[test]
 fn a_second_ctrl_c_stops_the_workers_at_once_and_is_no_failure() {
-    let _serial = serial();
+    let _waits = serial_shared();
     let up = tempfile::tempdir().unwrap();
     // Workers that take a minute to stop once asked: only the second Ctrl-C can end them in time.
     let child = two_workers_in_a_terminal(up.path(), &["--linger-ms", "60000"]);

@@ -19,7 +19,7 @@ fn attempts(launch_args: &[&str], attempt_args: &[&str]) -> (Option<i32>, String
 
 #[test]
 fn a_failed_attempt_is_restarted_and_the_next_one_succeeds() {
-    let _serial = serial();
+    let _waits = serial_shared();
     let (code, stdout, stderr) = attempts(
         &["--max-restarts", "1"],
         &["--fail-rank", "1", "--fail-attempts", "1"],
@@ -46,7 +46,7 @@ fn a_failed_attempt_is_restarted_and_the_next_one_succeeds() {
 
 #[test]
 fn a_worker_that_always_fails_uses_up_the_restarts() {
-    let _serial = serial();
+    let _waits = serial_shared();
     let (code, stdout, stderr) = attempts(&["--max-restarts", "2"], &["--fail-rank", "1"]);
     assert_eq!(code, Some(7), "{stdout}\n{stderr}");
     assert!(
@@ -66,7 +66,7 @@ fn a_worker_that_always_fails_uses_up_the_restarts() {
 
 #[test]
 fn without_max_restarts_a_failure_ends_the_job() {
-    let _serial = serial();
+    let _waits = serial_shared();
     let (code, stdout, stderr) = attempts(&[], &["--fail-rank", "0", "--code", "5"]);
     assert_eq!(code, Some(5), "{stdout}\n{stderr}");
     assert!(!stderr.contains("restart"), "{stderr}");
@@ -79,7 +79,7 @@ fn without_max_restarts_a_failure_ends_the_job() {
 
 #[test]
 fn exit_3_is_passed_through_not_restarted() {
-    let _serial = serial();
+    let _waits = serial_shared();
     let (code, stdout, stderr) = attempts(
         &["--max-restarts", "3"],
         &["--fail-rank", "1", "--code", "3"],
@@ -91,7 +91,7 @@ fn exit_3_is_passed_through_not_restarted() {
 
 #[test]
 fn each_rank_logs_every_attempt_to_its_file() {
-    let _serial = serial();
+    let _waits = serial_shared();
     let logs = tempfile::tempdir().unwrap();
     let dir = logs.path().join("logs");
     let (code, stdout, stderr) = attempts(
@@ -154,7 +154,7 @@ fn each_rank_logs_every_attempt_to_its_file() {
 
 #[test]
 fn a_killed_worker_is_restarted_and_a_signal_to_the_launcher_is_not() {
-    let _serial = serial();
+    let _waits = serial_shared();
     let up = tempfile::tempdir().unwrap();
     let master = format!("127.0.0.1:{}", free_port());
     let child = launcher(
@@ -225,7 +225,7 @@ fn gpu_launch(devices: &str) -> (Option<i32>, String, String) {
 
 #[test]
 fn nproc_per_node_gpu_counts_the_visible_devices() {
-    let _serial = serial();
+    let _waits = serial_shared();
     let (code, stdout, stderr) = gpu_launch("0,1");
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     for r in [0, 1] {
