@@ -258,6 +258,6 @@ fn encode_record(bytes: &[u8], opts: &PackOptions) -> Result<Option<Vec<u8>>, De
     .map_err(|e| err(&e))?;
     let mut dst = Image::new(nw as u32, nh as u32, PixelType::U8x3);
     let bilinear = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
-    resize_rgb8(&mut Resizer::new(), &src, &mut dst, &bilinear).map_err(|e| err(&e))?;
+    resize_rgb8(&mut Resizer::new(), &src, None, &mut dst, &bilinear).map_err(|e| err(&e))?;
     encode_jpeg(nw, nh, dst.buffer(), opts.quality).map(Some)
 }

@@ -353,21 +353,27 @@ impl Augmenter {
     }
 }
 
-/// `resizer.resize(src, dst, opts)` for RGB8 images, the pipeline's only kind: the `resize_typed::<U8x3>` that
-/// `resize` calls once it has matched the pixel type. Called directly, only the RGB8 code is compiled. `resize`
-/// compiles fast_image_resize's convolutions for all 13 of its pixel types, for each pair of image types it is
-/// called with, in each crate that calls it: that was 4.5 of this crate's 6.1 MB of machine code, and most of
-/// its compile time (docs/testing.md).
+/// The `window` (left, top, width, height; `None`: the whole image) of the RGB8 image `src` resized into `dst` with
+/// `opts`, whose crop is relative to the window: `resizer.resize` for the pipeline's only kind of image, with one
+/// type of source and one of destination, so that fast_image_resize's convolutions are compiled once, here.
+/// `resize` compiles them for all 13 of its pixel types, for each pair of image types it is called with, in each
+/// crate that calls it: that was 4.5 of this crate's 6.1 MB of machine code, and most of its compile time; a
+/// second source type (the whole image besides a window of it) was another third of its convolution code
+/// (docs/testing.md).
 pub fn resize_rgb8(
     resizer: &mut Resizer,
-    src: &impl IntoImageView,
-    dst: &mut impl IntoImageViewMut,
+    src: &ImageRef,
+    window: Option<[u32; 4]>,
+    dst: &mut Image,
     opts: &ResizeOptions,
 ) -> Result<(), ResizeError> {
-    match (src.image_view::<U8x3>(), dst.image_view_mut::<U8x3>()) {
+    let [left, top, width, height] = window.unwrap_or([0, 0, src.width(), src.height()]);
+    let view = CroppedImage::new(src, left, top, width, height)?;
+    let resized = match (view.image_view::<U8x3>(), dst.image_view_mut::<U8x3>()) {
         (Some(src), Some(mut dst)) => resizer.resize_typed(&src, &mut dst, opts),
         _ => Err(ResizeError::PixelTypesAreDifferent),
-    }
+    };
+    resized
 }
 
 /// The bilinear resize of [`Augmenter::apply`]: the box `b` (decoded-buffer pixels) of the `bw x bh` RGB8 `pixels`
@@ -396,20 +402,20 @@ fn resize_box(
         let iy0 = b[1].floor() as u32;
         let ix1 = ((b[0] + b[2]).ceil() as u32).clamp(ix0 + 1, bw as u32);
         let iy1 = ((b[1] + b[3]).ceil() as u32).clamp(iy0 + 1, bh as u32);
-        let view = CroppedImage::new(&src_img, ix0, iy0, ix1 - ix0, iy1 - iy0)
-            .map_err(|e| resize_err(&e))?;
+        let window = [ix0, iy0, ix1 - ix0, iy1 - iy0];
         let opts = ResizeOptions::new().resize_alg(alg).crop(
             b[0] - ix0 as f64,
             b[1] - iy0 as f64,
             b[2],
             b[3],
         );
-        resize_rgb8(resizer, &view, &mut dst, &opts).map_err(|e| resize_err(&e))?;
+        resize_rgb8(resizer, &src_img, Some(window), &mut dst, &opts)
+            .map_err(|e| resize_err(&e))?;
     } else {
         let opts = ResizeOptions::new()
             .resize_alg(alg)
             .crop(b[0], b[1], b[2], b[3]);
-        resize_rgb8(resizer, &src_img, &mut dst, &opts).map_err(|e| resize_err(&e))?;
+        resize_rgb8(resizer, &src_img, None, &mut dst, &opts).map_err(|e| resize_err(&e))?;
     }
     Ok(())
 }

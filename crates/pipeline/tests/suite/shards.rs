@@ -110,7 +110,7 @@ fn reencoded_pack_is_within_jpeg_error() {
         .unwrap();
         let mut dst = Image::new(w as u32, h as u32, PixelType::U8x3);
         let opts = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
-        resize_rgb8(&mut Resizer::new(), &src, &mut dst, &opts).unwrap();
+        resize_rgb8(&mut Resizer::new(), &src, None, &mut dst, &opts).unwrap();
         let e = mae(dst.buffer(), &packed.pixels);
         worst = worst.max(e);
         errs.push(e);
