@@ -1,9 +1,9 @@
-//! Safe wrappers over `crates/shim/cpp/shim.cpp`: the libtorch calls tch 0.26 lacks (CPU autocast, foreach SGD, AMP
-//! unscale, TF32 and cuDNN autotuning, pinning without the deprecated device argument, build facts, CUDA
-//! allocator statistics, torch.save files), the fused cuDNN batch norm + ReLU of `crates/shim/cpp/fused_bn.cpp`, the
-//! bottleneck with batch norm folded into its convolutions of `crates/shim/cpp/fused_block.cpp`, cuDNN's max-pool without
-//! an index tensor of `crates/shim/cpp/pool.cpp`, and libtorch's Kineto
-//! profiler of `crates/shim/cpp/profile.cpp` ([`Profiler`], its events read by [`crate::bench::profile`]).
+//! Safe wrappers over the C++ of `crates/shim/cpp/` (the rn50-shim crate compiles it): `shim.cpp`, the libtorch
+//! calls tch 0.26 lacks (CPU autocast, foreach SGD, AMP unscale, TF32 and cuDNN autotuning, pinning without the
+//! deprecated device argument, build facts, CUDA allocator statistics, torch.save files); the fused cuDNN batch
+//! norm + ReLU of `fused_bn.cpp`; the bottleneck with batch norm folded into its convolutions of `fused_block.cpp`;
+//! cuDNN's max-pool without an index tensor of `pool.cpp`; and libtorch's Kineto profiler of `profile.cpp`
+//! ([`Profiler`], its events read by [`crate::bench::profile`]).
 //!
 //! The conventions of rn50's two FFI layers (this one and `rn50_distributed`'s `ffi.rs`), the same in both:
 //! - the `extern "C"` declarations sit in a private `ffi` module with the only helpers that touch raw
@@ -346,8 +346,8 @@ pub enum Fused {
     NotApplicable(String),
 }
 
-/// `relu(batch_norm(x) + z)` (or `relu(batch_norm(x))`) in training mode as one cuDNN fused batch norm, forward
-/// and backward (`crates/shim/cpp/fused_bn.cpp`); `running_mean`/`running_var` are updated as `batch_norm` does. Applies to
+/// `relu(batch_norm(x) + z)` (or `relu(batch_norm(x))`) in training mode as one cuDNN fused batch norm, forward and
+/// backward (`crates/shim/cpp/fused_bn.cpp`); `running_mean`/`running_var` are updated as `batch_norm` does. Applies to
 /// NHWC-contiguous fp16/bf16 CUDA tensors of a build with the `cuda` feature.
 #[allow(clippy::too_many_arguments)]
 pub fn bn_relu(
@@ -409,13 +409,13 @@ pub fn max_pool(
     }
 }
 
-/// A ResNet bottleneck's body in training, `conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))`, as one autograd
-/// function whose stages fold each batch norm into the convolutions around it (`crates/shim/cpp/fused_block.cpp`): statistics
+/// A ResNet bottleneck's body in training, `conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))`, as one autograd function
+/// whose stages fold each batch norm into the convolutions around it (`crates/shim/cpp/fused_block.cpp`): statistics
 /// from the convolution's output, the normalisation and ReLU applied as the next convolution reads its input, the
-/// activations recomputed in backward instead of stored. `params`: the conv weights of conv1, conv2, conv3, then
-/// γ and β of bn1 and bn2; `buffers`: the running mean and variance of bn1 and bn2, updated as `batch_norm` does.
-/// `use_graph`: on CUDA the stages as cuDNN graphs (declined, [`Fused::NotApplicable`], where the build lacks them
-/// or cuDNN does not support one for this shape); with `false`, and on the CPU, as ATen ops, the decomposition's
+/// activations recomputed in backward instead of stored. `params`: the conv weights of conv1, conv2, conv3, then γ and
+/// β of bn1 and bn2; `buffers`: the running mean and variance of bn1 and bn2, updated as `batch_norm` does.
+/// `use_graph`: on CUDA the stages as cuDNN graphs (declined, [`Fused::NotApplicable`], where the build lacks them or
+/// cuDNN does not support one for this shape); with `false`, and on the CPU, as ATen ops, the decomposition's
 /// reference.
 #[allow(clippy::too_many_arguments)]
 pub fn bottleneck(

@@ -1,11 +1,11 @@
-//! The fused CUDA paths against the unfused ones on the same inputs. The cuDNN batch norm (+ residual add) +
-//! ReLU (`crates/shim/cpp/fused_bn.cpp`) against PyTorch's separate ops: outputs, running statistics and every gradient,
-//! then a whole ResNet-50 training forward/backward with it (and the cuDNN max-pool) on and off. The stem's
-//! max-pool through cuDNN (`crates/shim/cpp/pool.cpp`) against PyTorch's. The fused SGD that reads fp16's overflow
-//! flag on the device against the foreach kernels, and a skipped overflowing step. These need a GPU and a build
-//! against a CUDA libtorch: they are marked ignored, with that reason in the test output, and run with
-//! `--include-ignored` on a GPU machine (asked to run without one, they fail). What runs everywhere: the fused
-//! batch norm and the cuDNN max-pool decline what they do not apply to.
+//! The fused CUDA paths against the unfused ones on the same inputs. The cuDNN batch norm (+ residual add) + ReLU
+//! (`crates/shim/cpp/fused_bn.cpp`) against PyTorch's separate ops: outputs, running statistics and every gradient,
+//! then a whole ResNet-50 training forward/backward with it (and the cuDNN max-pool) on and off. The stem's max-pool
+//! through cuDNN (`crates/shim/cpp/pool.cpp`) against PyTorch's. The fused SGD that reads fp16's overflow flag on the
+//! device against the foreach kernels, and a skipped overflowing step. These need a GPU and a build against a CUDA
+//! libtorch: they are marked ignored, with that reason in the test output, and run with `--include-ignored` on a GPU
+//! machine (asked to run without one, they fail). What runs everywhere: the fused batch norm and the cuDNN max-pool
+//! decline what they do not apply to.
 mod common;
 
 use common::{assert_as_close_as_peer, l2_rel_err};
@@ -224,12 +224,12 @@ fn resnet50_trains_the_same_with_the_fused_op() {
     );
 }
 
-/// The stem's max-pool through cuDNN (`crates/shim/cpp/pool.cpp`) against PyTorch's `max_pool2d` in fp16, bf16 and fp32:
-/// the same output, NaN included, and the same input gradient where each window's maximum is unique. Inputs: in
+/// The stem's max-pool through cuDNN (`crates/shim/cpp/pool.cpp`) against PyTorch's `max_pool2d` in fp16, bf16 and
+/// fp32: the same output, NaN included, and the same input gradient where each window's maximum is unique. Inputs: in
 /// every 3x3 window the nine positions differ in (h mod 3, w mod 3), and each (sample, channel) gives those nine
-/// classes nine distinct integers (exact in every type), all negative in one case so that a padding counted as
-/// zero would show at every border. Then ties: an all-zero input (a ReLU's dead region) shows how cuDNN shares a
-/// window's gradient among tied maxima, which the test prints beside PyTorch's (the first in scan order).
+/// classes nine distinct integers (exact in every type), all negative in one case so that a padding counted as zero
+/// would show at every border. Then ties: an all-zero input (a ReLU's dead region) shows how cuDNN shares a window's
+/// gradient among tied maxima, which the test prints beside PyTorch's (the first in scan order).
 #[test]
 #[ignore = "needs a CUDA GPU (and rn50 built against a CUDA libtorch): run with --include-ignored there"]
 fn cudnn_max_pool_matches_pytorch() {

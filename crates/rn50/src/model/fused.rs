@@ -1,13 +1,14 @@
 //! BatchNorm (+ residual add) + ReLU as one fused cuDNN op in training on CUDA (`crates/shim/cpp/fused_bn.cpp`): a
-//! process-wide switch, like `torch.backends.cudnn.benchmark`, that [`crate::device::setup`] turns on for GPUs
-//! unless `--no-fused-bn` says otherwise. Where the fused op does not apply (CPU, fp32, NCHW, evaluation) the
-//! network runs PyTorch's separate batch norm, add and ReLU, as it always does with the switch off.
+//! process-wide switch, like `torch.backends.cudnn.benchmark`, that [`crate::device::setup`] turns on for GPUs unless
+//! `--no-fused-bn` says otherwise. Where the fused op does not apply (CPU, fp32, NCHW, evaluation) the network runs
+//! PyTorch's separate batch norm, add and ReLU, as it always does with the switch off.
 //!
-//! A second switch folds bn1 and bn2 of each bottleneck into its convolutions (`crates/shim/cpp/fused_block.cpp`: statistics
-//! in the convolution's epilogue, normalisation and ReLU in the next one's prologue, as NVIDIA's MLPerf ResNet-50
-//! runs); the block's tail stays the fused batch norm + add + ReLU.
+//! A second switch folds bn1 and bn2 of each bottleneck into its convolutions (`crates/shim/cpp/fused_block.cpp`:
+//! statistics in the convolution's epilogue, normalisation and ReLU in the next one's prologue, as NVIDIA's MLPerf
+//! ResNet-50 runs); the block's tail stays the fused batch norm + add + ReLU.
 //!
-//! A third runs the stem's max-pool through cuDNN (`crates/shim/cpp/pool.cpp`), without the index tensor PyTorch's writes.
+//! A third runs the stem's max-pool through cuDNN (`crates/shim/cpp/pool.cpp`), without the index tensor PyTorch's
+//! writes.
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tch::nn::BatchNorm;
