@@ -21,12 +21,13 @@ mod netns;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::{metrics_lines, TinyTrain};
 use netns::Net;
 use rn50::train::checkpoint::read_meta;
+// One multi-process test at a time: on a 2-core machine, several jobs at once only make each slow.
+use rn50_util::testing::serial;
 
 const RN50: &str = env!("CARGO_BIN_EXE_rn50");
 /// --timeout of the jobs that lose a node or a link (RN50_DIST_TIMEOUT): every rank must end within it plus
@@ -38,12 +39,6 @@ const SLACK: Duration = Duration::from_secs(30);
 const PATIENCE: Duration = Duration::from_secs(300);
 /// The rendezvous port on node 0 (each test has namespaces of its own: no other program there).
 const PORT: u16 = 29500;
-
-/// One multi-process test at a time: on a 2-core machine, several jobs at once only make each slow.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    rn50_util::lock_unpoisoned(&LOCK)
-}
 
 /// The namespaces of `nodes` nodes (with `decoy` interfaces). A host that cannot make them fails the test, naming
 /// what is missing: a test that returned early would report a pass without having tested anything.

@@ -3,7 +3,8 @@
 //!
 //! - where the shared test data is ([`shared_data`], its ImageNet photos [`shared_photos`]) and the Python that
 //!   reference scripts run under ([`python`]), and how a test runs one ([`python_output`]);
-//! - [`serial`]: tests that start many processes, one at a time;
+//! - [`serial`]: tests that start many processes, one at a time, and [`serial_shared`]: those whose processes
+//!   mostly wait, several at a time but never beside a [`serial`] one;
 //! - for tests of the commands that stop on request ([`crate::stop`]), a Ctrl-C sent once the command under test
 //!   got somewhere ([`sigint_when`]).
 use std::ffi::OsStr;
