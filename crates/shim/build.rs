@@ -1,11 +1,12 @@
-//! Compiles the C++ shims against the headers of the libtorch that torch-sys found, as two static libraries that
-//! reach every binary linking this crate:
-//! - `rn50shim`, rn50's (cpp/shim.cpp: autocast, foreach optimizer ops, device queries, what tch 0.26 lacks;
-//!   fused_bn.cpp: the fused cuDNN batch norm + ReLU of a CUDA build; pool.cpp: the max-pool through cuDNN without
-//!   an index tensor; fused_block.cpp: the bottleneck with batch norm folded into the convolutions, ATen stages
-//!   everywhere and cuDNN graphs in a CUDA build; profile.cpp: the Kineto profiler);
-//! - `rn50c10d`, rn50-distributed's (cpp/c10d.cpp: TCPStore, ProcessGroupGloo/NCCL, Reducer). Gloo's own headers
-//!   are not in the wheel; they come from Debian's libgloo-dev (/usr/include/gloo), which matches the wheel's
+//! Compiles the C++ shims against the headers of the libtorch that torch-sys found, as one static library that
+//! reaches every binary linking this crate, from two translation units compiled side by side:
+//! - cpp/rn50shim.cpp, rn50's shims as one unit (ATen's headers parsed once instead of five times): shim.cpp
+//!   (autocast, foreach optimizer ops, device queries, what tch 0.26 lacks), fused_bn.cpp (the fused cuDNN batch
+//!   norm + ReLU of a CUDA build), pool.cpp (the max-pool through cuDNN without an index tensor), profile.cpp (the
+//!   Kineto profiler) and fused_block.cpp (the bottleneck with batch norm folded into the convolutions, ATen stages
+//!   everywhere and cuDNN graphs in a CUDA build);
+//! - cpp/c10d.cpp, rn50-distributed's (TCPStore, ProcessGroupGloo/NCCL, Reducer). Gloo's own headers are not in
+//!   the wheel; they come from Debian's libgloo-dev (/usr/include/gloo), which matches the wheel's
 //!   ProcessGroupGloo.hpp.
 //!
 //! The C++ is a crate of its own so that `scripts/check-torch-compat.sh` can compile all of it against another
@@ -16,25 +17,25 @@ fn main() {
     let torch = Libtorch::from_torch_sys();
     let cuda = torch.cuda();
 
-    let mut rn50 = torch.shim("cpp/shim.cpp", cuda);
+    let mut build = torch.shim("cpp/rn50shim.cpp", cuda);
     println!("cargo:rerun-if-changed=cpp/rn50_cudnn.h");
     for file in [
+        "cpp/shim.cpp",
         "cpp/fused_bn.cpp",
-        "cpp/fused_block.cpp",
         "cpp/pool.cpp",
         "cpp/profile.cpp",
+        "cpp/fused_block.cpp",
+        "cpp/c10d.cpp",
     ] {
         println!("cargo:rerun-if-changed={file}");
-        rn50.file(file);
     }
-    rn50.compile("rn50shim");
-
-    let mut c10d = torch.shim("cpp/c10d.cpp", cuda);
-    c10d.define("USE_C10D_GLOO", None);
+    build.file("cpp/c10d.cpp");
+    // Which process groups c10d's headers declare; only c10d.cpp includes them.
+    build.define("USE_C10D_GLOO", None);
     if cuda {
-        c10d.define("USE_C10D_NCCL", None);
+        build.define("USE_C10D_NCCL", None);
     }
-    c10d.compile("rn50c10d");
+    build.compile("rn50shim");
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
 }

@@ -60,6 +60,8 @@ void* cudnn_dlhandle = nullptr;
 }
 #endif
 
+// rn50's shims share one translation unit (rn50shim.cpp): each file's code sits in a namespace of its own.
+namespace rn50_fused_block {
 namespace {
 
 using at::Tensor;
@@ -757,3 +759,4 @@ char* rn50_block_report() {
 }
 
 }  // extern "C"
+}  // namespace rn50_fused_block

@@ -27,7 +27,11 @@
 #pragma weak cudnnGetBatchNormalizationTrainingExReserveSpaceSize
 #pragma weak cudnnBatchNormalizationForwardTrainingEx
 #pragma weak cudnnBatchNormalizationBackwardEx
+#endif
 
+// rn50's shims share one translation unit (rn50shim.cpp): each file's code sits in a namespace of its own.
+namespace rn50_fused_bn {
+#ifdef RN50_CUDA
 namespace {
 
 constexpr cudnnBatchNormMode_t kMode = CUDNN_BATCHNORM_SPATIAL_PERSISTENT;
@@ -180,3 +184,4 @@ int rn50_bn_relu(at::Tensor* x, at::Tensor* z, at::Tensor* weight, at::Tensor* b
 }
 
 }  // extern "C"
+}  // namespace rn50_fused_bn

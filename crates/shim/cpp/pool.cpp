@@ -28,7 +28,11 @@
 #pragma weak cudnnSetPooling2dDescriptor
 #pragma weak cudnnPoolingForward
 #pragma weak cudnnPoolingBackward
+#endif
 
+// rn50's shims share one translation unit (rn50shim.cpp): each file's code sits in a namespace of its own.
+namespace rn50_pool {
+#ifdef RN50_CUDA
 namespace {
 
 cudnnDataType_t data_type(const at::Tensor& t) {
@@ -167,3 +171,4 @@ int rn50_max_pool(at::Tensor* x, const int64_t* window, at::Tensor** out) {
 }
 
 }  // extern "C"
+}  // namespace rn50_pool

@@ -19,6 +19,8 @@
 
 #include "rn50_shim_common.h"
 
+// rn50's shims share one translation unit (rn50shim.cpp): each file's code sits in a namespace of its own.
+namespace rn50_profile {
 namespace {
 namespace prof = torch::autograd::profiler;
 using torch::profiler::impl::ActivityType;
@@ -129,3 +131,4 @@ int rn50_profile_event(const Rn50Profile* p, size_t i, Rn50ProfileEvent* out) {
 void rn50_profile_free(Rn50Profile* p) { delete p; }
 
 }  // extern "C"
+}  // namespace rn50_profile

@@ -29,6 +29,8 @@
 
 #include "rn50_shim_common.h"
 
+// rn50's shims share one translation unit (rn50shim.cpp): each file's code sits in a namespace of its own.
+namespace rn50_shim {
 namespace {
 at::DeviceType device_type(int device) { return device == 1 ? at::kCUDA : at::kCPU; }
 
@@ -282,3 +284,4 @@ int rn50_torch_unpickle(const char* path, const char* pickle, size_t len, void* 
 }
 
 }  // extern "C"
+}  // namespace rn50_shim
