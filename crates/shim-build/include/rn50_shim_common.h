@@ -1,7 +1,7 @@
 // What every rn50 C++ shim needs at its C boundary: exceptions turned into a non-zero return with the message
 // kept per thread (each shim exposes it through its own *_last_error()), and tch tensor handles gathered into
 // a vector. Everything is in an anonymous namespace: one copy per translation unit (rn50's shims share one,
-// crates/shim/cpp/rn50shim.cpp; c10d.cpp has its own), which each error is read back from before the next call.
+// crates/shim/cpp/rn50shim.cpp; c10d.cpp has its own). A failed call's message is read before the next call.
 #pragma once
 
 #include <ATen/ATen.h>
