@@ -19,6 +19,7 @@ use anyhow::{bail, Context, Result};
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use rayon::prelude::*;
+use rn50_resize::resize_rgb8;
 
 use crate::crop::resize_shorter;
 use crate::decode::{decode_rgb_with_limit, encode_jpeg, DecodeError};
@@ -27,7 +28,6 @@ use crate::source::shards::{
     write_manifest, ShardMeta, ShardWriter, EXTENSION, FORMAT_VERSION, MANIFEST,
 };
 use crate::source::Dataset;
-use crate::transform::resize_rgb8;
 
 #[derive(Clone, Debug)]
 pub struct PackOptions {

@@ -10,13 +10,10 @@
 
 use std::time::{Duration, Instant};
 
-use fast_image_resize::images::{CroppedImage, Image, ImageRef};
-use fast_image_resize::pixels::U8x3;
-use fast_image_resize::{
-    FilterType, IntoImageView, IntoImageViewMut, PixelType, ResizeAlg, ResizeError, ResizeOptions,
-    Resizer,
-};
+use fast_image_resize::images::{Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use rand::Rng;
+use rn50_resize::resize_rgb8;
 
 use crate::autoaugment::{AutoAugment, Policy};
 use crate::crop::{center_offset, random_resized_crop, resize_shorter, CropBox};
@@ -353,33 +350,9 @@ impl Augmenter {
     }
 }
 
-/// The `window` (left, top, width, height; `None`: the whole image) of the RGB8 image `src` resized into `dst` with
-/// `opts`, whose crop is relative to the window: `resizer.resize` for the pipeline's only kind of image, with one
-/// type of source and one of destination, so that fast_image_resize's convolutions are compiled once, here.
-/// `resize` compiles them for all 13 of its pixel types, for each pair of image types it is called with, in each
-/// crate that calls it: that was 4.5 of this crate's 6.1 MB of machine code, and most of its compile time; a
-/// second source type (the whole image besides a window of it) was another third of its convolution code
-/// (docs/testing.md).
-pub fn resize_rgb8(
-    resizer: &mut Resizer,
-    src: &ImageRef,
-    window: Option<[u32; 4]>,
-    dst: &mut Image,
-    opts: &ResizeOptions,
-) -> Result<(), ResizeError> {
-    let [left, top, width, height] = window.unwrap_or([0, 0, src.width(), src.height()]);
-    let view = CroppedImage::new(src, left, top, width, height)?;
-    let resized = match (view.image_view::<U8x3>(), dst.image_view_mut::<U8x3>()) {
-        (Some(src), Some(mut dst)) => resizer.resize_typed(&src, &mut dst, opts),
-        _ => Err(ResizeError::PixelTypesAreDifferent),
-    };
-    resized
-}
-
 /// The bilinear resize of [`Augmenter::apply`]: the box `b` (decoded-buffer pixels) of the `bw x bh` RGB8 `pixels`
-/// into the `size x size` `out`. Outside the generic `apply`, so that fast_image_resize's convolutions are compiled
-/// once, in this crate, instead of again in every crate that calls `apply` with its own RNG type (they made each
-/// such test binary and example take about 1.5 minutes of CPU to compile).
+/// into the `size x size` `out`, by [`resize_rgb8`] (its crate holds fast_image_resize's convolutions, compiled
+/// once).
 fn resize_box(
     resizer: &mut Resizer,
     pixels: &[u8],

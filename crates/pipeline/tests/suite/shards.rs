@@ -12,8 +12,8 @@ use rn50_pipeline::decode::decode_rgb;
 use rn50_pipeline::pack::{pack, PackOptions};
 use rn50_pipeline::source::shards::ShardSet;
 use rn50_pipeline::source::Source;
-use rn50_pipeline::transform::resize_rgb8;
 use rn50_pipeline::{BadImagePolicy, Dataset, Loader, LoaderConfig, Transform};
+use rn50_resize::resize_rgb8;
 
 fn options(max_side: Option<usize>) -> PackOptions {
     PackOptions {
