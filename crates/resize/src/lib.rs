@@ -5,7 +5,7 @@
 //! at run time, and so compiles its convolutions for all 13 of its pixel types, for each pair of image types it is
 //! called with, in each crate that calls it. The pipeline resizes RGB8 only, through this one non-generic function:
 //! its convolutions are this crate's machine code, built once, instead of again in each crate and test binary that
-//! resizes (rn50-pipeline's library and its unit tests were each compiled with them: 75 and 81 CPU-seconds on the
+//! resizes (rn50-pipeline's library and its unit tests were each compiled with them: 74 and 81 CPU-seconds on the
 //! 2-core CI machine; docs/testing.md).
 
 use fast_image_resize::images::{CroppedImage, Image, ImageRef};

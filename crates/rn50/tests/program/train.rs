@@ -20,8 +20,8 @@ fn resnet50_trains_evaluates_checkpoints_and_resumes() {
     let data = dir.path().join("data");
     tree(&data, 4, 4);
     let out = dir.path().join("run");
-    // The whole ResNet-50 (its checkpoints full-size), at 64 px: at the default 224 its three runs took 28 of this
-    // machine's CPU-seconds instead of 7.
+    // The whole ResNet-50 (its checkpoints full-size), at 64 px: at the default 224 its three runs took 28
+    // CPU-seconds of the 2-core CI machine instead of 7.
     let train = TinyTrain::on(&data, &out)
         .flags("-a resnet50 -b 4 -j 2 --image-size 64 --steps-per-epoch 2");
     let r = train.clone().flags("--epochs 2 -p 1").output();
