@@ -11,11 +11,13 @@ What it does, step for step as rn50:
   - torchvision.datasets.ImageFolder; transforms.v2: RandomResizedCrop(image-size, scale 0.08-1, ratio 3/4-4/3,
     antialias) + RandomHorizontalFlip for training; Resize(val-resize, antialias) + CenterCrop(val-crop) for
     evaluation; ImageNet mean/std. val-resize/val-crop default to rn50's: crop = image-size, resize = round(crop/0.875);
-  - torchvision.models.<arch>(num_classes = the class folders), --zero-init-residual as torchvision's;
+  - torchvision.models.<arch>(num_classes = the class folders), --zero-init-residual as torchvision's; rn50's
+    names for timm's variants (resnet50d, resnetblur50, resnetblur50d, ...) as timm's ResNet with the same
+    stem_type, avg_down and aa_layer (timm_resnet below), zero_init_last = --zero-init-residual;
   - torch.optim.SGD(momentum, nesterov, weight decay; --no-bn-wd: none on 1-D parameters, batch-norm and biases,
     as rn50 and torchvision's --norm-weight-decay 0 with --bias-weight-decay 0);
   - the rate of each step from rn50's schedule (crates/rn50/src/train/schedule.rs): linear warmup from 0 over
-    --warmup-epochs, then step/cosine/linear, evaluated at t = epoch + (batch + 1) / batches per epoch;
+    --warmup-epochs, then step/cosine/linear/flat-cos, evaluated at t = epoch + (batch + 1) / batches per epoch;
     --lr, or --lr-base x global batch / --lr-base-size (default 0.1 per 256);
   - CrossEntropyLoss(label_smoothing); shuffled, drop_last batches; channels_last; autocast for bf16 and fp16
     (fp16 with torch.amp.GradScaler, rn50's default on a GPU);
@@ -52,6 +54,7 @@ DEFAULTS = {
     "lr-schedule": "step",
     "lr-milestones": None,
     "lr-end": 0.0,
+    "lr-decay-start": None,
     "momentum": 0.9,
     "wd": 1e-4,
     "no-bn-wd": False,
@@ -86,9 +89,10 @@ def parse():
     p.add_argument("--lr-base", type=float)
     p.add_argument("--lr-base-size", type=int)
     p.add_argument("--warmup-epochs", type=float)
-    p.add_argument("--lr-schedule", choices=["step", "cosine", "linear"])
+    p.add_argument("--lr-schedule", choices=["step", "cosine", "linear", "flat-cos"])
     p.add_argument("--lr-milestones", type=lambda s: [float(x) for x in s.split(",")])
     p.add_argument("--lr-end", type=float)
+    p.add_argument("--lr-decay-start", type=float)
     p.add_argument("--momentum", type=float)
     p.add_argument("--wd", type=float)
     p.add_argument("--no-bn-wd", action="store_const", const=True)
@@ -152,7 +156,31 @@ def lr_at(r, peak, t):
         return end + 0.5 * (peak - end) * (1.0 + math.cos(math.pi * progress))
     if kind == "linear":
         return peak * (1.0 - progress)
+    if kind == "flat-cos":
+        start, end = r["lr-decay-start"], r["lr-end"]
+        start = 0.75 * epochs if start is None else start
+        progress = min(max((t - start) / (epochs - start), 0.0), 1.0)
+        return end + 0.5 * (peak - end) * (1.0 + math.cos(math.pi * progress))
     raise ValueError(kind)
+
+
+def timm_resnet(arch, num_classes, zero_init_last):
+    """timm's ResNet for rn50's name of a variant: resnet[blur]<depth>[c|d] (crates/rn50/src/model/resnet.rs)."""
+    import re
+
+    from timm.layers import BlurPool2d
+    from timm.models.resnet import BasicBlock, Bottleneck, ResNet
+
+    m = re.fullmatch(r"resnet(blur)?(18|34|50|101|152)([cd]?)", arch)
+    if not m:
+        sys.exit(f"reference_train.py: unknown architecture {arch}")
+    blur, depth, variant = m.group(1), int(m.group(2)), m.group(3)
+    layers = {18: [2, 2, 2, 2], 34: [3, 4, 6, 3], 50: [3, 4, 6, 3], 101: [3, 4, 23, 3], 152: [3, 8, 36, 3]}[depth]
+    return ResNet(
+        BasicBlock if depth < 50 else Bottleneck, layers, num_classes=num_classes, zero_init_last=zero_init_last,
+        stem_width=32, stem_type="deep" if variant else "", avg_down=variant == "d",
+        aa_layer=BlurPool2d if blur else None,
+    )
 
 
 def evaluate(model, loader, fmt, dev, amp):
@@ -215,9 +243,13 @@ def main():
         val_set, b, num_workers=r["workers"], persistent_workers=True, pin_memory=dev.type == "cuda"
     )
 
-    model = torchvision.models.__dict__[r["arch"]](
-        num_classes=len(train_set.classes), zero_init_residual=r["zero-init-residual"]
-    ).to(dev, memory_format=fmt)
+    if r["arch"] in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152"):
+        model = torchvision.models.__dict__[r["arch"]](
+            num_classes=len(train_set.classes), zero_init_residual=r["zero-init-residual"]
+        )
+    else:
+        model = timm_resnet(r["arch"], len(train_set.classes), r["zero-init-residual"])
+    model = model.to(dev, memory_format=fmt)
     decay, no_decay = [], []
     for p in model.parameters():
         (no_decay if r["no-bn-wd"] and p.ndim <= 1 else decay).append(p)

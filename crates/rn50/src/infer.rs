@@ -140,7 +140,10 @@ impl Inference {
     pub(crate) fn new(file: &WeightsFile, arch: Option<Arch>, sizes: &ValSizeArgs) -> Result<Self> {
         let recorded = file.recorded();
         let eval = recorded.eval.as_ref();
-        let (arch, arch_from) = pick(arch, "-a", recorded.net.map(|n| n.arch), Arch::ResNet50);
+        let (mut arch, arch_from) = pick(arch, "-a", recorded.net.map(|n| n.arch), Arch::ResNet50);
+        // The stem and shortcuts are the tensors' (as width and classes are), whichever name said otherwise.
+        let shape = file.shape()?;
+        arch.variant = shape.variant;
         let resize = pick(
             sizes.val_resize,
             "--val-resize",
@@ -154,6 +157,11 @@ impl Inference {
             DEFAULT_CROP,
         );
         check_crop(resize, crop)?;
+        let mut net = ResNetConfig::new(arch);
+        shape.apply(&mut net);
+        net.check_side(crop.0).map_err(|e| {
+            UsageError::new(format!("{} {}: {e}", size_name("crop", crop.1), crop.0))
+        })?;
         let transform = EvalTransform {
             resize: resize.0,
             crop: crop.0,
@@ -165,7 +173,6 @@ impl Inference {
             Some(_) => Origin::Recorded,
             None => Origin::Default,
         };
-        let shape = file.shape()?;
         let mut used = format!(
             "{arch} ({arch_from}; width {}, {:?} stem, {} classes), resize {} ({}) then center crop {} ({}), \
              {:?}, mean {:?} std {:?} ({stats_from})",

@@ -45,7 +45,7 @@ pub struct Recorded {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecordedNet {
     pub arch: Arch,
-    /// Classes, width and stem, which the tensors say as well ([`WeightsFile::shape`](super::weights::WeightsFile::shape)); a file whose metadata
+    /// Classes, width, stem and variant, which the tensors say as well ([`WeightsFile::shape`](super::weights::WeightsFile::shape)); a file whose metadata
     /// disagrees with its tensors is refused.
     pub shape: WeightsShape,
 }
@@ -107,6 +107,7 @@ impl Recorded {
                     num_classes: net.num_classes,
                     width: net.width,
                     stem: net.stem,
+                    variant: net.arch.variant,
                 },
             }),
             image_size: Some(image_size),
@@ -167,7 +168,7 @@ impl Recorded {
             )
         };
         let net = match (
-            field(metadata, ARCH_KEY, path)?,
+            field::<Arch>(metadata, ARCH_KEY, path)?,
             field(metadata, WIDTH_KEY, path)?,
             field(metadata, STEM_KEY, path)?,
             field(metadata, NUM_CLASSES_KEY, path)?,
@@ -178,6 +179,7 @@ impl Recorded {
                     num_classes,
                     width,
                     stem,
+                    variant: arch.variant,
                 },
             }),
             (None, None, None, None) => None,

@@ -1,5 +1,6 @@
 //! ResNet-18/34/50/101/152, v1.5 (the stride sits on the 3x3 conv of a bottleneck), exactly torchvision's
-//! `torchvision.models.resnet`: same modules, same state_dict keys, same initialisation.
+//! `torchvision.models.resnet`: same modules, same state_dict keys, same initialisation; and timm's ResNet-C/D
+//! and anti-aliased variants of them ([`Arch`]), with timm's keys and torchvision's initialisation.
 use std::fmt;
 use std::str::FromStr;
 
@@ -8,19 +9,86 @@ use tch::nn::init::{FanInOut, NonLinearity, NormalOrUniform};
 use tch::nn::{self, Init};
 use tch::Tensor;
 
-use super::{fused, sync_bn};
+use super::{fused, memory_format, sync_bn};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Arch {
-    ResNet18,
-    ResNet34,
-    ResNet50,
-    ResNet101,
-    ResNet152,
+/// The depth of a ResNet: torchvision's five, with their blocks per stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Depth {
+    D18,
+    D34,
+    D50,
+    D101,
+    D152,
+}
+
+impl Depth {
+    pub const ALL: [Depth; 5] = [Depth::D18, Depth::D34, Depth::D50, Depth::D101, Depth::D152];
+
+    /// Blocks per stage.
+    pub fn layers(self) -> [usize; 4] {
+        match self {
+            Depth::D18 => [2, 2, 2, 2],
+            Depth::D34 => [3, 4, 6, 3],
+            Depth::D50 => [3, 4, 6, 3],
+            Depth::D101 => [3, 4, 23, 3],
+            Depth::D152 => [3, 8, 36, 3],
+        }
+    }
+
+    pub fn number(self) -> u32 {
+        match self {
+            Depth::D18 => 18,
+            Depth::D34 => 34,
+            Depth::D50 => 50,
+            Depth::D101 => 101,
+            Depth::D152 => 152,
+        }
+    }
+}
+
+/// How the network downsamples, by the letters of He et al. 2019 ("Bag of Tricks for Image Classification",
+/// section 4.1) that timm's model names use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// ResNet-B, torchvision's "v1.5": the stride on a bottleneck's 3x3 conv, the 7x7 stem.
+    #[default]
+    B,
+    /// ResNet-C: the 7x7 stem conv replaced by three 3x3 convs (width/2, width/2, width channels; timm's
+    /// `stem_type="deep", stem_width=32`), `conv1.0`, `conv1.3`, `conv1.6` with batch norms `conv1.1` and
+    /// `conv1.4` between them.
+    C,
+    /// ResNet-D: ResNet-C, and each strided shortcut a 2x2 average pool (stride 2, ceil mode, padding not
+    /// counted) then its 1x1 conv at stride 1 (timm's `avg_down=True`: `downsample.1` is the conv,
+    /// `downsample.2` its batch norm).
+    D,
+}
+
+/// A network by the name torchvision or timm gives it: `resnet50` (torchvision's), `resnet50d` (timm's ResNet-D),
+/// `resnetblur50` (timm's anti-aliased ResNet), `resnetblur50d`, and every other depth of 18 to 152 with the
+/// suffix c or d and the prefix `resnetblur`. The state_dict keys are torchvision's or timm's, so that each
+/// loads the other's weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Arch {
+    pub depth: Depth,
+    pub variant: Variant,
+    /// Anti-aliased downsampling (Zhang 2019, "Making Convolutional Networks Shift-Invariant Again"; timm's
+    /// `aa_layer=BlurPool2d`): the stem's max-pool and each block's strided 3x3 conv run at stride 1, then a 3x3
+    /// binomial blur (`[1, 2, 1]` outer itself / 16, reflection padding 1) with stride 2 on each channel. The
+    /// blur has no parameters; it is told apart only by the name recorded with the weights.
+    pub blur: bool,
+}
+
+#[allow(non_upper_case_globals)]
+impl Arch {
+    pub const ResNet18: Arch = Arch::plain(Depth::D18);
+    pub const ResNet34: Arch = Arch::plain(Depth::D34);
+    pub const ResNet50: Arch = Arch::plain(Depth::D50);
+    pub const ResNet101: Arch = Arch::plain(Depth::D101);
+    pub const ResNet152: Arch = Arch::plain(Depth::D152);
 }
 
 impl Arch {
+    /// torchvision's five ResNets.
     pub const ALL: [Arch; 5] = [
         Arch::ResNet18,
         Arch::ResNet34,
@@ -29,35 +97,49 @@ impl Arch {
         Arch::ResNet152,
     ];
 
+    /// torchvision's ResNet of `depth`.
+    pub const fn plain(depth: Depth) -> Self {
+        Self {
+            depth,
+            variant: Variant::B,
+            blur: false,
+        }
+    }
+
     /// Blocks per stage.
     pub fn layers(self) -> [usize; 4] {
-        match self {
-            Arch::ResNet18 => [2, 2, 2, 2],
-            Arch::ResNet34 => [3, 4, 6, 3],
-            Arch::ResNet50 => [3, 4, 6, 3],
-            Arch::ResNet101 => [3, 4, 23, 3],
-            Arch::ResNet152 => [3, 8, 36, 3],
-        }
+        self.depth.layers()
     }
 
     pub fn bottleneck(self) -> bool {
-        !matches!(self, Arch::ResNet18 | Arch::ResNet34)
+        !matches!(self.depth, Depth::D18 | Depth::D34)
     }
 
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::ResNet18 => "resnet18",
-            Arch::ResNet34 => "resnet34",
-            Arch::ResNet50 => "resnet50",
-            Arch::ResNet101 => "resnet101",
-            Arch::ResNet152 => "resnet152",
-        }
+    /// The three-conv stem of ResNet-C and -D.
+    pub fn deep_stem(self) -> bool {
+        matches!(self.variant, Variant::C | Variant::D)
+    }
+
+    /// ResNet-D's average-pool shortcut.
+    pub fn avg_down(self) -> bool {
+        self.variant == Variant::D
+    }
+
+    /// torchvision's or timm's name: `resnet50`, `resnet50d`, `resnetblur50d`.
+    pub fn name(self) -> String {
+        let suffix = match self.variant {
+            Variant::B => "",
+            Variant::C => "c",
+            Variant::D => "d",
+        };
+        let blur = if self.blur { "blur" } else { "" };
+        format!("resnet{blur}{}{suffix}", self.depth.number())
     }
 }
 
 impl fmt::Display for Arch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        f.write_str(&self.name())
     }
 }
 
@@ -65,13 +147,47 @@ impl FromStr for Arch {
     type Err = anyhow::Error;
     fn from_str(s: &str) -> Result<Self> {
         let want = s.to_ascii_lowercase().replace(['-', '_'], "");
-        match Arch::ALL.into_iter().find(|a| a.name() == want) {
+        let parse = || -> Option<Arch> {
+            let rest = want.strip_prefix("resnet")?;
+            let (blur, rest) = match rest.strip_prefix("blur") {
+                Some(r) => (true, r),
+                None => (false, rest),
+            };
+            let (digits, variant) = match rest.as_bytes().last()? {
+                b'c' => (&rest[..rest.len() - 1], Variant::C),
+                b'd' => (&rest[..rest.len() - 1], Variant::D),
+                _ => (rest, Variant::B),
+            };
+            let n: u32 = digits.parse().ok()?;
+            let depth = Depth::ALL.into_iter().find(|d| d.number() == n)?;
+            Some(Arch {
+                depth,
+                variant,
+                blur,
+            })
+        };
+        match parse() {
             Some(a) => Ok(a),
             None => bail!(
-                "unknown architecture '{s}': choose one of {}",
+                "unknown architecture '{s}': choose one of {} (torchvision's), with the suffix c or d for \
+                 ResNet-C or -D and the prefix resnetblur for anti-aliased downsampling, as timm names them \
+                 (resnet50d, resnetblur50, resnetblur50d)",
                 Arch::ALL.map(|a| a.name()).join(", ")
             ),
         }
+    }
+}
+
+impl serde::Serialize for Arch {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Arch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -128,6 +244,31 @@ impl ResNetConfig {
             Stem::Cifar => 3,
         };
         (0..halvings).fold(side, |n, _| n.div_ceil(2))
+    }
+
+    /// The side of the smallest map the anti-aliasing blur pads ([`Arch::blur`]), for images of side `side`:
+    /// the last stage's input. Reflection padding needs 2 or more.
+    pub fn smallest_blur_input(&self, side: usize) -> usize {
+        let halvings = match self.stem {
+            Stem::ImageNet => 4,
+            Stem::Cifar => 2,
+        };
+        (0..halvings).fold(side, |n, _| n.div_ceil(2))
+    }
+
+    /// Whether images of side `side` run through the network (the message of a usage error if not): the
+    /// anti-aliasing blur pads its smallest input by reflection, which needs that input 2 px or more (images
+    /// of 17 px or more with the ImageNet stem, 5 with CIFAR's); any side runs through the others.
+    pub fn check_side(&self, side: usize) -> Result<(), String> {
+        let smallest = self.smallest_blur_input(side);
+        if self.arch.blur && smallest < 2 {
+            return Err(format!(
+                "{} blurs the last stage's input with reflection padding, which needs it 2 px or more: {side} px \
+                 images leave it {smallest} px; use larger images",
+                self.arch
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -236,33 +377,89 @@ impl ConvBn {
     }
 }
 
+/// timm's `BlurPool2d(channels, filt_size=3, stride=2)`: reflection padding 1, then every channel convolved at
+/// stride 2 with the binomial filter `[1, 2, 1]ᵀ[1, 2, 1] / 16`. The filter is not state (timm's buffer is not
+/// persistent), so weights files hold none.
+#[derive(Debug)]
+struct Blur {
+    /// `[channels, 1, 3, 3]`, fp32 on the model's device.
+    filter: Tensor,
+}
+
+impl Blur {
+    fn new(device: tch::Device, channels: i64) -> Self {
+        let taps = Tensor::from_slice(&[1f32, 2., 1.]);
+        let filter = (taps.unsqueeze(1) * taps.unsqueeze(0) / 16.0)
+            .view([1, 1, 3, 3])
+            .repeat([channels, 1, 1, 1])
+            .to_device(device);
+        Self { filter }
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let mut filter = self.filter.to_kind(x.kind());
+        if memory_format::is_channels_last(x) {
+            filter = memory_format::channels_last(&filter);
+        }
+        x.reflection_pad2d([1, 1, 1, 1]).conv2d(
+            &filter,
+            None::<Tensor>,
+            [2, 2],
+            [0, 0],
+            [1, 1],
+            self.filter.size()[0],
+        )
+    }
+}
+
+/// A block's shortcut where its input and output differ in shape: a 1x1 conv with the block's stride and a
+/// batch norm (`downsample.0`, `.1`), or ResNet-D's 2x2 average pool then the conv at stride 1 (`downsample.1`,
+/// `.2`).
+#[derive(Debug)]
+struct Downsample {
+    avg_pool: bool,
+    unit: ConvBn,
+}
+
+impl Downsample {
+    fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        if self.avg_pool {
+            // nn.AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False), as timm's downsample_avg.
+            let x = x.avg_pool2d([2, 2], [2, 2], [0, 0], true, false, None::<i64>);
+            return self.unit.forward(&x, train);
+        }
+        self.unit.forward(x, train)
+    }
+}
+
 #[derive(Debug)]
 struct Block {
     /// conv1/bn1 … conv{2,3}/bn{2,3}: two for a basic block, three for a bottleneck.
     units: Vec<ConvBn>,
-    downsample: Option<ConvBn>,
+    /// The anti-aliasing blur after the strided unit's ReLU (`Arch::blur`, a block of stride 2): that unit's
+    /// conv then runs at stride 1.
+    blur: Option<(usize, Blur)>,
+    downsample: Option<Downsample>,
 }
 
 impl Block {
-    fn new(
-        p: &nn::Path,
-        bottleneck: bool,
-        cin: i64,
-        planes: i64,
-        stride: i64,
-        zero_last: bool,
-    ) -> Self {
+    fn new(p: &nn::Path, arch: Arch, cin: i64, planes: i64, stride: i64, zero_last: bool) -> Self {
+        let bottleneck = arch.bottleneck();
         let expansion = if bottleneck { 4 } else { 1 };
         let cout = planes * expansion;
-        // (cin, cout, kernel, stride) of each conv; v1.5 puts the stride on the 3x3.
+        // The unit that downsamples: v1.5 puts the stride on the 3x3, the bottleneck's second conv.
+        let strided = usize::from(bottleneck);
+        let blur = (arch.blur && stride != 1).then(|| (strided, Blur::new(p.device(), planes)));
+        let conv_stride = if blur.is_some() { 1 } else { stride };
+        // (cin, cout, kernel, stride) of each conv.
         let shapes: Vec<(i64, i64, i64, i64)> = if bottleneck {
             vec![
                 (cin, planes, 1, 1),
-                (planes, planes, 3, stride),
+                (planes, planes, 3, conv_stride),
                 (planes, cout, 1, 1),
             ]
         } else {
-            vec![(cin, planes, 3, stride), (planes, planes, 3, 1)]
+            vec![(cin, planes, 3, conv_stride), (planes, planes, 3, 1)]
         };
         let last = shapes.len();
         let units = shapes
@@ -279,12 +476,22 @@ impl Block {
             .collect();
         let downsample = (stride != 1 || cin != cout).then(|| {
             let d = p / "downsample";
-            ConvBn {
-                conv: conv(&d / 0, cin, cout, 1, stride),
-                bn: bn(&d / 1, cout, 1.0),
+            let avg_pool = arch.avg_down();
+            let (first, conv_stride) = if avg_pool { (1, 1) } else { (0, stride) };
+            Downsample {
+                // timm's pool is nn.Identity in a block of stride 1: the keys are the same, nothing to run.
+                avg_pool: avg_pool && stride != 1,
+                unit: ConvBn {
+                    conv: conv(&d / first, cin, cout, 1, conv_stride),
+                    bn: bn(&d / (first + 1), cout, 1.0),
+                },
             }
         });
-        Self { units, downsample }
+        Self {
+            units,
+            blur,
+            downsample,
+        }
     }
 
     /// A bottleneck's body (conv1 to conv3, bn1 and bn2) as [`fused::bottleneck`] takes it: the three conv
@@ -315,8 +522,13 @@ impl Block {
             None => x.shallow_clone(),
         };
         // On a GPU in training, a bottleneck's body with bn1 and bn2 folded into its convolutions (cuDNN graphs),
-        // then the same tail as below.
-        if train && fused::block_enabled() && self.units.len() == 3 && !sync_bn::enabled() {
+        // then the same tail as below. The blur sits between bn2 and conv3, where that fusion cannot.
+        if train
+            && fused::block_enabled()
+            && self.units.len() == 3
+            && self.blur.is_none()
+            && !sync_bn::enabled()
+        {
             let (params, buffers) = self.body_tensors();
             let stride = self.units[1].conv.stride;
             if let Some(y3) = fused::bottleneck(x, &params, &buffers, stride, BN_MOMENTUM, BN_EPS) {
@@ -325,8 +537,11 @@ impl Block {
         }
         let (last, inner) = self.units.split_last().expect("a block has units");
         let mut y = x.shallow_clone();
-        for u in inner {
+        for (i, u) in inner.iter().enumerate() {
             y = u.forward_relu(&y, train, None);
+            if let Some((_, blur)) = self.blur.as_ref().filter(|(after, _)| *after == i) {
+                y = blur.forward(&y);
+            }
         }
         last.forward_relu(&y, train, Some(&identity()))
     }
@@ -336,7 +551,10 @@ impl Block {
 #[derive(Debug)]
 pub struct ResNet {
     pub config: ResNetConfig,
-    stem: ConvBn,
+    /// `conv1`/`bn1`; ResNet-C/D's three: `conv1.0`/`conv1.1`, `conv1.3`/`conv1.4`, `conv1.6`/`bn1`.
+    stem: Vec<ConvBn>,
+    /// The stem max-pool's blur (`Arch::blur`, ImageNet stem): the max-pool then runs at stride 1.
+    stem_blur: Option<Blur>,
     layers: Vec<Block>,
     fc: nn::Linear,
 }
@@ -349,11 +567,33 @@ impl ResNet {
             Stem::Cifar => (3, 1),
         };
         let w = config.width;
-        let stem = ConvBn {
-            conv: conv(root / "conv1", 3, w, k, s),
-            bn: bn(root / "bn1", w, 1.0),
+        let arch = config.arch;
+        let stem = if arch.deep_stem() && config.stem == Stem::ImageNet {
+            // timm's deep stem: Sequential(conv 3x3/2, bn, relu, conv 3x3, bn, relu, conv 3x3), then bn1.
+            let (c1, p) = ((w / 2).max(1), root / "conv1");
+            vec![
+                ConvBn {
+                    conv: conv(&p / 0, 3, c1, 3, 2),
+                    bn: bn(&p / 1, c1, 1.0),
+                },
+                ConvBn {
+                    conv: conv(&p / 3, c1, c1, 3, 1),
+                    bn: bn(&p / 4, c1, 1.0),
+                },
+                ConvBn {
+                    conv: conv(&p / 6, c1, w, 3, 1),
+                    bn: bn(root / "bn1", w, 1.0),
+                },
+            ]
+        } else {
+            vec![ConvBn {
+                conv: conv(root / "conv1", 3, w, k, s),
+                bn: bn(root / "bn1", w, 1.0),
+            }]
         };
-        let bottleneck = config.arch.bottleneck();
+        let stem_blur =
+            (arch.blur && config.stem == Stem::ImageNet).then(|| Blur::new(root.device(), w));
+        let bottleneck = arch.bottleneck();
         let expansion = if bottleneck { 4 } else { 1 };
         let mut cin = w;
         let mut layers = Vec::new();
@@ -369,7 +609,7 @@ impl ResNet {
                 let stride = if stage > 0 && b == 0 { 2 } else { 1 };
                 layers.push(Block::new(
                     &(&p / b),
-                    bottleneck,
+                    arch,
                     cin,
                     planes,
                     stride,
@@ -397,19 +637,35 @@ impl ResNet {
         Self {
             config,
             stem,
+            stem_blur,
             layers,
             fc,
+        }
+    }
+
+    /// The stem: its convs, batch norms and ReLUs, then (ImageNet's) the 3x3 max-pool, at stride 2 or, with
+    /// the blur, at stride 1 then the blur.
+    fn stem_forward(&self, x: &Tensor, train: bool) -> Tensor {
+        let mut y = x.shallow_clone();
+        for u in &self.stem {
+            y = u.forward_relu(&y, train, None);
+        }
+        if self.config.stem == Stem::Cifar {
+            return y;
+        }
+        let stride = if self.stem_blur.is_some() { 1 } else { 2 };
+        let y = fused::max_pool(&y, 3, stride, 1)
+            .unwrap_or_else(|| y.max_pool2d([3, 3], [stride, stride], [1, 1], [1, 1], false));
+        match &self.stem_blur {
+            Some(blur) => blur.forward(&y),
+            None => y,
         }
     }
 
     /// Logits for a normalised NCHW float batch (any memory format). `train` selects batch statistics in BN
     /// (and updates the running ones) as `model.train()` does.
     pub fn forward_t(&self, x: &Tensor, train: bool) -> Tensor {
-        let mut y = self.stem.forward_relu(x, train, None);
-        if self.config.stem == Stem::ImageNet {
-            y = fused::max_pool(&y, 3, 2, 1)
-                .unwrap_or_else(|| y.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false));
-        }
+        let mut y = self.stem_forward(x, train);
         for block in &self.layers {
             y = block.forward(&y, train);
         }
@@ -425,23 +681,69 @@ mod tests {
     /// `last_stage_side` is the side of the last stage's output, for both stems and odd sides.
     #[test]
     fn last_stage_side_is_what_the_network_computes() {
-        for stem in [Stem::ImageNet, Stem::Cifar] {
-            let mut cfg = ResNetConfig::new(Arch::ResNet18);
+        let archs = [Arch::ResNet18, "resnetblur18d".parse().unwrap()];
+        for (stem, arch) in [Stem::ImageNet, Stem::Cifar]
+            .into_iter()
+            .flat_map(|s| archs.map(|a| (s, a)))
+        {
+            let mut cfg = ResNetConfig::new(arch);
             (cfg.stem, cfg.width, cfg.num_classes) = (stem, 4, 2);
             let vs = nn::VarStore::new(tch::Device::Cpu);
             let net = ResNet::new(&vs.root(), cfg.clone());
             for side in [1usize, 7, 8, 9, 31, 32, 33, 63, 64, 65, 100] {
-                let x = Tensor::zeros([1, 3, side as i64, side as i64], tch::kind::FLOAT_CPU);
-                let mut y = net.stem.forward_relu(&x, false, None);
-                if stem == Stem::ImageNet {
-                    y = y.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false);
+                if arch.blur && cfg.smallest_blur_input(side) < 2 {
+                    continue;
                 }
+                let x = Tensor::zeros([1, 3, side as i64, side as i64], tch::kind::FLOAT_CPU);
+                let mut y = net.stem_forward(&x, false);
                 for block in &net.layers {
                     y = block.forward(&y, false);
                 }
                 let got = cfg.last_stage_side(side) as i64;
-                assert_eq!(y.size()[2..], [got, got], "{stem:?} at {side} px");
+                assert_eq!(y.size()[2..], [got, got], "{arch} {stem:?} at {side} px");
             }
+        }
+    }
+
+    /// Every name parses back to itself; timm's spellings and torchvision's are accepted, others refused.
+    #[test]
+    fn names_of_the_variants() {
+        for depth in Depth::ALL {
+            for variant in [Variant::B, Variant::C, Variant::D] {
+                for blur in [false, true] {
+                    let a = Arch {
+                        depth,
+                        variant,
+                        blur,
+                    };
+                    assert_eq!(a.name().parse::<Arch>().unwrap(), a);
+                    let json = serde_json::to_string(&a).unwrap();
+                    assert_eq!(serde_json::from_str::<Arch>(&json).unwrap(), a);
+                }
+            }
+        }
+        let d: Arch = "ResNet-50d".parse().unwrap();
+        assert_eq!(
+            (d.depth, d.variant, d.blur),
+            (Depth::D50, Variant::D, false)
+        );
+        assert!(d.deep_stem() && d.avg_down());
+        let b: Arch = "resnetblur50".parse().unwrap();
+        assert_eq!((b.variant, b.blur), (Variant::B, true));
+        assert_eq!(
+            serde_json::to_string(&Arch::ResNet50).unwrap(),
+            r#""resnet50""#
+        );
+        for bad in [
+            "resnet51",
+            "resnet50e",
+            "resnetblur",
+            "resnet",
+            "blur50",
+            "resnet50dd",
+            "",
+        ] {
+            assert!(bad.parse::<Arch>().is_err(), "{bad}");
         }
     }
 }

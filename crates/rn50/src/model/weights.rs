@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use tch::Tensor;
 
 use super::weights_format;
-use super::{Model, ResNetConfig, Stem};
+use super::{Model, ResNetConfig, Stem, Variant};
 
 pub use super::class_names::{names_list, printable};
 pub use super::recorded::{EvalTransform, Interpolation, Recorded, RecordedNet, CLASSES_KEY};
@@ -89,14 +89,17 @@ pub struct WeightsShape {
     pub width: i64,
     /// A 3x3 `conv1` is the CIFAR stem, 7x7 ImageNet's.
     pub stem: Stem,
+    /// ResNet-C's and -D's three-conv stem (`conv1.0` ...) and -D's shortcut (`downsample.1` a conv).
+    pub variant: Variant,
 }
 
 impl WeightsShape {
-    /// `config` with the classes, width and stem of these weights.
+    /// `config` with the classes, width, stem and variant of these weights.
     pub fn apply(&self, config: &mut ResNetConfig) {
         config.num_classes = self.num_classes;
         config.width = self.width;
         config.stem = self.stem;
+        config.arch.variant = self.variant;
     }
 }
 
@@ -134,15 +137,17 @@ impl WeightsFile {
             let shape = file.shape()?;
             if net.shape != shape {
                 bail!(
-                    "{}: its metadata records {} classes, width {} and the {:?} stem but its tensors are for {} \
-                     classes, width {} and the {:?} stem",
+                    "{}: its metadata records {} classes, width {}, the {:?} stem and variant {:?} but its \
+                     tensors are for {} classes, width {}, the {:?} stem and variant {:?}",
                     path.display(),
                     net.shape.num_classes,
                     net.shape.width,
                     net.shape.stem,
+                    net.shape.variant,
                     shape.num_classes,
                     shape.width,
-                    shape.stem
+                    shape.stem,
+                    shape.variant
                 );
             }
         }
@@ -162,15 +167,28 @@ impl WeightsFile {
             Some(&[n]) => n,
             _ => bail!("{}: no 1-D fc.bias", not_resnet()),
         };
-        let (width, stem) = match size("conv1.weight").as_deref() {
-            Some(&[w, 3, 7, 7]) => (w, Stem::ImageNet),
-            Some(&[w, 3, 3, 3]) => (w, Stem::Cifar),
-            other => bail!("{}: conv1.weight has shape {other:?}", not_resnet()),
+        let (width, stem, deep) = match (size("conv1.weight").as_deref(), size("bn1.weight")) {
+            (Some(&[w, 3, 7, 7]), _) => (w, Stem::ImageNet, false),
+            (Some(&[w, 3, 3, 3]), _) => (w, Stem::Cifar, false),
+            (None, Some(w)) if size("conv1.0.weight").is_some_and(|s| s[1..] == [3, 3, 3]) => {
+                (w[0], Stem::ImageNet, true)
+            }
+            (other, _) => bail!("{}: conv1.weight has shape {other:?}", not_resnet()),
+        };
+        // Stage 2's first block has a shortcut conv in every ResNet: ResNet-D's follows its average pool.
+        let variant = match (
+            deep,
+            self.tensors.contains_key("layer2.0.downsample.2.weight"),
+        ) {
+            (_, true) => Variant::D,
+            (true, false) => Variant::C,
+            (false, false) => Variant::B,
         };
         Ok(WeightsShape {
             num_classes,
             width,
             stem,
+            variant,
         })
     }
 
@@ -467,5 +485,55 @@ mod tests {
         let file = WeightsFile::read(&ckpt).unwrap();
         assert_eq!(file.shape().unwrap().width, 8);
         file.load(&Model::new(cfg, Device::Cpu)).unwrap();
+    }
+
+    /// The tensors tell ResNet-C's and -D's stem and shortcut from torchvision's; the blur, which has no tensors,
+    /// comes back from the recorded name, and a name the tensors contradict is refused.
+    #[test]
+    fn the_variant_is_the_tensors_and_the_blur_the_recorded_name() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in [
+            "resnet18",
+            "resnet18c",
+            "resnet18d",
+            "resnetblur18d",
+            "resnetblur50",
+        ] {
+            let mut cfg = ResNetConfig::new(name.parse().unwrap());
+            cfg.width = 8;
+            let model = Model::new(cfg.clone(), Device::Cpu);
+            let eval = EvalTransform {
+                resize: 73,
+                crop: 64,
+                interpolation: Interpolation::Bilinear,
+                mean: [0.5; 3],
+                std: [0.25; 3],
+            };
+            let (plain, recorded) = (
+                dir.path().join(format!("{name}.plain.safetensors")),
+                dir.path().join(format!("{name}.safetensors")),
+            );
+            save(&model, &plain, &Recorded::default()).unwrap();
+            save(&model, &recorded, &Recorded::of_run(&cfg, None, 64, eval)).unwrap();
+            let shape = WeightsFile::read(&plain).unwrap().shape().unwrap();
+            assert_eq!(
+                (shape.width, shape.stem, shape.variant),
+                (8, Stem::ImageNet, cfg.arch.variant),
+                "{name}"
+            );
+            let file = WeightsFile::read(&recorded).unwrap();
+            assert_eq!(file.recorded().net.unwrap().arch, cfg.arch, "{name}");
+            file.load(&Model::new(cfg.clone(), Device::Cpu)).unwrap();
+
+            let mut other = cfg.clone();
+            other.arch.variant = match cfg.arch.variant {
+                Variant::D => Variant::B,
+                _ => Variant::D,
+            };
+            let lying = dir.path().join(format!("{name}.lying.safetensors"));
+            save(&model, &lying, &Recorded::of_run(&other, None, 64, eval)).unwrap();
+            let err = WeightsFile::read(&lying).err().unwrap();
+            assert!(format!("{err:#}").contains("variant"), "{name}: {err:#}");
+        }
     }
 }

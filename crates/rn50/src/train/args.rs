@@ -23,6 +23,9 @@ pub enum ScheduleKind {
     Linear,
     /// Polynomial decay to --lr-end with power --lr-poly-power (MLPerf's LARS schedule).
     Poly,
+    /// The peak rate until --lr-decay-start, then half a cosine to --lr-end (fast.ai's fit_flat_cos).
+    #[serde(rename = "flat-cos")]
+    FlatCos,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -65,7 +68,9 @@ pub struct TrainArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub val_split: rn50_pipeline::cli::ValSplitArg,
-    /// Model architecture.
+    /// Model architecture: torchvision's resnet18, resnet34, resnet50, resnet101, resnet152, or timm's variants of
+    /// them: the suffix d for ResNet-D (three-conv stem, average-pool shortcuts: resnet50d), c for the stem alone,
+    /// the prefix resnetblur for anti-aliased downsampling (resnetblur50, resnetblur50d). Weights keep timm's keys.
     #[arg(short = 'a', long = "arch", alias = "model", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
     pub arch: Arch,
     /// Channels of the first stage (torchvision: 64); narrower networks for small data and machines. 1 to 512.
@@ -107,15 +112,20 @@ pub struct TrainArgs {
     /// Linear warmup from 0 to the peak LR over this many epochs (fractions allowed), 0 to below --epochs.
     #[arg(long, alias = "lr-warmup-epochs", default_value_t = 0.0, value_parser = finite_in(0.0..))]
     pub warmup_epochs: f64,
-    /// LR decay after warmup: step (÷10 at --lr-milestones), cosine (to --lr-end), linear (to 0) or poly
+    /// LR decay after warmup: step (÷10 at --lr-milestones), cosine (to --lr-end), linear (to 0), poly
     /// (end + (peak - end)·(1 - t)^--lr-poly-power, t going from 0 after the warmup to 1 at the last step:
-    /// MLPerf's LARS schedule).
+    /// MLPerf's LARS schedule) or flat-cos (the peak until --lr-decay-start, then cosine to --lr-end: fast.ai's
+    /// fit_flat_cos, which its Imagenette leaderboard entries use).
     #[arg(long, alias = "sched", value_enum, default_value_t = ScheduleKind::Step)]
     pub lr_schedule: ScheduleKind,
-    /// The rate --lr-schedule cosine or poly decays to at the last step, 0 or more and below the peak rate
-    /// (MLPerf's LARS reference: 0.0001; timm's --min-lr).
+    /// The rate --lr-schedule cosine, poly or flat-cos decays to at the last step, 0 or more and below the peak
+    /// rate (MLPerf's LARS reference: 0.0001; timm's --min-lr).
     #[arg(long, visible_alias = "min-lr", default_value_t = 0.0, value_parser = finite_in(0.0..))]
     pub lr_end: f64,
+    /// The epoch --lr-schedule flat-cos starts its cosine at, from the end of the warmup to below --epochs
+    /// [default: 0.75 x --epochs, fast.ai's fit_flat_cos(pct_start=0.75)].
+    #[arg(long, value_parser = finite_in(0.0..))]
+    pub lr_decay_start: Option<f64>,
     /// The power of --lr-schedule poly, above 0 (MLPerf's LARS: 2; 1 is linear).
     #[arg(long, default_value_t = 2.0, value_parser = positive())]
     pub lr_poly_power: f64,
@@ -341,9 +351,25 @@ impl TrainArgs {
             }
         }
         if self.lr_end != 0.0
-            && !matches!(self.lr_schedule, ScheduleKind::Cosine | ScheduleKind::Poly)
+            && !matches!(
+                self.lr_schedule,
+                ScheduleKind::Cosine | ScheduleKind::Poly | ScheduleKind::FlatCos
+            )
         {
-            return usage("--lr-end is for --lr-schedule cosine or poly".into());
+            return usage("--lr-end is for --lr-schedule cosine, poly or flat-cos".into());
+        }
+        if let Some(start) = self.lr_decay_start {
+            if self.lr_schedule != ScheduleKind::FlatCos {
+                return usage("--lr-decay-start is for --lr-schedule flat-cos".into());
+            }
+            if start < self.warmup_epochs || start >= self.epochs as f64 {
+                return usage(format!(
+                    "--lr-decay-start {} must be from --warmup-epochs {} to below --epochs {}",
+                    fmt_decimals(start, 3),
+                    fmt_decimals(self.warmup_epochs, 3),
+                    self.epochs
+                ));
+            }
         }
         self.augmentation.check()?;
         if self.dummy && (!self.augmentation.train_augment().is_none() || self.ra_reps > 1) {
@@ -390,9 +416,24 @@ impl TrainArgs {
         // value per channel when training"). One image whose last stage is 1x1 gave NaN running variances.
         let mut net = ResNetConfig::new(self.arch);
         if self.augment == Augment::Cifar {
+            if self.arch.deep_stem() {
+                return usage(format!(
+                    "-a {}'s three-conv stem is for ImageNet-size images; --augment cifar uses the CIFAR stem \
+                     (one 3x3 conv, no pooling): use -a {}",
+                    self.arch,
+                    Arch {
+                        variant: crate::model::Variant::B,
+                        ..self.arch
+                    }
+                ));
+            }
             net.stem = Stem::Cifar;
         }
         let smallest = self.min_res.unwrap_or(self.image_size);
+        if let Some(crop) = self.val_crop {
+            net.check_side(crop)
+                .map_err(|e| UsageError(format!("--val-crop {crop}: -a {e}")))?;
+        }
         let side = net.last_stage_side(smallest);
         if !self.evaluate && self.batch_size * side * side < 2 {
             return usage(format!(
@@ -599,6 +640,58 @@ mod tests {
         );
     }
 
+    /// --lr-decay-start only with flat-cos, from the warmup's end to below the last epoch; timm's variants
+    /// refused where they cannot run: the deep stem with the CIFAR stem, the blur on maps under 2 px.
+    #[test]
+    fn flat_cos_and_the_variants_in_range() {
+        let error = |flags: &str| {
+            parse_for_test(&format!("--dummy {flags}"))
+                .unwrap()
+                .check()
+                .err()
+                .map(|e| e.0)
+        };
+        assert_eq!(
+            error("--lr-schedule flat-cos --epochs 5 --lr-decay-start 3"),
+            None
+        );
+        assert_eq!(
+            error("--lr-schedule flat-cos --epochs 5 --warmup-epochs 1 --lr-decay-start 1"),
+            None
+        );
+        for (flags, want) in [
+            (
+                "--epochs 5 --lr-decay-start 3",
+                "is for --lr-schedule flat-cos",
+            ),
+            (
+                "--lr-schedule flat-cos --epochs 5 --lr-decay-start 5",
+                "to below --epochs 5",
+            ),
+            (
+                "--lr-schedule flat-cos --epochs 5 --warmup-epochs 2 --lr-decay-start 1",
+                "from --warmup-epochs 2",
+            ),
+            (
+                "-a resnet18d --augment cifar --image-size 32",
+                "use -a resnet18",
+            ),
+            (
+                "-a resnetblur18 --val-crop 16",
+                "16 px images leave it 1 px",
+            ),
+        ] {
+            let got = error(flags).unwrap_or_else(|| panic!("{flags}: accepted"));
+            assert!(got.contains(want), "{flags}: {got}");
+        }
+        assert_eq!(error("-a resnetblur18 --image-size 32 --val-crop 17"), None);
+        assert_eq!(error("-a resnet18 --val-crop 8"), None);
+        assert_eq!(
+            error("-a resnetblur18 --augment cifar --image-size 32"),
+            None
+        );
+    }
+
     #[test]
     fn lr_end_is_for_the_schedules_that_use_it() {
         let check = |flags: &str| {
@@ -610,6 +703,7 @@ mod tests {
         assert!(check("--lr-schedule poly --lr-end 0.0001"));
         assert!(check("--lr-schedule cosine --lr-end 0.0001"));
         assert!(!check("--lr-schedule linear --lr-end 0.0001"));
+        assert!(check("--lr-schedule flat-cos --lr-end 0.0001"));
         assert!(!check("--lr-end 0.0001"), "step");
         let target = |v: &str| parse_for_test(&format!("--dummy --target-accuracy {v}")).is_ok();
         assert!(target("75.9") && target("100"));

@@ -1,5 +1,5 @@
 //! Learning-rate recipes for ImageNet training: linear scaling with the global batch (Goyal et al. 2017),
-//! gradual warmup, then a step, cosine, linear or polynomial decay. Time is measured in (fractional) epochs so the same
+//! gradual warmup, then a step, cosine, linear or polynomial decay, or a flat peak then a cosine. Time is measured in (fractional) epochs so the same
 //! recipe holds for any batch size and world size.
 use std::f64::consts::PI;
 use std::fmt;
@@ -34,6 +34,10 @@ impl TrainArgs {
     }
 }
 
+/// Where `--lr-schedule flat-cos` starts its cosine by default, as a fraction of the epochs: fast.ai's
+/// `fit_flat_cos(pct_start=0.75)`.
+pub const FLAT_FRACTION: f64 = 0.75;
+
 /// The default step schedule's period in epochs: main.py's `StepLR(optimizer, step_size=30, gamma=0.1)`.
 pub const STEP_EVERY: usize = 30;
 
@@ -51,6 +55,9 @@ pub enum Decay {
     /// The reference counts in optimizer steps and divides by the decay steps + 1, so its rate stops one step
     /// short of `final_lr`; here the last step's rate is `final_lr`.
     Poly { power: f64, final_lr: f64 },
+    /// The peak until epoch `start`, then half a cosine down to `final_lr` at the last epoch: fast.ai's
+    /// `fit_flat_cos` (its `pct_start`, 0.75 by default, is `start / epochs`).
+    FlatCosine { start: f64, final_lr: f64 },
 }
 
 impl Decay {
@@ -95,6 +102,12 @@ impl LrSchedule {
                 power: args.lr_poly_power,
                 final_lr: args.lr_end,
             },
+            ScheduleKind::FlatCos => Decay::FlatCosine {
+                start: args
+                    .lr_decay_start
+                    .unwrap_or(FLAT_FRACTION * args.epochs as f64),
+                final_lr: args.lr_end,
+            },
         };
         Self::new(peak, args.warmup_epochs, args.epochs as f64, decay)
     }
@@ -114,7 +127,15 @@ impl LrSchedule {
                 );
             }
         }
-        if let Decay::Cosine { final_lr } | Decay::Poly { final_lr, .. } = &decay {
+        if let Decay::FlatCosine { start, .. } = &decay {
+            if !(warmup_epochs..epochs).contains(start) {
+                bail!("the cosine must start from --warmup-epochs {warmup_epochs} to below --epochs {epochs} (got {start})");
+            }
+        }
+        if let Decay::Cosine { final_lr }
+        | Decay::Poly { final_lr, .. }
+        | Decay::FlatCosine { final_lr, .. } = &decay
+        {
             if !(0.0..peak_lr).contains(final_lr) {
                 bail!("--lr-end {final_lr} must be 0 or more and below the peak rate {peak_lr}");
             }
@@ -152,6 +173,10 @@ impl LrSchedule {
             Decay::Poly { power, final_lr } => {
                 final_lr + (self.peak_lr - final_lr) * (1.0 - progress).powf(*power)
             }
+            Decay::FlatCosine { start, final_lr } => {
+                let progress = ((t - start) / (self.epochs - start)).clamp(0.0, 1.0);
+                final_lr + 0.5 * (self.peak_lr - final_lr) * (1.0 + (PI * progress).cos())
+            }
         }
     }
 }
@@ -172,6 +197,11 @@ impl fmt::Display for LrSchedule {
             Decay::Poly { power, final_lr } => {
                 format!("polynomial (power {power}) to {}", fmt_lr(*final_lr))
             }
+            Decay::FlatCosine { start, final_lr } => format!(
+                "flat until epoch {}, then cosine to {}",
+                fmt_epochs(&[*start]),
+                fmt_lr(*final_lr)
+            ),
         };
         write!(
             f,
@@ -351,6 +381,31 @@ mod tests {
         // Monotone after warmup.
         let v: Vec<f64> = (50..=900).map(|i| s.at(i as f64 / 10.0)).collect();
         assert!(v.windows(2).all(|w| w[1] <= w[0]));
+    }
+
+    /// fast.ai's fit_flat_cos: the peak from the warmup's end to `start`, then half a cosine to the floor.
+    #[test]
+    fn flat_then_cosine_as_fast_ai() {
+        let decay = Decay::FlatCosine {
+            start: 15.0,
+            final_lr: 0.01,
+        };
+        let s = LrSchedule::new(1.0, 1.0, 20.0, decay).unwrap();
+        assert!(close(s.at(0.5), 0.5), "warmup");
+        for t in [1.0, 7.0, 15.0] {
+            assert!(close(s.at(t), 1.0), "flat at {t}");
+        }
+        assert!(close(s.at(17.5), 0.505), "half way through the cosine");
+        assert!(close(s.at(20.0), 0.01));
+        let v: Vec<f64> = (150..=200).map(|i| s.at(i as f64 / 10.0)).collect();
+        assert!(v.windows(2).all(|w| w[1] < w[0]));
+        for start in [0.5, 20.0, 21.0] {
+            let decay = Decay::FlatCosine {
+                start,
+                final_lr: 0.0,
+            };
+            assert!(LrSchedule::new(1.0, 1.0, 20.0, decay).is_err(), "{start}");
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! rn50 against torchvision in the same process tree: same weights through safetensors → same logits (eval
 //! and train mode) and, after two SGD steps with momentum and weight decay, the same parameters and BN
-//! statistics. The reference comes from `tests/reference/torchvision_step.py` run with the venv's PyTorch.
+//! statistics; and the same against timm for its ResNet-D and anti-aliased variants. The reference comes from
+//! `tests/reference/torchvision_step.py` run with the venv's PyTorch, torchvision and timm.
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::OnceLock;
@@ -138,11 +139,35 @@ fn resnet50_channels_last_matches_torchvision() {
     check_case("r50_nesterov_nobnwd_ls_cl");
 }
 
-/// Every depth has exactly torchvision's state_dict keys and shapes (num_batches_tracked aside).
+/// timm's ResNet-D with the blur (resnetblur50d: deep stem, average-pool shortcuts, anti-aliased strides) in
+/// channels_last: the same logits, losses and weights after two steps as timm's.
+#[test]
+fn resnetblur50d_matches_timm() {
+    check_case("rblur50d_nesterov_nobnwd_ls_cl");
+}
+
+/// The same with basic blocks, where the blur follows the first conv of a block.
+#[test]
+fn resnetblur18d_matches_timm() {
+    check_case("rblur18d_plain");
+}
+
+/// Every depth has exactly torchvision's state_dict keys and shapes, and timm's variants timm's
+/// (num_batches_tracked aside).
 #[test]
 fn every_depth_has_torchvision_keys_and_shapes() {
     let meta = meta();
-    for arch in Arch::ALL {
+    let timm = [
+        "resnet18d",
+        "resnet50c",
+        "resnet50d",
+        "resnetblur50",
+        "resnetblur50d",
+        "resnet101d",
+        "resnetblur18d",
+    ]
+    .map(|n| n.parse::<Arch>().unwrap());
+    for arch in Arch::ALL.into_iter().chain(timm) {
         let want: BTreeMap<String, Vec<i64>> = meta["keys"][arch.name()]
             .as_object()
             .unwrap()
@@ -170,8 +195,8 @@ fn every_depth_has_torchvision_keys_and_shapes() {
 }
 
 /// The PyTorch reference trainer (benches/reference_train.py, docs/imagenette.md) sets each step's rate as rn50's
-/// schedule does: warmup, step (given and default milestones), cosine to a floor, linear, at every step of a short
-/// run, to the last bit but rounding.
+/// schedule does: warmup, step (given and default milestones), cosine to a floor, linear, flat then cosine (its
+/// default start and a given one), at every step of a short run, to the last bit but rounding.
 #[test]
 fn the_reference_trainer_s_learning_rates_are_rn50_s() {
     use rn50::train::schedule::{Decay, LrSchedule};
@@ -200,6 +225,24 @@ fn the_reference_trainer_s_learning_rates_are_rn50_s() {
             7.0,
             Decay::Linear,
         ),
+        (
+            r#"{"warmup-epochs": 0.0, "epochs": 5, "lr-schedule": "flat-cos"}"#,
+            0.0,
+            5.0,
+            Decay::FlatCosine {
+                start: rn50::train::schedule::FLAT_FRACTION * 5.0,
+                final_lr: 0.0,
+            },
+        ),
+        (
+            r#"{"warmup-epochs": 1.0, "epochs": 6, "lr-schedule": "flat-cos", "lr-decay-start": 3.5, "lr-end": 0.002}"#,
+            1.0,
+            6.0,
+            Decay::FlatCosine {
+                start: 3.5,
+                final_lr: 0.002,
+            },
+        ),
     ];
     let steps_per_epoch = 7;
     let peak = 0.4;
@@ -213,7 +256,7 @@ fn the_reference_trainer_s_learning_rates_are_rn50_s() {
             .collect();
         let script = format!(
             "import json, sys; sys.path.insert(0, 'benches'); from reference_train import lr_at\n\
-             r = json.loads('{recipe}'); r.setdefault('lr-end', 0.0)\n\
+             r = json.loads('{recipe}'); r.setdefault('lr-end', 0.0); r.setdefault('lr-decay-start', None)\n\
              print(json.dumps([lr_at(r, {peak}, t) for t in json.loads(sys.argv[1])]))"
         );
         let out = common::python_output(
@@ -235,5 +278,56 @@ fn the_reference_trainer_s_learning_rates_are_rn50_s() {
                 "{recipe} at epoch {t}: rn50 {ours}, reference {lr}"
             );
         }
+    }
+}
+
+/// The reference trainer builds rn50's name of each of timm's variants as timm's network with rn50's state_dict
+/// keys and shapes, and with the blur in the same four places (the stem and the first block of stages 2 to 4).
+#[test]
+fn the_reference_trainer_builds_the_variants_rn50_names() {
+    let names = [
+        "resnet18",
+        "resnet34c",
+        "resnet50d",
+        "resnetblur50",
+        "resnetblur18d",
+    ];
+    let script = "import json, sys; sys.path.insert(0, 'benches')\n\
+         import torchvision; from reference_train import timm_resnet; from timm.layers import BlurPool2d\n\
+         out = {}\n\
+         for name in sys.argv[1:]:\n\
+         \x20   m = torchvision.models.__dict__[name](num_classes=10) if name in torchvision.models.__dict__ \
+                 else timm_resnet(name, 10, False)\n\
+         \x20   out[name] = {'keys': {k: list(v.shape) for k, v in m.state_dict().items() \
+                 if not k.endswith('num_batches_tracked')},\n\
+         \x20                'blurs': sum(isinstance(x, BlurPool2d) for x in m.modules())}\n\
+         print(json.dumps(out))";
+    let mut args = vec!["-c", script];
+    args.extend(names);
+    let out = common::python_output(
+        &args,
+        Some(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))),
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for name in names {
+        let arch: Arch = name.parse().unwrap();
+        let mut cfg = ResNetConfig::new(arch);
+        cfg.num_classes = 10;
+        let ours: BTreeMap<String, Vec<i64>> = Model::new(cfg, Device::Cpu)
+            .state()
+            .into_iter()
+            .map(|(k, t)| (k, t.size()))
+            .collect();
+        let want: BTreeMap<String, Vec<i64>> =
+            serde_json::from_value(theirs[name]["keys"].clone()).unwrap();
+        assert_eq!(ours, want, "{name}");
+        let blurs = if arch.blur { 4 } else { 0 };
+        assert_eq!(theirs[name]["blurs"], blurs, "{name}");
     }
 }

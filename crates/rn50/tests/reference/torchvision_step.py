@@ -1,9 +1,9 @@
-"""Reference outputs from torchvision for rn50's parity tests.
+"""Reference outputs from torchvision and timm for rn50's parity tests.
 
-For each case: a torchvision ResNet with random weights (BN statistics and affine perturbed so they
+For each case: a torchvision ResNet (or timm's ResNet-D and anti-aliased ones) with random weights (BN statistics and affine perturbed so they
 matter), saved as safetensors *with* num_batches_tracked as torchvision writes it; logits in eval and train
 mode; two SGD steps (momentum, weight decay, optional Nesterov / no decay on 1-D params, label smoothing),
-with the losses and the final state_dict. Also the key/shape list of every depth.
+with the losses and the final state_dict. Also the key/shape list of every depth, and of timm's variants.
 
 usage: torchvision_step.py OUT_DIR
 """
@@ -11,23 +11,42 @@ import json
 import sys
 from pathlib import Path
 
+import timm
 import torch
 import torchvision
 from safetensors.torch import save_file
+from timm.layers import BlurPool2d
+from timm.models.resnet import BasicBlock, ResNet
 
 CASES = [
-    # name, arch, nesterov, no_bn_bias_decay, label_smoothing, channels_last
-    ("r18_plain", "resnet18", False, False, 0.0, False),
-    ("r50_nesterov_nobnwd_ls", "resnet50", True, True, 0.1, False),
+    # name, arch, nesterov, no_bn_bias_decay, label_smoothing, channels_last, image side
+    ("r18_plain", "resnet18", False, False, 0.0, False, 64),
+    ("r50_nesterov_nobnwd_ls", "resnet50", True, True, 0.1, False, 64),
     # channels_last changes oneDNN's kernels and so the rounding; compare like with like.
-    ("r50_nesterov_nobnwd_ls_cl", "resnet50", True, True, 0.1, True),
+    ("r50_nesterov_nobnwd_ls_cl", "resnet50", True, True, 0.1, True, 64),
+    # timm's ResNet-D with anti-aliasing: deep stem, average-pool shortcuts, blur after every strided conv. At
+    # 72 px stages 3 and 4 get odd sides (9 and 5), where the shortcut's pool (ceil mode, padding not counted) and
+    # the blur's reflection padding reach the edge.
+    ("rblur50d_nesterov_nobnwd_ls_cl", "resnetblur50d", True, True, 0.1, True, 72),
+    ("rblur18d_plain", "resnetblur18d", False, False, 0.0, False, 72),
 ]
-N, S, LR, MOMENTUM, WD = 4, 64, 0.01, 0.9, 1e-4
+# timm's names whose keys rn50's must be (resnetblur18d is not registered in timm: built as its resnetblur50d is).
+TIMM = ["resnet18d", "resnet50c", "resnet50d", "resnetblur50", "resnetblur50d", "resnet101d", "resnetblur18d"]
 
 
-def case(out: Path, name, arch, nesterov, no_bn_bias_decay, label_smoothing, channels_last):
+def model(arch):
+    """torchvision's network of that name, else timm's."""
+    if arch in torchvision.models.__dict__:
+        return torchvision.models.__dict__[arch](num_classes=1000)
+    if arch == "resnetblur18d":
+        return ResNet(BasicBlock, [2, 2, 2, 2], aa_layer=BlurPool2d, stem_width=32, stem_type="deep", avg_down=True)
+    return timm.create_model(arch, num_classes=1000)
+N, LR, MOMENTUM, WD = 4, 0.01, 0.9, 1e-4
+
+
+def case(out: Path, name, arch, nesterov, no_bn_bias_decay, label_smoothing, channels_last, S):
     torch.manual_seed(0)
-    m = torchvision.models.__dict__[arch](num_classes=1000)
+    m = model(arch)
     with torch.no_grad():
         for mod in m.modules():
             if isinstance(mod, torch.nn.BatchNorm2d):
@@ -82,6 +101,8 @@ def main():
     for arch in ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152"]:
         m = torchvision.models.__dict__[arch]()
         meta["keys"][arch] = {k: list(v.shape) for k, v in m.state_dict().items()}
+    for arch in TIMM:
+        meta["keys"][arch] = {k: list(v.shape) for k, v in model(arch).state_dict().items()}
     (out / "meta.json").write_text(json.dumps(meta))
 
 
