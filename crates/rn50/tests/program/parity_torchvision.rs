@@ -194,6 +194,21 @@ fn every_depth_has_torchvision_keys_and_shapes() {
     }
 }
 
+/// What the venv's Python prints (JSON) with `args`, run from the repository's root (where `benches/` is).
+fn python_from_the_repo<T: serde::de::DeserializeOwned>(args: &[&str]) -> T {
+    let out = common::python_output(
+        args,
+        Some(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))),
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// The PyTorch reference trainer (benches/reference_train.py, docs/imagenette.md) sets each step's rate as rn50's
 /// schedule does: warmup, step (given and default milestones), cosine to a floor, linear, flat then cosine (its
 /// default start and a given one), at every step of a short run, to the last bit but rounding.
@@ -259,17 +274,8 @@ fn the_reference_trainer_s_learning_rates_are_rn50_s() {
              r = json.loads('{recipe}'); r.setdefault('lr-end', 0.0); r.setdefault('lr-decay-start', None)\n\
              print(json.dumps([lr_at(r, {peak}, t) for t in json.loads(sys.argv[1])]))"
         );
-        let out = common::python_output(
-            &["-c", &script, &serde_json::to_string(&ts).unwrap()],
-            Some(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))),
-            &[],
-        );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let theirs: Vec<f64> = serde_json::from_slice(&out.stdout).unwrap();
+        let theirs: Vec<f64> =
+            python_from_the_repo(&["-c", &script, &serde_json::to_string(&ts).unwrap()]);
         assert_eq!(theirs.len(), ts.len());
         for (t, lr) in ts.iter().zip(theirs) {
             let ours = schedule.at(*t);
@@ -304,17 +310,7 @@ fn the_reference_trainer_builds_the_variants_rn50_names() {
          print(json.dumps(out))";
     let mut args = vec!["-c", script];
     args.extend(names);
-    let out = common::python_output(
-        &args,
-        Some(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))),
-        &[],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let theirs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let theirs: serde_json::Value = python_from_the_repo(&args);
     for name in names {
         let arch: Arch = name.parse().unwrap();
         let mut cfg = ResNetConfig::new(arch);
