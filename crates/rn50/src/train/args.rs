@@ -11,7 +11,7 @@ use rn50_pipeline::cli::AugmentArgs;
 use rn50_report::table::fmt_decimals;
 
 use crate::device::ComputeArgs;
-use crate::model::{Arch, ResNetConfig, Stem};
+use crate::model::{Arch, ResNetConfig, Stem, Variant};
 use crate::step::mix::MAX_MIX_ALPHA;
 use crate::train::foreign::ForeignFlags;
 
@@ -422,7 +422,7 @@ impl TrainArgs {
                      (one 3x3 conv, no pooling): use -a {}",
                     self.arch,
                     Arch {
-                        variant: crate::model::Variant::B,
+                        variant: Variant::B,
                         ..self.arch
                     }
                 ));
