@@ -226,3 +226,37 @@ pub(crate) fn load_for_inference(
     }
     Ok((model, c))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::weights::{save, Recorded};
+
+    /// `eval`, `classify` and `export` refuse a crop too small for the blur's reflection padding as a usage
+    /// error naming the crop, before any network runs; the plain network takes the same crop.
+    #[test]
+    fn a_crop_too_small_for_the_blur_is_a_usage_error() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, refused) in [("resnetblur18", true), ("resnet18", false)] {
+            let mut cfg = ResNetConfig::new(name.parse().unwrap());
+            cfg.width = 8;
+            let path = dir.path().join(format!("{name}.safetensors"));
+            let recorded = Recorded::of_run(&cfg, None, 64, imagenet_transform(73, 64));
+            save(&Model::new(cfg, tch::Device::Cpu), &path, &recorded).unwrap();
+            let file = WeightsFile::read(&path).unwrap();
+            let sizes = |crop| ValSizeArgs {
+                val_resize: Some(18),
+                val_crop: Some(crop),
+            };
+            assert!(Inference::new(&file, None, &sizes(17)).is_ok(), "{name}");
+            match Inference::new(&file, None, &sizes(16)) {
+                Err(e) => {
+                    assert!(refused, "{name}: {e:#}");
+                    let usage = e.downcast_ref::<UsageError>().expect("a usage error");
+                    assert!(usage.to_string().contains("--val-crop 16"), "{usage}");
+                }
+                Ok(_) => assert!(!refused, "{name}: accepted"),
+            }
+        }
+    }
+}
