@@ -239,21 +239,21 @@ impl ResNetConfig {
     /// ImageNet stem's conv and max pool, the first block of stages 2 to 4) maps `n` to `ceil(n / 2)`. Batch
     /// norm there sees batch × side² values per channel, the fewest of the network.
     pub fn last_stage_side(&self, side: usize) -> usize {
-        let halvings = match self.stem {
-            Stem::ImageNet => 5,
-            Stem::Cifar => 3,
-        };
-        (0..halvings).fold(side, |n, _| n.div_ceil(2))
+        halved(side, self.halvings())
     }
 
     /// The side of the smallest map the anti-aliasing blur pads ([`Arch::blur`]), for images of side `side`:
-    /// the last stage's input. Reflection padding needs 2 or more.
+    /// the last stage's input, one halving before the last. Reflection padding needs 2 or more.
     pub fn smallest_blur_input(&self, side: usize) -> usize {
-        let halvings = match self.stem {
-            Stem::ImageNet => 4,
-            Stem::Cifar => 2,
-        };
-        (0..halvings).fold(side, |n, _| n.div_ceil(2))
+        halved(side, self.halvings() - 1)
+    }
+
+    /// The stride-2 layers an image passes through.
+    fn halvings(&self) -> usize {
+        match self.stem {
+            Stem::ImageNet => 5,
+            Stem::Cifar => 3,
+        }
     }
 
     /// Whether images of side `side` run through the network (the message of a usage error if not): the
@@ -270,6 +270,11 @@ impl ResNetConfig {
         }
         Ok(())
     }
+}
+
+/// `side` after `times` stride-2 layers, each `n` → `ceil(n / 2)`.
+fn halved(side: usize, times: usize) -> usize {
+    (0..times).fold(side, |n, _| n.div_ceil(2))
 }
 
 const BN_EPS: f64 = 1e-5;
