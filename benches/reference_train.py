@@ -17,7 +17,9 @@ What it does, step for step as rn50:
   - torch.optim.SGD(momentum, nesterov, weight decay; --no-bn-wd: none on 1-D parameters, batch-norm and biases,
     as rn50 and torchvision's --norm-weight-decay 0 with --bias-weight-decay 0);
   - the rate of each step from rn50's schedule (crates/rn50/src/train/schedule.rs): linear warmup from 0 over
-    --warmup-epochs, then step/cosine/linear/flat-cos, evaluated at t = epoch + (batch + 1) / batches per epoch;
+    --warmup-epochs, then step/cosine/linear/flat-cos, or one-cycle (a cosine up from peak / --div-factor over
+    --warmup-epochs, then one down; the momentum cycled from --momentum to --base-momentum and back), evaluated
+    at t = epoch + (batch + 1) / batches per epoch;
     --lr, or --lr-base x global batch / --lr-base-size (default 0.1 per 256);
   - CrossEntropyLoss(label_smoothing); shuffled, drop_last batches; channels_last; autocast for bf16 and fp16
     (fp16 with torch.amp.GradScaler, rn50's default on a GPU);
@@ -55,6 +57,8 @@ DEFAULTS = {
     "lr-milestones": None,
     "lr-end": 0.0,
     "lr-decay-start": None,
+    "div-factor": None,
+    "base-momentum": None,
     "momentum": 0.9,
     "wd": 1e-4,
     "no-bn-wd": False,
@@ -89,10 +93,12 @@ def parse():
     p.add_argument("--lr-base", type=float)
     p.add_argument("--lr-base-size", type=int)
     p.add_argument("--warmup-epochs", type=float)
-    p.add_argument("--lr-schedule", choices=["step", "cosine", "linear", "flat-cos"])
+    p.add_argument("--lr-schedule", choices=["step", "cosine", "linear", "flat-cos", "one-cycle"])
     p.add_argument("--lr-milestones", type=lambda s: [float(x) for x in s.split(",")])
     p.add_argument("--lr-end", type=float)
     p.add_argument("--lr-decay-start", type=float)
+    p.add_argument("--div-factor", type=float)
+    p.add_argument("--base-momentum", type=float)
     p.add_argument("--momentum", type=float)
     p.add_argument("--wd", type=float)
     p.add_argument("--no-bn-wd", action="store_const", const=True)
@@ -141,27 +147,44 @@ def parse():
     return a, recipe
 
 
+def cosine(start, end, progress):
+    """Half a cosine from start (progress 0) to end (1), as torch.optim.lr_scheduler.OneCycleLR's _annealing_cos."""
+    return end + 0.5 * (start - end) * (1.0 + math.cos(math.pi * progress))
+
+
 def lr_at(r, peak, t):
     """rn50's LrSchedule::at: the rate of the step that ends at fractional epoch t."""
     w, epochs = r["warmup-epochs"], r["epochs"]
+    kind = r["lr-schedule"]
     if t < w:
+        if kind == "one-cycle":
+            return cosine(peak / (r["div-factor"] or 25.0), peak, max(t / w, 0.0))
         return peak * max(t / w, 0.0)
     progress = min(max((t - w) / (epochs - w), 0.0), 1.0)
-    kind = r["lr-schedule"]
     if kind == "step":
         milestones = r["lr-milestones"] or [30.0 * k for k in range(1, 1000) if 30 * k < epochs]
         return peak * 0.1 ** sum(1 for m in milestones if t >= m)
-    if kind == "cosine":
-        end = r["lr-end"]
-        return end + 0.5 * (peak - end) * (1.0 + math.cos(math.pi * progress))
+    if kind in ("cosine", "one-cycle"):
+        return cosine(peak, r["lr-end"], progress)
     if kind == "linear":
         return peak * (1.0 - progress)
     if kind == "flat-cos":
         start, end = r["lr-decay-start"], r["lr-end"]
         start = 0.75 * epochs if start is None else start
-        progress = min(max((t - start) / (epochs - start), 0.0), 1.0)
-        return end + 0.5 * (peak - end) * (1.0 + math.cos(math.pi * progress))
+        return cosine(peak, end, min(max((t - start) / (epochs - start), 0.0), 1.0))
     raise ValueError(kind)
+
+
+def momentum_at(r, t):
+    """rn50's LrSchedule::momentum_at: one cycle's momentum for the step that ends at epoch t (else --momentum)."""
+    top = r["momentum"]
+    if r["lr-schedule"] != "one-cycle":
+        return top
+    base = 0.85 if r["base-momentum"] is None else r["base-momentum"]
+    w, epochs = r["warmup-epochs"], r["epochs"]
+    if t < w:
+        return cosine(top, base, max(t / w, 0.0))
+    return cosine(base, top, min(max((t - w) / (epochs - w), 0.0), 1.0))
 
 
 def timm_resnet(arch, num_classes, zero_init_last):
@@ -278,9 +301,10 @@ def main():
             images, labels = next(it)
             wait += time.perf_counter() - w0
             images, labels = to_device(images, labels, dev, fmt)
-            last_lr = lr_at(r, peak, epoch + (i + 1) / steps)
+            t = epoch + (i + 1) / steps
+            last_lr, momentum = lr_at(r, peak, t), momentum_at(r, t)
             for group in opt.param_groups:
-                group["lr"] = last_lr
+                group["lr"], group["momentum"] = last_lr, momentum
             with torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
                 out = model(images)
                 loss = criterion(out.float(), labels)

@@ -128,7 +128,7 @@ impl TrainStep {
     pub fn step(&mut self, x: &Tensor, labels: &Tensor, lr: f64) -> Result<StepOutcome> {
         self.opt.zero_grad();
         let loss = self.backward(x, labels, 0, 1)?.loss;
-        let skipped = self.apply(lr)?;
+        let skipped = self.apply(lr, self.opt.config.momentum)?;
         Ok(StepOutcome { loss, skipped })
     }
 
@@ -173,19 +173,19 @@ impl TrainStep {
     }
 
     /// After the last `backward` of a step: (fp16) unscale and skip the update on overflow, else the
-    /// optimizer step. Returns whether the step was skipped, as a flag read on demand (on CUDA the whole
-    /// step runs without the host waiting for the GPU).
-    pub fn apply(&mut self, lr: f64) -> Result<Skipped> {
+    /// optimizer step at rate `lr` and `momentum`. Returns whether the step was skipped, as a flag read on
+    /// demand (on CUDA the whole step runs without the host waiting for the GPU).
+    pub fn apply(&mut self, lr: f64, momentum: f64) -> Result<Skipped> {
         Ok(match &mut self.scaler {
             Some(scaler) => {
                 scaler.unscale(&self.opt.grads())?;
-                self.opt.step(lr, Some(scaler.found_inf()))?;
+                self.opt.step(lr, momentum, Some(scaler.found_inf()))?;
                 let skipped = Skipped::from_flag(scaler.found_inf());
                 scaler.update()?;
                 skipped
             }
             None => {
-                self.opt.step(lr, None)?;
+                self.opt.step(lr, momentum, None)?;
                 Skipped::never()
             }
         })
@@ -283,7 +283,8 @@ mod tests {
             let x = acc.input.normalize(&images);
             let _ = acc.backward(&x, &labels, micro, 2).unwrap();
         }
-        assert!(!acc.apply(0.1).unwrap().get().unwrap());
+        let momentum = acc.opt.config.momentum;
+        assert!(!acc.apply(0.1, momentum).unwrap().get().unwrap());
         for ((name, a), (_, b)) in one.model.parameters().iter().zip(acc.model.parameters()) {
             let diff = f64::try_from((a - &b).abs().max()).unwrap();
             assert!(diff < 1e-6, "{name} differs by {diff}");

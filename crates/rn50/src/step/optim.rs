@@ -72,11 +72,11 @@ impl Sgd {
         }
     }
 
-    /// One update with learning rate `lr`, none where `found_inf` (fp16's overflow flag on the device) is set.
+    /// One update with learning rate `lr` and `momentum` (the config's, or one cycle's of this step), none where `found_inf` (fp16's overflow flag on the device) is set.
     /// Parameters without a gradient are skipped, as in PyTorch. On CUDA (LARS aside) the update is
     /// torch.optim.SGD(fused=True)'s kernel, which reads the flag itself, so the host never waits for the GPU;
     /// elsewhere the flag is read first.
-    pub fn step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<()> {
+    pub fn step(&mut self, lr: f64, momentum: f64, found_inf: Option<&Tensor>) -> Result<()> {
         let c = &self.config;
         let fused =
             c.lars_eta.is_none() && self.params().next().is_some_and(|p| p.device().is_cuda());
@@ -98,7 +98,7 @@ impl Sgd {
                 }
                 match c.lars_eta {
                     Some(eta) if p.dim() > 1 => {
-                        lars_update(p, &grad, b, lr, c.momentum, g.weight_decay, eta)
+                        lars_update(p, &grad, b, lr, momentum, g.weight_decay, eta)
                     }
                     _ => {
                         params.push(p.shallow_clone());
@@ -107,7 +107,7 @@ impl Sgd {
                     }
                 }
             }
-            let (m, wd) = (c.momentum, g.weight_decay);
+            let (m, wd) = (momentum, g.weight_decay);
             if fused {
                 shim::sgd_fused(&params, &grads, &bufs, lr, m, wd, c.nesterov, found_inf)?;
             } else {
@@ -193,6 +193,30 @@ mod tests {
         assert_eq!(opt.groups.len(), 1);
     }
 
+    /// Each step's momentum is the one given (one cycle's), not the config's: with a constant gradient 1, rate
+    /// 0.1, PyTorch's SGD has buf = 1 and w = 0.9 after the first step, then buf = m·1 + 1 and w = 0.9 - 0.1·buf.
+    #[test]
+    fn each_step_takes_the_momentum_it_is_given() {
+        for m in [0.5, 0.95] {
+            let w = param(&[1.0], &[1], &[1.0]);
+            let cfg = SgdConfig {
+                weight_decay: 0.0,
+                momentum: 0.9,
+                ..SgdConfig::default()
+            };
+            let mut opt = Sgd::new(vec![("w".into(), w.shallow_clone())], cfg);
+            opt.step(0.1, 0.9, None).unwrap();
+            assert!((values(&w)[0] - 0.9).abs() < 1e-6);
+            opt.step(0.1, m, None).unwrap();
+            let want = 0.9 - 0.1 * (m + 1.0);
+            assert!(
+                (values(&w)[0] as f64 - want).abs() < 1e-6,
+                "momentum {m}: {:?}",
+                values(&w)
+            );
+        }
+    }
+
     #[test]
     fn lars_scales_each_kernel_by_its_trust_ratio() {
         // ‖w‖ = 5, ‖g‖ = 1, wd = 0: trust = η·5 = 0.005; the 1-D bias gets plain SGD.
@@ -210,14 +234,14 @@ mod tests {
             ],
             cfg,
         );
-        opt.step(1.0, None).unwrap();
+        opt.step(1.0, 0.9, None).unwrap();
         let got = values(&w);
         for (a, want) in got.iter().zip([3.0 - 0.005 * 0.6, 4.0 - 0.005 * 0.8]) {
             assert!((a - want).abs() < 1e-6, "{got:?}");
         }
         assert!((values(&b)[0] - 0.5).abs() < 1e-6, "bias: 1 - 1.0·0.5");
         // Momentum carries lr·trust·g into the next step.
-        opt.step(1.0, None).unwrap();
+        opt.step(1.0, 0.9, None).unwrap();
         let w_norm = (2.997f64.powi(2) + 3.996f64.powi(2)).sqrt();
         let step2 = 0.9 * 0.005 + 0.001 * w_norm;
         assert!(

@@ -26,6 +26,11 @@ pub enum ScheduleKind {
     /// The peak rate until --lr-decay-start, then half a cosine to --lr-end (fast.ai's fit_flat_cos).
     #[serde(rename = "flat-cos")]
     FlatCos,
+    /// Over --warmup-epochs the rate rises along half a cosine from the peak / --div-factor, then falls along
+    /// half a cosine to --lr-end; momentum goes the other way, --momentum → --base-momentum → --momentum
+    /// (PyTorch's OneCycleLR, fast.ai's fit_one_cycle).
+    #[serde(rename = "one-cycle")]
+    OneCycle,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -109,16 +114,19 @@ pub struct TrainArgs {
     /// LARS trust coefficient η, above 0.
     #[arg(long, default_value_t = 0.001, value_parser = positive())]
     pub lars_eta: f64,
-    /// Linear warmup from 0 to the peak LR over this many epochs (fractions allowed), 0 to below --epochs.
+    /// Linear warmup from 0 to the peak LR over this many epochs (fractions allowed), 0 to below --epochs; for
+    /// --lr-schedule one-cycle, above 0: its rise (PyTorch's pct_start x --epochs).
     #[arg(long, alias = "lr-warmup-epochs", default_value_t = 0.0, value_parser = finite_in(0.0..))]
     pub warmup_epochs: f64,
     /// LR decay after warmup: step (÷10 at --lr-milestones), cosine (to --lr-end), linear (to 0), poly
     /// (end + (peak - end)·(1 - t)^--lr-poly-power, t going from 0 after the warmup to 1 at the last step:
-    /// MLPerf's LARS schedule) or flat-cos (the peak until --lr-decay-start, then cosine to --lr-end: fast.ai's
-    /// fit_flat_cos, which its Imagenette leaderboard entries use).
+    /// MLPerf's LARS schedule), flat-cos (the peak until --lr-decay-start, then cosine to --lr-end: fast.ai's
+    /// fit_flat_cos, which its Imagenette leaderboard entries use) or one-cycle (up from the peak / --div-factor
+    /// along a cosine over --warmup-epochs, then a cosine down to --lr-end, momentum cycled the other way from
+    /// --momentum to --base-momentum and back: PyTorch's OneCycleLR, fast.ai's fit_one_cycle).
     #[arg(long, alias = "sched", value_enum, default_value_t = ScheduleKind::Step)]
     pub lr_schedule: ScheduleKind,
-    /// The rate --lr-schedule cosine, poly or flat-cos decays to at the last step, 0 or more and below the peak
+    /// The rate --lr-schedule cosine, poly, flat-cos or one-cycle decays to at the last step, 0 or more and below the peak
     /// rate (MLPerf's LARS reference: 0.0001; timm's --min-lr).
     #[arg(long, visible_alias = "min-lr", default_value_t = 0.0, value_parser = finite_in(0.0..))]
     pub lr_end: f64,
@@ -126,6 +134,15 @@ pub struct TrainArgs {
     /// [default: 0.75 x --epochs, fast.ai's fit_flat_cos(pct_start=0.75)].
     #[arg(long, value_parser = finite_in(0.0..))]
     pub lr_decay_start: Option<f64>,
+    /// --lr-schedule one-cycle starts at the peak rate divided by this, 1 or more [default: 25, as PyTorch's
+    /// OneCycleLR and fast.ai].
+    #[arg(long, value_parser = finite_in(1.0..))]
+    pub div_factor: Option<f64>,
+    /// The momentum --lr-schedule one-cycle cycles down to at the peak rate (from --momentum at the start, back
+    /// to it at the end), 0 to --momentum; --momentum itself turns the cycling off [default: 0.85, as PyTorch's
+    /// OneCycleLR; fast.ai's moms=(0.95, 0.85, 0.95) is --momentum 0.95 with it].
+    #[arg(long, value_parser = finite_in(0.0..))]
+    pub base_momentum: Option<f64>,
     /// The power of --lr-schedule poly, above 0 (MLPerf's LARS: 2; 1 is linear).
     #[arg(long, default_value_t = 2.0, value_parser = positive())]
     pub lr_poly_power: f64,
@@ -353,10 +370,38 @@ impl TrainArgs {
         if self.lr_end != 0.0
             && !matches!(
                 self.lr_schedule,
-                ScheduleKind::Cosine | ScheduleKind::Poly | ScheduleKind::FlatCos
+                ScheduleKind::Cosine
+                    | ScheduleKind::Poly
+                    | ScheduleKind::FlatCos
+                    | ScheduleKind::OneCycle
             )
         {
-            return usage("--lr-end is for --lr-schedule cosine, poly or flat-cos".into());
+            return usage(
+                "--lr-end is for --lr-schedule cosine, poly, flat-cos or one-cycle".into(),
+            );
+        }
+        if self.lr_schedule == ScheduleKind::OneCycle {
+            if self.warmup_epochs == 0.0 {
+                return usage(format!(
+                    "--lr-schedule one-cycle rises over --warmup-epochs: give it above 0 (PyTorch's pct_start 0.3 \
+                     is --warmup-epochs {})",
+                    fmt_decimals(0.3 * self.epochs as f64, 3)
+                ));
+            }
+            let base = self
+                .base_momentum
+                .unwrap_or(crate::train::schedule::BASE_MOMENTUM);
+            if base > self.momentum {
+                return usage(format!(
+                    "--base-momentum {base} must be at most --momentum {}: one cycle's momentum goes from \
+                     --momentum down to --base-momentum at the peak rate and back",
+                    self.momentum
+                ));
+            }
+        } else if self.div_factor.is_some() || self.base_momentum.is_some() {
+            return usage(
+                "--div-factor and --base-momentum are for --lr-schedule one-cycle".into(),
+            );
         }
         if let Some(start) = self.lr_decay_start {
             if self.lr_schedule != ScheduleKind::FlatCos {
@@ -690,6 +735,51 @@ mod tests {
             error("-a resnetblur18 --augment cifar --image-size 32"),
             None
         );
+    }
+
+    /// one-cycle needs a rise (--warmup-epochs above 0) and momentum cycling down (--base-momentum at most
+    /// --momentum); --div-factor and --base-momentum are its own, and out of range is clap's exit 2.
+    #[test]
+    fn one_cycle_in_range() {
+        let error = |flags: &str| {
+            parse_for_test(&format!("--dummy {flags}"))
+                .map_err(|e| e.to_string())
+                .and_then(|a| a.check().map_err(|e| e.0))
+                .err()
+        };
+        for ok in [
+            "--lr-schedule one-cycle --epochs 5 --warmup-epochs 1.25",
+            "--lr-schedule one-cycle --epochs 5 --warmup-epochs 1 --momentum 0.95 --base-momentum 0.85 --div-factor 10 --lr-end 0.0001",
+            "--lr-schedule one-cycle --epochs 5 --warmup-epochs 1 --momentum 0.9 --base-momentum 0.9 --div-factor 1",
+        ] {
+            assert_eq!(error(ok), None, "{ok}");
+        }
+        for (flags, want) in [
+            (
+                "--lr-schedule one-cycle --epochs 10",
+                "is --warmup-epochs 3",
+            ),
+            (
+                "--lr-schedule one-cycle --epochs 5 --warmup-epochs 1 --momentum 0.8",
+                "--base-momentum 0.85 must be at most --momentum 0.8",
+            ),
+            (
+                "--lr-schedule cosine --base-momentum 0.85",
+                "are for --lr-schedule one-cycle",
+            ),
+            ("--div-factor 25", "are for --lr-schedule one-cycle"),
+            (
+                "--lr-schedule one-cycle --epochs 5 --warmup-epochs 1 --div-factor 0.5",
+                "--div-factor",
+            ),
+            (
+                "--lr-schedule one-cycle --epochs 5 --warmup-epochs 1 --base-momentum=-0.1",
+                "--base-momentum",
+            ),
+        ] {
+            let got = error(flags).unwrap_or_else(|| panic!("{flags}: accepted"));
+            assert!(got.contains(want), "{flags}: {got}");
+        }
     }
 
     #[test]

@@ -283,7 +283,10 @@ fn config(log: &mut MlLog, args: &TrainArgs, run: &RunShape) -> Result<()> {
             log.event("opt_learning_rate_decay_boundary_epochs", milestones)?;
             log.event("opt_learning_rate_decay_factor", gamma)?;
         }
-        Decay::Cosine { .. } | Decay::Linear | Decay::FlatCosine { .. } => {}
+        Decay::Cosine { .. }
+        | Decay::Linear
+        | Decay::FlatCosine { .. }
+        | Decay::OneCycle { .. } => {}
     }
     let decay_steps = (args.epochs as f64 - args.warmup_epochs) * run.per_epoch as f64;
     log.event(

@@ -1,5 +1,6 @@
 //! Learning-rate recipes for ImageNet training: linear scaling with the global batch (Goyal et al. 2017),
-//! gradual warmup, then a step, cosine, linear or polynomial decay, or a flat peak then a cosine. Time is measured in (fractional) epochs so the same
+//! gradual warmup, then a step, cosine, linear or polynomial decay, a flat peak then a cosine, or one cycle (the
+//! rate up and down along cosines, momentum the other way). Time is measured in (fractional) epochs so the same
 //! recipe holds for any batch size and world size.
 use std::f64::consts::PI;
 use std::fmt;
@@ -38,6 +39,11 @@ impl TrainArgs {
 /// `fit_flat_cos(pct_start=0.75)`.
 pub const FLAT_FRACTION: f64 = 0.75;
 
+/// `--lr-schedule one-cycle`'s defaults: PyTorch's `OneCycleLR(div_factor=25, base_momentum=0.85)` (fast.ai's
+/// `fit_one_cycle(div=25, moms=(0.95, 0.85, 0.95))`).
+pub const DIV_FACTOR: f64 = 25.0;
+pub const BASE_MOMENTUM: f64 = 0.85;
+
 /// The default step schedule's period in epochs: main.py's `StepLR(optimizer, step_size=30, gamma=0.1)`.
 pub const STEP_EVERY: usize = 30;
 
@@ -58,6 +64,16 @@ pub enum Decay {
     /// The peak until epoch `start`, then half a cosine down to `final_lr` at the last epoch: fast.ai's
     /// `fit_flat_cos` (its `pct_start`, 0.75 by default, is `start / epochs`).
     FlatCosine { start: f64, final_lr: f64 },
+    /// One cycle (Smith 2018; PyTorch's `OneCycleLR` with its cosine annealing, fast.ai's `fit_one_cycle`): over
+    /// the warmup the rate rises along half a cosine from `initial_lr` to the peak, then falls along half a
+    /// cosine to `final_lr` at the last epoch; momentum moves the other way, from `max_momentum` down to
+    /// `base_momentum` at the peak rate and back up to `max_momentum` at the end.
+    OneCycle {
+        initial_lr: f64,
+        final_lr: f64,
+        max_momentum: f64,
+        base_momentum: f64,
+    },
 }
 
 impl Decay {
@@ -108,6 +124,12 @@ impl LrSchedule {
                     .unwrap_or(FLAT_FRACTION * args.epochs as f64),
                 final_lr: args.lr_end,
             },
+            ScheduleKind::OneCycle => Decay::OneCycle {
+                initial_lr: peak / args.div_factor.unwrap_or(DIV_FACTOR),
+                final_lr: args.lr_end,
+                max_momentum: args.momentum,
+                base_momentum: args.base_momentum.unwrap_or(BASE_MOMENTUM),
+            },
         };
         Self::new(peak, args.warmup_epochs, args.epochs as f64, decay)
     }
@@ -132,9 +154,27 @@ impl LrSchedule {
                 bail!("the cosine must start from --warmup-epochs {warmup_epochs} to below --epochs {epochs} (got {start})");
             }
         }
+        if let Decay::OneCycle {
+            initial_lr,
+            max_momentum,
+            base_momentum,
+            ..
+        } = &decay
+        {
+            if warmup_epochs == 0.0 {
+                bail!("one cycle rises over --warmup-epochs: give it above 0 (fast.ai's and PyTorch's pct_start, 0.25 and 0.3, are 0.25 x --epochs and 0.3 x --epochs)");
+            }
+            if !(*initial_lr > 0.0 && *initial_lr <= peak_lr) {
+                bail!("one cycle starts at the peak rate / --div-factor: it must be above 0 and at most the peak {peak_lr} (got {initial_lr})");
+            }
+            if !(0.0..=*max_momentum).contains(base_momentum) {
+                bail!("--base-momentum {base_momentum} must be from 0 to --momentum {max_momentum}, where one cycle's momentum starts and ends");
+            }
+        }
         if let Decay::Cosine { final_lr }
         | Decay::Poly { final_lr, .. }
-        | Decay::FlatCosine { final_lr, .. } = &decay
+        | Decay::FlatCosine { final_lr, .. }
+        | Decay::OneCycle { final_lr, .. } = &decay
         {
             if !(0.0..peak_lr).contains(final_lr) {
                 bail!("--lr-end {final_lr} must be 0 or more and below the peak rate {peak_lr}");
@@ -155,10 +195,15 @@ impl LrSchedule {
 
     /// The rate for the step that ends at fractional epoch `t` (epoch + (batch + 1) / batches_per_epoch):
     /// during warmup it rises linearly from ~0 to the peak, reaching it at `warmup_epochs`.
+    /// One cycle's warmup instead follows half a cosine up from its initial rate.
     pub fn at(&self, t: f64) -> f64 {
         let w = self.warmup_epochs;
         if t < w {
-            return self.peak_lr * (t / w).max(0.0);
+            let rise = (t / w).max(0.0);
+            return match &self.decay {
+                Decay::OneCycle { initial_lr, .. } => cosine(*initial_lr, self.peak_lr, rise),
+                _ => self.peak_lr * rise,
+            };
         }
         let progress = ((t - w) / (self.epochs - w)).clamp(0.0, 1.0);
         match &self.decay {
@@ -166,8 +211,8 @@ impl LrSchedule {
                 let passed = milestones.iter().filter(|&&m| t >= m).count();
                 self.peak_lr * gamma.powi(passed as i32)
             }
-            Decay::Cosine { final_lr } => {
-                final_lr + 0.5 * (self.peak_lr - final_lr) * (1.0 + (PI * progress).cos())
+            Decay::Cosine { final_lr } | Decay::OneCycle { final_lr, .. } => {
+                cosine(self.peak_lr, *final_lr, progress)
             }
             Decay::Linear => self.peak_lr * (1.0 - progress),
             Decay::Poly { power, final_lr } => {
@@ -175,10 +220,36 @@ impl LrSchedule {
             }
             Decay::FlatCosine { start, final_lr } => {
                 let progress = ((t - start) / (self.epochs - start)).clamp(0.0, 1.0);
-                final_lr + 0.5 * (self.peak_lr - final_lr) * (1.0 + (PI * progress).cos())
+                cosine(self.peak_lr, *final_lr, progress)
             }
         }
     }
+
+    /// The momentum for the step that ends at fractional epoch `t` where the schedule sets it (one cycle: the
+    /// mirror of its rate, from `max_momentum` to `base_momentum` over the warmup and back by the last epoch),
+    /// None where the optimizer's `--momentum` holds throughout.
+    pub fn momentum_at(&self, t: f64) -> Option<f64> {
+        let Decay::OneCycle {
+            max_momentum,
+            base_momentum,
+            ..
+        } = self.decay
+        else {
+            return None;
+        };
+        let w = self.warmup_epochs;
+        Some(if t < w {
+            cosine(max_momentum, base_momentum, (t / w).max(0.0))
+        } else {
+            let progress = ((t - w) / (self.epochs - w)).clamp(0.0, 1.0);
+            cosine(base_momentum, max_momentum, progress)
+        })
+    }
+}
+
+/// Half a cosine from `from` (at `progress` 0) to `to` (at 1): PyTorch's `_annealing_cos`.
+fn cosine(from: f64, to: f64, progress: f64) -> f64 {
+    to + 0.5 * (from - to) * (1.0 + (PI * progress).cos())
 }
 
 impl fmt::Display for LrSchedule {
@@ -201,6 +272,21 @@ impl fmt::Display for LrSchedule {
                 "flat until epoch {}, then cosine to {}",
                 fmt_epochs(&[*start]),
                 fmt_lr(*final_lr)
+            ),
+            Decay::OneCycle {
+                initial_lr,
+                final_lr,
+                max_momentum,
+                base_momentum,
+            } => format!(
+                "one cycle: up from {} along a cosine, then cosine to {}, {}",
+                fmt_lr(*initial_lr),
+                fmt_lr(*final_lr),
+                if base_momentum < max_momentum {
+                    format!("momentum {max_momentum} → {base_momentum} → {max_momentum}")
+                } else {
+                    format!("momentum {max_momentum} throughout")
+                }
             ),
         };
         write!(
@@ -406,6 +492,95 @@ mod tests {
             };
             assert!(LrSchedule::new(1.0, 1.0, 20.0, decay).is_err(), "{start}");
         }
+    }
+
+    /// One cycle as PyTorch's OneCycleLR(anneal_strategy="cos") draws it: up from peak/25 along half a cosine,
+    /// down along another; momentum the mirror image, 0.95 → 0.85 → 0.95.
+    #[test]
+    fn one_cycle_rate_and_momentum() {
+        let decay = Decay::OneCycle {
+            initial_lr: 0.04,
+            final_lr: 0.001,
+            max_momentum: 0.95,
+            base_momentum: 0.85,
+        };
+        let s = LrSchedule::new(1.0, 2.0, 10.0, decay).unwrap();
+        let m = |t| s.momentum_at(t).unwrap();
+        assert!(close(s.at(0.0), 0.04) && close(m(0.0), 0.95), "the start");
+        assert!(close(s.at(1.0), 0.52) && close(m(1.0), 0.9), "half way up");
+        assert!(close(s.at(2.0), 1.0) && close(m(2.0), 0.85), "the peak");
+        assert!(
+            close(s.at(6.0), 0.5005) && close(m(6.0), 0.9),
+            "half way down"
+        );
+        assert!(close(s.at(10.0), 0.001) && close(m(10.0), 0.95), "the end");
+        let rates: Vec<f64> = (0..=100).map(|i| s.at(i as f64 / 10.0)).collect();
+        assert!(rates[..20].windows(2).all(|w| w[1] > w[0]), "rising");
+        assert!(rates[20..].windows(2).all(|w| w[1] < w[0]), "falling");
+        // Every rate and its momentum move in opposite directions, by the same fraction of their ranges.
+        for i in 0..=100 {
+            let t = i as f64 / 10.0;
+            let range = if t < 2.0 { 1.0 - 0.04 } else { 1.0 - 0.001 };
+            let low = if t < 2.0 { 0.04 } else { 0.001 };
+            assert!(close((s.at(t) - low) / range, (0.95 - m(t)) / 0.1), "{t}");
+        }
+        assert_eq!(
+            LrSchedule::new(1.0, 2.0, 10.0, Decay::Cosine { final_lr: 0.0 })
+                .unwrap()
+                .momentum_at(1.0),
+            None,
+            "only one cycle sets the momentum"
+        );
+        let with = |warmup, initial_lr, base_momentum| {
+            let decay = Decay::OneCycle {
+                initial_lr,
+                final_lr: 0.0,
+                max_momentum: 0.9,
+                base_momentum,
+            };
+            LrSchedule::new(1.0, warmup, 10.0, decay).map(|_| ())
+        };
+        assert!(with(1.0, 1.0, 0.9).is_ok(), "no rise, no cycling");
+        assert!(with(0.0, 0.04, 0.85).is_err(), "no warmup");
+        assert!(with(1.0, 0.0, 0.85).is_err(), "starting at 0");
+        assert!(with(1.0, 1.5, 0.85).is_err(), "starting above the peak");
+        assert!(with(1.0, 0.04, 0.95).is_err(), "base above max momentum");
+    }
+
+    /// The flags' one cycle: PyTorch's defaults where none is given (div_factor 25, base_momentum 0.85), the
+    /// momentum cycled from --momentum.
+    #[test]
+    fn one_cycle_of_the_flags() {
+        let of = |flags: &str| {
+            let args = crate::train::args::parse_for_test(&format!(
+                "--dummy --epochs 5 --warmup-epochs 1.25 {flags}"
+            ))
+            .unwrap();
+            LrSchedule::of_args(&args, 0.4).unwrap()
+        };
+        let s = of("--lr-schedule one-cycle --momentum 0.95");
+        assert_eq!(
+            s.decay,
+            Decay::OneCycle {
+                initial_lr: 0.4 / 25.0,
+                final_lr: 0.0,
+                max_momentum: 0.95,
+                base_momentum: 0.85
+            }
+        );
+        assert!(s.to_string().contains("momentum 0.95 → 0.85 → 0.95"), "{s}");
+        let s = of("--lr-schedule one-cycle --div-factor 10 --base-momentum 0.9 --lr-end 0.001");
+        assert_eq!(
+            s.decay,
+            Decay::OneCycle {
+                initial_lr: 0.04,
+                final_lr: 0.001,
+                max_momentum: 0.9,
+                base_momentum: 0.9
+            }
+        );
+        assert!(s.to_string().contains("momentum 0.9 throughout"), "{s}");
+        assert_eq!(s.momentum_at(1.0), Some(0.9));
     }
 
     #[test]

@@ -761,10 +761,8 @@ impl<'a> Trainer<'a> {
             }
             // Counted once the step is taken (a stopped one is fetched again on resume).
             run.bad_images += agreed.bad_images;
-            lr = self
-                .state
-                .schedule
-                .at(epoch as f64 + (s + 1) as f64 / per_epoch as f64);
+            let t = epoch as f64 + (s + 1) as f64 / per_epoch as f64;
+            lr = self.state.schedule.at(t);
             let trained: Vec<DeviceBatch> = fetched
                 .batches
                 .into_iter()
@@ -779,7 +777,11 @@ impl<'a> Trainer<'a> {
                 self.state.step.opt.zero_grad();
                 let stepped = self.forward_backward(trained, epoch, s, &mut prog)?;
                 let _ = run.correct1.g_add_(&stepped.correct1);
-                let skipped = self.state.step.apply(lr)?;
+                let step = &mut self.state.step;
+                // One cycle moves the momentum with the rate; other schedules keep --momentum.
+                let momentum = self.state.schedule.momentum_at(t);
+                let momentum = momentum.unwrap_or(step.opt.config.momentum);
+                let skipped = step.apply(lr, momentum)?;
                 if let Some(l) = &mut self.log {
                     l.taken();
                 }

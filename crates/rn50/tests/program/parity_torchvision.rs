@@ -211,7 +211,8 @@ fn python_from_the_repo<T: serde::de::DeserializeOwned>(args: &[&str]) -> T {
 
 /// The PyTorch reference trainer (benches/reference_train.py, docs/imagenette.md) sets each step's rate as rn50's
 /// schedule does: warmup, step (given and default milestones), cosine to a floor, linear, flat then cosine (its
-/// default start and a given one), at every step of a short run, to the last bit but rounding.
+/// default start and a given one), one cycle (its defaults and given ones), at every step of a short run, to the
+/// last bit but rounding; and each step's momentum, which only one cycle moves.
 #[test]
 fn the_reference_trainer_s_learning_rates_are_rn50_s() {
     use rn50::train::schedule::{Decay, LrSchedule};
@@ -258,6 +259,28 @@ fn the_reference_trainer_s_learning_rates_are_rn50_s() {
                 final_lr: 0.002,
             },
         ),
+        (
+            r#"{"warmup-epochs": 1.25, "epochs": 5, "lr-schedule": "one-cycle", "momentum": 0.95}"#,
+            1.25,
+            5.0,
+            Decay::OneCycle {
+                initial_lr: 0.4 / rn50::train::schedule::DIV_FACTOR,
+                final_lr: 0.0,
+                max_momentum: 0.95,
+                base_momentum: rn50::train::schedule::BASE_MOMENTUM,
+            },
+        ),
+        (
+            r#"{"warmup-epochs": 2.0, "epochs": 6, "lr-schedule": "one-cycle", "div-factor": 10.0, "base-momentum": 0.8, "lr-end": 0.001}"#,
+            2.0,
+            6.0,
+            Decay::OneCycle {
+                initial_lr: 0.04,
+                final_lr: 0.001,
+                max_momentum: 0.9,
+                base_momentum: 0.8,
+            },
+        ),
     ];
     let steps_per_epoch = 7;
     let peak = 0.4;
@@ -270,20 +293,84 @@ fn the_reference_trainer_s_learning_rates_are_rn50_s() {
             })
             .collect();
         let script = format!(
-            "import json, sys; sys.path.insert(0, 'benches'); from reference_train import lr_at\n\
-             r = json.loads('{recipe}'); r.setdefault('lr-end', 0.0); r.setdefault('lr-decay-start', None)\n\
-             print(json.dumps([lr_at(r, {peak}, t) for t in json.loads(sys.argv[1])]))"
+            "import json, sys; sys.path.insert(0, 'benches'); import reference_train as ref\n\
+             r = dict(ref.DEFAULTS); r.update(json.loads('{recipe}'))\n\
+             print(json.dumps([(ref.lr_at(r, {peak}, t), ref.momentum_at(r, t)) \
+                               for t in json.loads(sys.argv[1])]))"
         );
-        let theirs: Vec<f64> =
+        let theirs: Vec<(f64, f64)> =
             python_from_the_repo(&["-c", &script, &serde_json::to_string(&ts).unwrap()]);
         assert_eq!(theirs.len(), ts.len());
-        for (t, lr) in ts.iter().zip(theirs) {
+        for (t, (lr, momentum)) in ts.iter().zip(theirs) {
             let ours = schedule.at(*t);
             assert!(
                 (ours - lr).abs() <= 1e-12 * peak,
                 "{recipe} at epoch {t}: rn50 {ours}, reference {lr}"
             );
+            // Only one cycle moves the momentum; the others keep --momentum (the reference's default, 0.9).
+            let ours = schedule.momentum_at(*t).unwrap_or(0.9);
+            assert!(
+                (ours - momentum).abs() <= 1e-12,
+                "{recipe} at epoch {t}: rn50's momentum {ours}, reference {momentum}"
+            );
         }
+    }
+}
+
+/// `--lr-schedule one-cycle` is PyTorch's `OneCycleLR(anneal_strategy="cos", cycle_momentum=True)` for the same
+/// peak, rise, divisors and momenta: from the peak on, step for step to rounding (both count the fall from the
+/// peak's step to the last); during the rise within one step's change of it, since OneCycleLR's step i is at
+/// i / (rise - 1) of the way up and rn50's at (i + 1) / rise (so both start the peak at the same step).
+#[test]
+fn one_cycle_is_pytorch_s_one_cycle_lr() {
+    use rn50::train::schedule::{Decay, LrSchedule};
+    let (per_epoch, epochs, warmup, peak) = (8usize, 5usize, 1.25, 0.4);
+    let decay = Decay::OneCycle {
+        initial_lr: peak / 10.0,
+        final_lr: 0.001,
+        max_momentum: 0.95,
+        base_momentum: 0.85,
+    };
+    let schedule = LrSchedule::new(peak, warmup, epochs as f64, decay).unwrap();
+    let total = per_epoch * epochs;
+    let script = format!(
+        "import json, torch\n\
+         opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0, momentum=0.9, nesterov=True)\n\
+         s = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr={peak}, total_steps={total}, pct_start={warmup} / {epochs}, \
+             anneal_strategy='cos', cycle_momentum=True, base_momentum=0.85, max_momentum=0.95, div_factor=10.0, \
+             final_div_factor=40.0)\n\
+         out = []\n\
+         for i in range({total}):\n\
+         \x20   g = opt.param_groups[0]; out.append((g['lr'], g['momentum'])); opt.step()\n\
+         \x20   if i + 1 < {total}: s.step()\n\
+         print(json.dumps(out))"
+    );
+    let theirs: Vec<(f64, f64)> = python_from_the_repo(&["-c", &script]);
+    assert_eq!(theirs.len(), total);
+    let ours: Vec<(f64, f64)> = (0..total)
+        .map(|i| {
+            let t = (i + 1) as f64 / per_epoch as f64;
+            (schedule.at(t), schedule.momentum_at(t).unwrap())
+        })
+        .collect();
+    let peak_step = (warmup * per_epoch as f64) as usize - 1;
+    assert_eq!(theirs[peak_step].0, peak, "OneCycleLR's peak step");
+    // During the rise rn50's step i lies between OneCycleLR's steps i and i + 1 ((i + 1) / 10 of the way up
+    // against i / 9 and (i + 1) / 9).
+    let next_change = |i: usize| {
+        let (a, b) = (theirs[i], theirs[i + 1]);
+        ((a.0 - b.0).abs() + 1e-12, (a.1 - b.1).abs() + 1e-12)
+    };
+    for (i, (&(lr, m), &(their_lr, their_m))) in ours.iter().zip(&theirs).enumerate() {
+        let (lr_tol, m_tol) = if i < peak_step {
+            next_change(i)
+        } else {
+            (1e-12 * peak, 1e-12)
+        };
+        assert!(
+            (lr - their_lr).abs() <= lr_tol && (m - their_m).abs() <= m_tol,
+            "step {i}: rn50 lr {lr} momentum {m}, OneCycleLR {their_lr} {their_m} (tolerance {lr_tol}, {m_tol})"
+        );
     }
 }
 
