@@ -39,16 +39,25 @@ use serde::Serialize;
 use crate::schema::{bench_hardware_label, read_json, BenchResult};
 use crate::table::{fmt_pct, fmt_rate, Align, Cell, Column, Table};
 
-/// torchvision's parameter counts.
+/// The parameters of `arch` with 1000 classes: torchvision's counts for its five ResNets, and timm's variants by
+/// rn50's names (`-a`): ResNet-C and -D (suffix c or d) have the deep stem's 19,232 more (three 3x3 convs and
+/// their batch norms for the 7x7 conv and its; -D's average pools have none), and the blur (prefix
+/// `resnetblur`) has none.
 pub fn param_count(arch: &str) -> Option<u64> {
-    Some(match arch {
+    let name = arch.replacen("resnetblur", "resnet", 1);
+    let (plain, deep_stem) = match name.strip_suffix(['c', 'd']) {
+        Some(plain) => (plain, 19_232),
+        None => (name.as_str(), 0),
+    };
+    let torchvision = match plain {
         "resnet18" => 11_689_512,
         "resnet34" => 21_797_672,
         "resnet50" => 25_557_032,
         "resnet101" => 44_549_160,
         "resnet152" => 60_192_808,
         _ => return None,
-    })
+    };
+    Some(torchvision + deep_stem)
 }
 
 /// Links with the all-reduce bus bandwidth a ring reaches on them and a per-step latency. Round figures from
@@ -663,7 +672,7 @@ pub fn model_from_args(a: &ScalingArgs) -> anyhow::Result<ScalingModel> {
         Some(g) => g,
         None => param_count(arch)
             .with_context(|| {
-                format!("unknown arch {arch:?} (resnet18/34/50/101/152): give --grad-bytes")
+                format!("unknown arch {arch:?} (resnet18/34/50/101/152, resnet50d, resnetblur50d...): give --grad-bytes")
             })?
             .saturating_mul(a.bytes_per_param),
     };
@@ -968,6 +977,13 @@ mod tests {
     fn resnet50_gradient_bytes() {
         assert_eq!(param_count("resnet50").unwrap() * 4, 102_228_128);
         assert_eq!(param_count("resnet9"), None);
+        // timm's own counts (timm 1.0.31: sum of resnet50d's and resnetblur18d's parameters).
+        assert_eq!(param_count("resnet50d"), Some(25_576_264));
+        assert_eq!(param_count("resnetblur18d"), Some(11_708_744));
+        assert_eq!(param_count("resnetblur50"), param_count("resnet50"));
+        for bad in ["resnet50e", "resnetblur", "resnet50dd", "blur50"] {
+            assert_eq!(param_count(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -124,6 +124,26 @@ mod tests {
         }
     }
 
+    /// `rn50 scaling` sizes the gradients by name (rn50_report::scaling::param_count, built without libtorch):
+    /// every name of every depth, variant and blur counts what the network has.
+    #[test]
+    fn the_scaling_model_counts_every_variant_s_parameters() {
+        for depth in Depth::ALL {
+            for variant in [Variant::B, Variant::C, Variant::D] {
+                for blur in [false, true] {
+                    let arch = Arch {
+                        depth,
+                        variant,
+                        blur,
+                    };
+                    let m = Model::new(ResNetConfig::new(arch), Device::Cpu);
+                    let counted = rn50_report::scaling::param_count(&arch.name());
+                    assert_eq!(counted, Some(m.num_parameters() as u64), "{arch}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn shapes_and_key_names() {
         let m = Model::new(ResNetConfig::new(Arch::ResNet50), Device::Cpu);
