@@ -4,7 +4,8 @@
 //!   (autocast, foreach optimizer ops, device queries, what tch 0.26 lacks), fused_bn.cpp (the fused cuDNN batch
 //!   norm + ReLU of a CUDA build), pool.cpp (the max-pool through cuDNN without an index tensor), profile.cpp (the
 //!   Kineto profiler) and fused_block.cpp (the bottleneck with batch norm folded into the convolutions, ATen stages
-//!   everywhere and cuDNN graphs in a CUDA build);
+//!   everywhere and cuDNN graphs in a CUDA build) and graph.cpp (a training step captured as one CUDA graph, and
+//!   the side stream it is captured on);
 //! - cpp/c10d.cpp, rn50-distributed's (TCPStore, ProcessGroupGloo/NCCL, Reducer). Gloo's own headers are not in
 //!   the wheel; they come from Debian's libgloo-dev (/usr/include/gloo), which matches the wheel's
 //!   ProcessGroupGloo.hpp.
@@ -25,6 +26,7 @@ fn main() {
         "cpp/pool.cpp",
         "cpp/profile.cpp",
         "cpp/fused_block.cpp",
+        "cpp/graph.cpp",
         "cpp/c10d.cpp",
     ] {
         println!("cargo:rerun-if-changed={file}");

@@ -23,6 +23,8 @@ use anyhow::{anyhow, bail, Result};
 use tch::{Device, Kind, Tensor};
 use torch_sys::C_tensor;
 
+use crate::step::optim::Rate;
+
 mod ffi {
     // The library these functions are in (linked into every binary that links this crate).
     extern crate rn50_shim;
@@ -63,6 +65,7 @@ mod ffi {
             bufs: *const *const C_tensor,
             n: usize,
             lr: f64,
+            lr_tensor: *const C_tensor,
             momentum: f64,
             weight_decay: f64,
             nesterov: c_int,
@@ -133,6 +136,25 @@ mod ffi {
         pub fn rn50_profile_len(p: *const RawProfile) -> usize;
         pub fn rn50_profile_event(p: *const RawProfile, i: usize, out: *mut RawEvent) -> c_int;
         pub fn rn50_profile_free(p: *mut RawProfile);
+        pub fn rn50_graph_last_error() -> *const c_char;
+        pub fn rn50_side_stream_enter(device: c_int, out: *mut *mut RawSideStream) -> c_int;
+        pub fn rn50_side_stream_exit(s: *mut RawSideStream) -> c_int;
+        pub fn rn50_graph_capture_begin(out: *mut *mut RawGraph) -> c_int;
+        pub fn rn50_graph_capture_end(g: *mut RawGraph) -> c_int;
+        pub fn rn50_graph_replay(g: *mut RawGraph) -> c_int;
+        pub fn rn50_graph_free(g: *mut RawGraph);
+    }
+
+    /// crates/shim/cpp/graph.cpp's Rn50SideStream, only ever behind a pointer.
+    #[repr(C)]
+    pub struct RawSideStream {
+        _private: [u8; 0],
+    }
+
+    /// crates/shim/cpp/graph.cpp's Rn50Graph, only ever behind a pointer.
+    #[repr(C)]
+    pub struct RawGraph {
+        _private: [u8; 0],
     }
 
     /// crates/shim/cpp/profile.cpp's Rn50ProfileEvent.
@@ -186,6 +208,12 @@ mod ffi {
     pub fn profile_last_error() -> String {
         // SAFETY: as in `last_error`.
         unsafe { message(rn50_profile_last_error()) }
+    }
+
+    /// The same for `crates/shim/cpp/graph.cpp`.
+    pub fn graph_last_error() -> String {
+        // SAFETY: as in `last_error`.
+        unsafe { message(rn50_graph_last_error()) }
     }
 
     /// # Safety
@@ -479,55 +507,77 @@ pub fn sgd_foreach(
     weight_decay: f64,
     nesterov: bool,
 ) -> Result<()> {
-    sgd(
-        params,
-        grads,
-        bufs,
-        lr,
-        momentum,
-        weight_decay,
-        nesterov,
-        None,
-    )
+    check_sgd_lists(params, grads, bufs, momentum)?;
+    let (p, g, b) = (
+        ffi::handles(params),
+        ffi::handles(grads),
+        ffi::handles(bufs),
+    );
+    // SAFETY: arrays of live tensor handles of the stated length.
+    let rc = unsafe {
+        ffi::rn50_sgd_foreach(
+            p.as_ptr(),
+            g.as_ptr(),
+            b.as_ptr(),
+            p.len(),
+            lr,
+            momentum,
+            weight_decay,
+            nesterov as c_int,
+        )
+    };
+    check(rc, "SGD step")
 }
 
 /// The same update through torch.optim.SGD's fused CUDA kernel, skipped on the device where `found_inf`
-/// (fp16's overflow flag) is 1: no host sync. CUDA tensors only.
+/// (fp16's overflow flag) is 1: no host sync. CUDA tensors only. The rate is a number or, [`Rate::Device`], a
+/// one-element fp32 tensor on the parameters' device that the kernel reads (`_fused_sgd_`'s `tensor_lr` overload).
 #[allow(clippy::too_many_arguments)]
-pub fn sgd_fused(
+pub fn sgd_fused<'a>(
     params: &[Tensor],
     grads: &[Tensor],
     bufs: &[Tensor],
-    lr: f64,
+    lr: impl Into<Rate<'a>>,
     momentum: f64,
     weight_decay: f64,
     nesterov: bool,
     found_inf: Option<&Tensor>,
 ) -> Result<()> {
+    check_sgd_lists(params, grads, bufs, momentum)?;
+    let (p, g, b) = (
+        ffi::handles(params),
+        ffi::handles(grads),
+        ffi::handles(bufs),
+    );
+    let (lr, lr_tensor) = match lr.into() {
+        Rate::Value(v) => (v, std::ptr::null()),
+        Rate::Device(t) => (f64::NAN, t.as_ptr()),
+    };
     let inf = found_inf.map_or(std::ptr::null(), |t| t.as_ptr());
-    sgd(
-        params,
-        grads,
-        bufs,
-        lr,
-        momentum,
-        weight_decay,
-        nesterov,
-        Some(inf),
-    )
+    // SAFETY: arrays of live tensor handles of the stated length; lr_tensor and found_inf live handles or null.
+    let rc = unsafe {
+        ffi::rn50_sgd_fused(
+            p.as_ptr(),
+            g.as_ptr(),
+            b.as_ptr(),
+            p.len(),
+            lr,
+            lr_tensor,
+            momentum,
+            weight_decay,
+            nesterov as c_int,
+            inf,
+        )
+    };
+    check(rc, "SGD step")
 }
 
-/// `fused`: None for the foreach kernels, else the fused one with this found_inf handle (may be null).
-#[allow(clippy::too_many_arguments)]
-fn sgd(
+/// One gradient per parameter, and one momentum buffer each where there is momentum.
+fn check_sgd_lists(
     params: &[Tensor],
     grads: &[Tensor],
     bufs: &[Tensor],
-    lr: f64,
     momentum: f64,
-    weight_decay: f64,
-    nesterov: bool,
-    fused: Option<*const C_tensor>,
 ) -> Result<()> {
     let n = params.len();
     if grads.len() != n || (momentum != 0.0 && bufs.len() != n) {
@@ -537,39 +587,7 @@ fn sgd(
             bufs.len()
         );
     }
-    let (p, g, b) = (
-        ffi::handles(params),
-        ffi::handles(grads),
-        ffi::handles(bufs),
-    );
-    let nesterov = nesterov as c_int;
-    // SAFETY: arrays of live tensor handles of the stated length; found_inf a live handle or null.
-    let rc = unsafe {
-        match fused {
-            None => ffi::rn50_sgd_foreach(
-                p.as_ptr(),
-                g.as_ptr(),
-                b.as_ptr(),
-                n,
-                lr,
-                momentum,
-                weight_decay,
-                nesterov,
-            ),
-            Some(inf) => ffi::rn50_sgd_fused(
-                p.as_ptr(),
-                g.as_ptr(),
-                b.as_ptr(),
-                n,
-                lr,
-                momentum,
-                weight_decay,
-                nesterov,
-                inf,
-            ),
-        }
-    };
-    check(rc, "SGD step")
+    Ok(())
 }
 
 /// GradScaler.unscale_: multiply grads by `inv_scale`; set `found_inf` to 1 if any is inf/NaN.
@@ -827,6 +845,90 @@ impl Drop for Profiler {
                 }
             }
         }
+    }
+}
+
+/// [`ffi::check`] for `crates/shim/cpp/graph.cpp`, the message prefixed with what was attempted.
+fn graph_check(rc: c_int, what: &str) -> Result<()> {
+    if rc == 0 {
+        return Ok(());
+    }
+    bail!("{what}: {}", ffi::graph_last_error())
+}
+
+/// A side stream of a CUDA device, current on this thread while the guard lives (`with torch.cuda.stream(s)`): it
+/// starts after the work already queued on the stream that was current, and when the guard is dropped that stream
+/// waits for the side stream's work and is current again. CUDA graphs are warmed up and captured on one
+/// (`crates/shim/cpp/graph.cpp`). Not `Send`: the current stream is the thread's.
+#[must_use = "the side stream is current until the guard is dropped"]
+pub struct SideStream(*mut ffi::RawSideStream);
+
+impl SideStream {
+    /// Enters a side stream of CUDA device `device` (fails in a build without CUDA).
+    pub fn enter(device: usize) -> Result<SideStream> {
+        let mut raw: *mut ffi::RawSideStream = std::ptr::null_mut();
+        // SAFETY: an out-parameter; on success the shim stores a heap object freed by exit in Drop.
+        graph_check(
+            unsafe { ffi::rn50_side_stream_enter(device as c_int, &mut raw) },
+            "entering a side CUDA stream",
+        )?;
+        Ok(SideStream(raw))
+    }
+}
+
+impl Drop for SideStream {
+    fn drop(&mut self) {
+        // SAFETY: the object enter made, freed here once; recording and waiting on an event cannot fail short of
+        // a broken CUDA context, which the next CUDA call reports.
+        let rc = unsafe { ffi::rn50_side_stream_exit(self.0) };
+        debug_assert_eq!(rc, 0, "{}", ffi::graph_last_error());
+    }
+}
+
+/// A CUDA graph (`at::cuda::CUDAGraph`): the work queued on the current stream during [`CudaGraph::capture`],
+/// launched again by [`CudaGraph::replay`] with the same kernels on the same memory. Tensors the captured work
+/// allocated live in the graph's private memory pool as long as it; tensors it only used must be kept alive by the
+/// caller as long as the graph is replayed.
+pub struct CudaGraph(*mut ffi::RawGraph);
+
+impl CudaGraph {
+    /// Captures the CUDA work `work` queues on the current stream, which must be a [`SideStream`], after a device
+    /// synchronize and with the allocator's cache emptied (as `torch.cuda.graph`). The work is recorded, not run.
+    /// Fails in a build without CUDA; when `work` fails, the capture is ended and its error returned.
+    pub fn capture<T>(work: impl FnOnce() -> Result<T>) -> Result<(CudaGraph, T)> {
+        let mut raw: *mut ffi::RawGraph = std::ptr::null_mut();
+        // SAFETY: an out-parameter; on success the shim stores a heap graph, owned by `graph` from here on.
+        graph_check(
+            unsafe { ffi::rn50_graph_capture_begin(&mut raw) },
+            "beginning a CUDA graph capture",
+        )?;
+        let graph = CudaGraph(raw);
+        let out = work();
+        // SAFETY: the graph begun above, on this thread and stream.
+        let end = graph_check(
+            unsafe { ffi::rn50_graph_capture_end(graph.0) },
+            "ending the CUDA graph capture",
+        );
+        // The work's own error first: a capture it broke fails to end too.
+        let out = out.map_err(|e| e.context("capturing a CUDA graph"))?;
+        end?;
+        Ok((graph, out))
+    }
+
+    /// Launches the graph on the current stream (asynchronously, as its kernels would be).
+    pub fn replay(&self) -> Result<()> {
+        // SAFETY: a captured graph, owned by self.
+        graph_check(
+            unsafe { ffi::rn50_graph_replay(self.0) },
+            "replaying the CUDA graph",
+        )
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        // SAFETY: the graph capture made, freed here once.
+        unsafe { ffi::rn50_graph_free(self.0) }
     }
 }
 

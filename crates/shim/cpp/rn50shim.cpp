@@ -8,3 +8,4 @@
 #include "pool.cpp"
 #include "profile.cpp"
 #include "fused_block.cpp"
+#include "graph.cpp"

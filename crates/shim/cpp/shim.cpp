@@ -142,8 +142,11 @@ int rn50_sgd_foreach(at::Tensor** params, at::Tensor** grads, at::Tensor** bufs,
 
 // torch.optim.SGD(fused=True) on CUDA: the same update as rn50_sgd_foreach in one kernel per group of tensors,
 // skipped on the device when found_inf (GradScaler's overflow flag; may be null) is 1, so the host never waits.
-int rn50_sgd_fused(at::Tensor** params, at::Tensor** grads, at::Tensor** bufs, size_t n, double lr, double momentum,
-                   double weight_decay, int nesterov, at::Tensor* found_inf) {
+// The rate is `lr`, or where `lr_tensor` is not null the one-element fp32 tensor on the device it points to (the
+// `_fused_sgd_.tensor_lr` overload, which reads it in the kernel: a captured CUDA graph's rate, set before each
+// replay).
+int rn50_sgd_fused(at::Tensor** params, at::Tensor** grads, at::Tensor** bufs, size_t n, double lr,
+                   at::Tensor* lr_tensor, double momentum, double weight_decay, int nesterov, at::Tensor* found_inf) {
   return guarded([&] {
     if (n == 0) return;
     at::NoGradGuard no_grad;
@@ -153,8 +156,17 @@ int rn50_sgd_fused(at::Tensor** params, at::Tensor** grads, at::Tensor** bufs, s
     std::optional<at::Tensor> inf;
     if (found_inf) inf = *found_inf;
     // Zero-initialised buffers make every step a regular one (buf = m·0 + g on the first), as in rn50_sgd_foreach.
-    at::_fused_sgd_(p, g, b, weight_decay, momentum, lr, /*dampening=*/0.0, nesterov != 0, /*maximize=*/false,
-                    /*is_first_step=*/false, /*grad_scale=*/std::nullopt, inf);
+    if (lr_tensor) {
+      TORCH_CHECK(lr_tensor->scalar_type() == at::kFloat && lr_tensor->numel() == 1 &&
+                      lr_tensor->device() == p[0].device(),
+                  "the learning rate tensor must be one fp32 element on the parameters' device, not ",
+                  lr_tensor->numel(), " ", lr_tensor->dtype().name(), " on ", lr_tensor->device());
+      at::_fused_sgd_(p, g, b, weight_decay, momentum, *lr_tensor, /*dampening=*/0.0, nesterov != 0,
+                      /*maximize=*/false, /*is_first_step=*/false, /*grad_scale=*/std::nullopt, inf);
+    } else {
+      at::_fused_sgd_(p, g, b, weight_decay, momentum, lr, /*dampening=*/0.0, nesterov != 0, /*maximize=*/false,
+                      /*is_first_step=*/false, /*grad_scale=*/std::nullopt, inf);
+    }
   });
 }
 

@@ -1,13 +1,28 @@
 //! SGD with momentum (optionally Nesterov) and weight decay, optionally none on BN parameters and biases,
 //! computed with the same multi-tensor kernels as `torch.optim.SGD(foreach=True)` (on CUDA its fused kernel,
 //! `fused=True`); and LARS (You et al. 2017) for large global batches.
-use anyhow::Result;
+use anyhow::{bail, Result};
 use tch::Tensor;
 
 use crate::shim;
 
 /// SGD's settings (momentum, weight decay, Nesterov, LARS): the record results and checkpoints keep.
 pub use rn50_report::schema::SgdConfig;
+
+/// The learning rate of one update: a number, or a one-element fp32 tensor on the device that the fused CUDA
+/// kernel reads when it runs, so that a captured CUDA graph ([`super::graph`]) takes each step's rate from it (set
+/// before each replay).
+#[derive(Clone, Copy)]
+pub enum Rate<'a> {
+    Value(f64),
+    Device(&'a Tensor),
+}
+
+impl From<f64> for Rate<'_> {
+    fn from(lr: f64) -> Self {
+        Rate::Value(lr)
+    }
+}
 
 /// Parameters sharing one weight decay.
 pub struct ParamGroup {
@@ -72,14 +87,32 @@ impl Sgd {
         }
     }
 
+    /// Whether an update runs torch.optim.SGD(fused=True)'s CUDA kernel: parameters on CUDA, and not LARS.
+    pub fn fused(&self) -> bool {
+        self.config.lars_eta.is_none() && self.params().next().is_some_and(|p| p.device().is_cuda())
+    }
+
     /// One update with learning rate `lr` and `momentum` (the config's, or one cycle's of this step), none where `found_inf` (fp16's overflow flag on the device) is set.
     /// Parameters without a gradient are skipped, as in PyTorch. On CUDA (LARS aside) the update is
     /// torch.optim.SGD(fused=True)'s kernel, which reads the flag itself, so the host never waits for the GPU;
-    /// elsewhere the flag is read first.
-    pub fn step(&mut self, lr: f64, momentum: f64, found_inf: Option<&Tensor>) -> Result<()> {
+    /// elsewhere the flag is read first. A rate on the device ([`Rate::Device`]) needs the fused kernel.
+    pub fn step<'a>(
+        &mut self,
+        lr: impl Into<Rate<'a>>,
+        momentum: f64,
+        found_inf: Option<&Tensor>,
+    ) -> Result<()> {
+        let fused = self.fused();
         let c = &self.config;
-        let fused =
-            c.lars_eta.is_none() && self.params().next().is_some_and(|p| p.device().is_cuda());
+        let lr = lr.into();
+        let lr_value = match lr {
+            Rate::Value(v) => v,
+            Rate::Device(_) if !fused => bail!(
+                "a learning rate on the device needs the fused CUDA SGD (parameters on CUDA, not LARS)"
+            ),
+            // Not read: the fused kernel takes the tensor.
+            Rate::Device(_) => f64::NAN,
+        };
         if !fused {
             if let Some(inf) = found_inf {
                 if f64::try_from(inf)? != 0.0 {
@@ -98,7 +131,7 @@ impl Sgd {
                 }
                 match c.lars_eta {
                     Some(eta) if p.dim() > 1 => {
-                        lars_update(p, &grad, b, lr, momentum, g.weight_decay, eta)
+                        lars_update(p, &grad, b, lr_value, momentum, g.weight_decay, eta)
                     }
                     _ => {
                         params.push(p.shallow_clone());
@@ -111,7 +144,7 @@ impl Sgd {
             if fused {
                 shim::sgd_fused(&params, &grads, &bufs, lr, m, wd, c.nesterov, found_inf)?;
             } else {
-                shim::sgd_foreach(&params, &grads, &bufs, lr, m, wd, c.nesterov)?;
+                shim::sgd_foreach(&params, &grads, &bufs, lr_value, m, wd, c.nesterov)?;
             }
         }
         Ok(())
