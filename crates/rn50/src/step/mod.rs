@@ -1,7 +1,8 @@
 //! One training step as a reusable unit: the batch's preparation on the device ([`normalize`], [`erase`], [`mix`]),
 //! forward, cross-entropy (optional label smoothing), backward, SGD update, in fp32 / bf16 autocast / fp16
-//! autocast with dynamic loss scaling.
+//! autocast with dynamic loss scaling; on CUDA, optionally captured once as a CUDA graph and replayed ([`graph`]).
 pub mod erase;
+pub mod graph;
 pub mod mix;
 pub mod normalize;
 pub mod optim;
@@ -16,7 +17,7 @@ use crate::input::DeviceBatch;
 use crate::model::Model;
 use mix::BatchMix;
 pub use normalize::Normalizer;
-pub use optim::{Sgd, SgdConfig};
+pub use optim::{Rate, Sgd, SgdConfig};
 pub use precision::Precision;
 use rn50_distributed::{DdpOptions, DistContext, GradSync, StepComm};
 pub use scaler::{GradScaler, Skipped};
@@ -53,6 +54,8 @@ pub struct TrainStep {
     pub grad_sync: Option<GradSync>,
     /// The last synchronised backward's communication figures.
     pub comm: StepComm,
+    /// The step captured as a CUDA graph ([`TrainStep::capture_graph`]), replayed by [`TrainStep::step_u8`].
+    graph: Option<graph::StepGraph>,
 }
 
 impl TrainStep {
@@ -77,6 +80,7 @@ impl TrainStep {
             config,
             grad_sync: None,
             comm: StepComm::default(),
+            graph: None,
         }
     }
 
@@ -118,14 +122,23 @@ impl TrainStep {
         (x, targets)
     }
 
-    /// A step on a uint8 NHWC batch already on the device (normalised here, on the device).
+    /// A step on a uint8 NHWC batch already on the device (normalised here, on the device): the captured CUDA
+    /// graph's replay where one was captured for batches of this shape ([`TrainStep::capture_graph`]), else eager.
     pub fn step_u8(&mut self, images: &Tensor, labels: &Tensor, lr: f64) -> Result<StepOutcome> {
+        if let Some(out) = self.replay(images, labels, lr)? {
+            return Ok(out);
+        }
         let x = self.input.normalize(images);
         self.step(&x, labels, lr)
     }
 
-    /// A step on a normalised float NCHW batch.
-    pub fn step(&mut self, x: &Tensor, labels: &Tensor, lr: f64) -> Result<StepOutcome> {
+    /// A step on a normalised float NCHW batch, eager.
+    pub fn step<'a>(
+        &mut self,
+        x: &Tensor,
+        labels: &Tensor,
+        lr: impl Into<Rate<'a>>,
+    ) -> Result<StepOutcome> {
         self.opt.zero_grad();
         let loss = self.backward(x, labels, 0, 1)?.loss;
         let skipped = self.apply(lr, self.opt.config.momentum)?;
@@ -175,7 +188,8 @@ impl TrainStep {
     /// After the last `backward` of a step: (fp16) unscale and skip the update on overflow, else the
     /// optimizer step at rate `lr` and `momentum`. Returns whether the step was skipped, as a flag read on
     /// demand (on CUDA the whole step runs without the host waiting for the GPU).
-    pub fn apply(&mut self, lr: f64, momentum: f64) -> Result<Skipped> {
+    pub fn apply<'a>(&mut self, lr: impl Into<Rate<'a>>, momentum: f64) -> Result<Skipped> {
+        let lr = lr.into();
         Ok(match &mut self.scaler {
             Some(scaler) => {
                 scaler.unscale(&self.opt.grads())?;

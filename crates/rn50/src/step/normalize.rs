@@ -32,6 +32,11 @@ impl Normalizer {
         }
     }
 
+    /// The per-channel scale and shift, as handles.
+    pub(crate) fn constants(&self) -> Vec<Tensor> {
+        vec![self.scale.shallow_clone(), self.shift.shallow_clone()]
+    }
+
     /// Normalises a uint8 `[N, H, W, 3]` batch already on the device. The result is NCHW-shaped, NHWC in
     /// memory when channels_last (the NHWC input then needs no transpose at all), and valid until the next call.
     pub fn normalize(&mut self, images: &Tensor) -> Tensor {

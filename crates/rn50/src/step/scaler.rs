@@ -70,6 +70,19 @@ impl GradScaler {
         Ok(())
     }
 
+    /// Every tensor of the scaler's state (scale, growth tracker, overflow flag, inverse scale), as handles.
+    pub(crate) fn state(&self) -> Vec<Tensor> {
+        [
+            &self.scale,
+            &self.growth_tracker,
+            &self.found_inf,
+            &self.inv_scale,
+        ]
+        .into_iter()
+        .map(Tensor::shallow_clone)
+        .collect()
+    }
+
     pub fn current_scale(&self) -> f64 {
         f64::try_from(&self.scale).unwrap_or(f64::NAN)
     }
