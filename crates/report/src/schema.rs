@@ -13,7 +13,8 @@ use crate::ReportError;
 
 /// `rn50 bench --json FILE`: what `rn50 bench` writes, and what the sweep, the report and the tests read.
 /// Fields older results lack are `Option`s (`None` when reading such a file); a bench of this version writes
-/// every one of them except `profile` (only with `--profile`).
+/// every one of them except `profile` (only with `--profile`) and `cuda_graph_declined` (only where `--cuda-graph`
+/// did not apply).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct BenchResult {
     /// Median over the timed steps, all ranks together (the sum of the ranks' medians).
@@ -49,6 +50,9 @@ pub struct BenchResult {
     /// Time per step by kind of work, from extra profiled steps (`--profile`; rank 0's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<ProfileReport>,
+    /// Why `--cuda-graph` was asked for but the steps ran eager (the CPU, several ranks, …); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_graph_declined: Option<String>,
     pub config: BenchConfig,
     pub machine: Option<Machine>,
 }
@@ -93,6 +97,10 @@ pub struct BenchConfig {
     /// The stem's max-pool through cuDNN without an index tensor; absent in older results.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cudnn_pool: Option<bool>,
+    /// The measured steps replayed the step captured as one CUDA graph (`--cuda-graph`, where it applies: see
+    /// [`BenchResult::cuda_graph_declined`]); absent in older results: eager.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_graph: Option<bool>,
     pub optimizer: Option<SgdConfig>,
     /// Effective learning rate (after linear scaling).
     pub lr: Option<f64>,

@@ -344,6 +344,7 @@ fn settings(c: &BenchConfig) -> String {
             c.fused_bn,
             c.fused_block,
             c.cudnn_pool,
+            c.cuda_graph,
             c.tf32,
             &c.data_dir,
             &c.optimizer,

@@ -31,6 +31,7 @@ use crate::device::{device_name, synchronize, ComputeArgs, DeviceSettings};
 use crate::input::{BatchSource, DeviceBatch};
 use crate::machine::{self, MachineInfo};
 use crate::model::{Arch, Model, ResNetConfig};
+use crate::step::graph::{GraphStatus, LoopNeeds, WARMUP_STEPS};
 use crate::step::{Precision, SgdConfig, StepConfig, TrainStep};
 use crate::train::args::{DEFAULT_LR_BASE, DEFAULT_LR_BASE_SIZE};
 use crate::train::schedule::scaled_lr;
@@ -122,6 +123,12 @@ pub struct BenchArgs {
     /// Steps profiled with --profile, 1 to 1000.
     #[arg(long, default_value_t = 5, value_parser = usize_in(1..=1000))]
     pub profile_steps: usize,
+    /// Measure the step captured as one CUDA graph and replayed (after the warm-up, 3 more eager steps on a side
+    /// stream, then the capture): static input buffers, the learning rate and the loss-scale logic on the device,
+    /// one launch per step. Where it does not apply (CPU, several ranks, a build without CUDA) the steps run eager
+    /// and the result says why. Off by default until measured (docs/benchmarks.md).
+    #[arg(long)]
+    pub cuda_graph: bool,
 }
 
 impl BenchArgs {
@@ -184,6 +191,8 @@ impl BenchArgs {
                 fused_bn: Some(settings.fused_bn),
                 fused_block: Some(settings.fused_block),
                 cudnn_pool: Some(settings.cudnn_pool),
+                // Asked for here; `measure` records whether the graph ran.
+                cuda_graph: Some(self.cuda_graph),
                 optimizer: Some(SgdConfig::default()),
                 // train's default rate (--lr-base 0.1 per 256 images) at this global batch.
                 lr: Some(scaled_lr(
@@ -338,6 +347,24 @@ fn timed_step(
     })
 }
 
+/// `--cuda-graph`: captures the step on `batch` for the measured steps to replay (after [`WARMUP_STEPS`] more
+/// eager steps on it), or says why it runs eager; returns that reason.
+fn capture(step: &mut TrainStep, batch: &DeviceBatch, lr: f64) -> Result<Option<String>> {
+    match step.capture_graph(&batch.images, &batch.labels, lr, LoopNeeds::default())? {
+        GraphStatus::Captured => {
+            tracing::info!(
+                "--cuda-graph: the step captured as one CUDA graph after {WARMUP_STEPS} more eager steps; the \
+                 measured steps replay it"
+            );
+            Ok(None)
+        }
+        GraphStatus::Declined(why) => {
+            tracing::warn!("--cuda-graph: the steps run eager: {why}");
+            Ok(Some(why))
+        }
+    }
+}
+
 /// Runs the benchmark described by `cfg` on `device`: this rank's part when `dist` spans several processes.
 /// `progress` gets (steps done, steps in all, seconds of the last step), profiled steps included.
 pub fn measure(
@@ -390,7 +417,11 @@ pub fn measure(
     let mut comm_ms = Vec::with_capacity(steps);
     let mut last_loss = Tensor::zeros([], (Kind::Float, device));
     let mut batch = src.next(device)?;
+    let mut graph_declined = None;
     for i in 0..total {
+        if i == warmup && cfg.cuda_graph == Some(true) {
+            graph_declined = capture(&mut step, &batch, lr)?;
+        }
         if i == warmup {
             io_start = io.as_ref().map(|m| m.snapshot());
         }
@@ -446,6 +477,10 @@ pub fn measure(
     ];
     dist.sum_f64(&mut totals, "summing bench results")?;
     drop(step.grad_sync.take());
+    let config = BenchConfig {
+        cuda_graph: Some(step.graph_captured()),
+        ..cfg.clone()
+    };
     Ok(BenchResult {
         images_per_sec: totals[0],
         compute_images_per_sec: Some(totals[3]),
@@ -466,7 +501,8 @@ pub fn measure(
         final_loss: Some(final_loss),
         step_times_ms: step_ms,
         profile,
-        config: cfg.clone(),
+        cuda_graph_declined: graph_declined,
+        config,
         machine: Some(machine_record(&machine::machine_info())?),
     })
 }
@@ -489,7 +525,7 @@ fn n(v: Option<f64>) -> f64 {
 pub fn render(r: &BenchResult) -> String {
     let c = &r.config;
     let mut s = format!(
-        "rn50 bench: {} batch {}{} {}px {}{}{}{} on {} ({} threads), data={}, {} steps after {} warm-up\n",
+        "rn50 bench: {} batch {}{} {}px {}{}{}{}{} on {} ({} threads), data={}, {} steps after {} warm-up\n",
         c.network(),
         c.batch_size,
         if c.world_size() > 1 {
@@ -506,6 +542,7 @@ pub fn render(r: &BenchResult) -> String {
             _ => "",
         },
         if c.cudnn_pool == Some(true) { " cuDNN-pool" } else { "" },
+        if c.cuda_graph == Some(true) { " CUDA-graph" } else { "" },
         c.device.as_deref().unwrap_or("?"),
         c.threads.unwrap_or(0),
         c.data.as_deref().unwrap_or("?"),
@@ -543,6 +580,9 @@ pub fn render(r: &BenchResult) -> String {
             "all-reduce wait/step",
             format!("{ms:.1} ms (not hidden by backward)"),
         ));
+    }
+    if let Some(why) = &r.cuda_graph_declined {
+        rows.push(("CUDA graph", format!("not used, eager: {why}")));
     }
     if let Some(bad) = r.bad_images.filter(|&b| b > 0) {
         rows.push(("bad images skipped", bad.to_string()));

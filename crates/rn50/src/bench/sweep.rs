@@ -316,6 +316,7 @@ mod tests {
             "--profile",
             "--profile-steps",
             "7",
+            "--cuda-graph",
         ]);
         let json = Path::new("/tmp/point.json");
         let argv = point_args(&sweep, Some(16), json).unwrap();
@@ -333,6 +334,7 @@ mod tests {
         }
         assert_eq!(got, want, "{argv:?}");
         assert!(!point.sweep && point.compute.threads == Some(2) && point.profile_steps == 7);
+        assert!(point.cuda_graph);
         assert!(point.compute.channels_last && !point.compute.no_channels_last);
         // Flags left at their defaults are not needed, but a point given them explicitly is the same point.
         let argv = point_args(&parse(&["bench", "--sweep"]), None, json).unwrap();

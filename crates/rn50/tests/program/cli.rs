@@ -42,7 +42,9 @@ fn bench_writes_the_documented_json() {
     let dir = tempfile::tempdir().unwrap();
     for data in ["device", "host"] {
         let json = dir.path().join(format!("{data}.json"));
-        let out = rn50_backtrace(&[
+        // --cuda-graph (asked with one of the two): on the CPU the steps run eager, and the result says why.
+        let graph = data == "host";
+        let mut args = vec![
             "bench",
             "-a",
             "resnet18",
@@ -62,7 +64,11 @@ fn bench_writes_the_documented_json() {
             data,
             "--json",
             json.to_str().unwrap(),
-        ]);
+        ];
+        if graph {
+            args.push("--cuda-graph");
+        }
+        let out = rn50_backtrace(&args);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
@@ -94,6 +100,20 @@ fn bench_writes_the_documented_json() {
             Some(rn50::shim::torch_version().as_str())
         );
         assert!(r.final_loss.unwrap().is_finite());
+        assert_eq!(r.config.cuda_graph, Some(false), "no graph runs on a CPU");
+        if graph {
+            let why = r
+                .cuda_graph_declined
+                .expect("--cuda-graph says why it ran eager");
+            assert!(why.contains("the device is the CPU"), "{why}");
+            assert!(
+                stdout.contains(&format!("not used, eager: {why}")),
+                "{stdout}"
+            );
+        } else {
+            assert_eq!(r.cuda_graph_declined, None);
+            assert!(!stdout.contains("CUDA graph"), "{stdout}");
+        }
     }
 }
 
