@@ -2,15 +2,19 @@
 //! (`crates/shim/cpp/fused_bn.cpp`) against PyTorch's separate ops: outputs, running statistics and every gradient,
 //! then a whole ResNet-50 training forward/backward with it (and the cuDNN max-pool) on and off. The stem's max-pool
 //! through cuDNN (`crates/shim/cpp/pool.cpp`) against PyTorch's. The fused SGD that reads fp16's overflow flag on the
-//! device against the foreach kernels, and a skipped overflowing step. These need a GPU and a build against a CUDA
+//! device against the foreach kernels, and a skipped overflowing step. The training step captured as one CUDA graph
+//! (`src/step/graph.rs`) against the eager step: the same losses and weights, the rate read from the device at
+//! each replay, an overflowing step skipped inside the graph. These need a GPU and a build against a CUDA
 //! libtorch: they are marked ignored, with that reason in the test output, and run with `--include-ignored` on a GPU
 //! machine (asked to run without one, they fail). What runs everywhere: the fused batch norm and the cuDNN max-pool
 //! decline what they do not apply to.
 mod common;
 
 use common::{assert_as_close_as_peer, l2_rel_err};
+use rn50::device::DeviceSettings;
 use rn50::model::{fused, memory_format, Arch, Model, ResNetConfig, Stem};
 use rn50::shim::{self, Fused};
+use rn50::step::graph::{GraphStatus, LoopNeeds, WARMUP_STEPS};
 use rn50::step::{GradScaler, Precision, SgdConfig, StepConfig, TrainStep};
 use tch::{Device, Kind, Reduction, Tensor};
 
@@ -439,4 +443,209 @@ fn an_overflowing_fp16_step_is_skipped_without_a_host_check() {
         .zip(step.model.parameters())
         .any(|(b, (_, a))| b != &a));
     eprintln!("the overflowing fp16 step was skipped on the device; the next one updated");
+}
+
+/// A ResNet-18 (CIFAR stem, torchvision's width) training step in fp16 with channels_last and a loss scale of 1024,
+/// on `dev` with bench's GPU settings (fused batch norm, cuDNN max-pool, cuDNN autotuning, TF32), its weights those
+/// of `like` if given. These settings are global: run the GPU tests with `--test-threads=1`.
+fn graph_test_step(dev: Device, like: Option<&TrainStep>) -> TrainStep {
+    rn50::device::setup(dev, DeviceSettings::new(dev, true, false, true)).unwrap();
+    tch::manual_seed(5);
+    let mut cfg = ResNetConfig::new(Arch::ResNet18);
+    cfg.stem = Stem::Cifar;
+    cfg.num_classes = 10;
+    let mut step = TrainStep::new(
+        Model::new(cfg, dev),
+        StepConfig {
+            precision: Precision::Fp16,
+            channels_last: true,
+            label_smoothing: 0.0,
+            sgd: SgdConfig::default(),
+        },
+    );
+    // GradScaler's 2^16 would skip the first steps of a fresh network; 2^10 does not (the comparisons want updates).
+    step.scaler = Some(GradScaler::with_scale(dev, 1024.0));
+    if let Some(like) = like {
+        tch::no_grad(|| {
+            for ((_, mut a), (_, b)) in step.model.state().into_iter().zip(like.model.state()) {
+                a.copy_(&b);
+            }
+        });
+    }
+    step
+}
+
+/// uint8 NHWC batches of 32 images of 32x32 and their labels, on `dev`.
+fn graph_test_batches(dev: Device, n: usize) -> Vec<(Tensor, Tensor)> {
+    tch::manual_seed(9);
+    (0..n)
+        .map(|_| {
+            (
+                Tensor::randint(256, [32, 32, 32, 3], (Kind::Uint8, dev)),
+                Tensor::randint(10, [32], (Kind::Int64, dev)),
+            )
+        })
+        .collect()
+}
+
+fn params_of(step: &TrainStep) -> Vec<Tensor> {
+    step.model
+        .parameters()
+        .into_iter()
+        .map(|(_, t)| t.copy())
+        .collect()
+}
+
+fn flat(v: &[Tensor]) -> Tensor {
+    Tensor::cat(&v.iter().map(|t| t.flatten(0, -1)).collect::<Vec<_>>(), 0)
+}
+
+/// N steps captured as a CUDA graph and replayed against N eager steps from the same weights on the same batches,
+/// each step at its own rate: the same losses within fp16 noise, the same weights and running statistics within
+/// tolerance, and the same loss scale. The eager run takes the graph's warm-up steps too (on the first batch).
+#[test]
+#[ignore = "needs a CUDA GPU (and rn50 built against a CUDA libtorch): run with --include-ignored there"]
+fn a_captured_step_trains_as_the_eager_one() {
+    let dev = gpu();
+    const N: usize = 12;
+    let batches = graph_test_batches(dev, N);
+    let rate = |i: usize| 0.05 + 0.01 * i as f64;
+    let mut eager = graph_test_step(dev, None);
+    let mut graph = graph_test_step(dev, Some(&eager));
+    assert_eq!(
+        flat(&params_of(&eager)),
+        flat(&params_of(&graph)),
+        "the same start"
+    );
+
+    let (x0, y0) = &batches[0];
+    for _ in 0..WARMUP_STEPS {
+        eager.step_u8(x0, y0, rate(0)).unwrap();
+    }
+    let status = graph
+        .capture_graph(x0, y0, rate(0), LoopNeeds::default())
+        .unwrap();
+    assert_eq!(status, GraphStatus::Captured);
+    assert!(graph.graph_captured());
+    // Capture records the step without running it: the warm-up steps alone have moved the weights.
+    let after_warmup = (flat(&params_of(&eager)), flat(&params_of(&graph)));
+    let e = l2_rel_err(&after_warmup.1, &after_warmup.0);
+    assert!(
+        e < 1e-3,
+        "after the warm-up steps the weights differ by {e:.2e}"
+    );
+
+    let mut losses = Vec::new();
+    for (i, (x, y)) in batches.iter().enumerate() {
+        let le = eager.step_u8(x, y, rate(i)).unwrap();
+        let lg = graph.step_u8(x, y, rate(i)).unwrap();
+        assert!(
+            !lg.skipped.get().unwrap() && !le.skipped.get().unwrap(),
+            "step {i} skipped"
+        );
+        losses.push((
+            f64::try_from(&le.loss).unwrap(),
+            f64::try_from(&lg.loss).unwrap(),
+        ));
+    }
+    for (i, (le, lg)) in losses.iter().enumerate() {
+        assert!(
+            (le - lg).abs() <= 2e-2 * le.abs().max(1.0),
+            "step {i}: loss {lg} captured, {le} eager; all: {losses:?}"
+        );
+    }
+    assert!(
+        losses[N - 1].1 < losses[0].1,
+        "the captured steps do not train: {losses:?}"
+    );
+    let w = l2_rel_err(&flat(&params_of(&graph)), &flat(&params_of(&eager)));
+    assert!(w < 1e-2, "weights differ by {w:.2e} after {N} steps");
+    let b = l2_rel_err(&flat(&graph.model.buffers()), &flat(&eager.model.buffers()));
+    assert!(b < 1e-2, "running statistics differ by {b:.2e}");
+    let scale = |s: &TrainStep| s.scaler.as_ref().unwrap().current_scale();
+    assert_eq!(scale(&graph), scale(&eager), "loss scale");
+    eprintln!("captured vs eager over {N} steps: losses {losses:?}; weights {w:.2e}, running statistics {b:.2e} apart");
+}
+
+/// The rate is read from the device at each replay: at rate 0 a replay leaves every parameter as it was (weight
+/// decay and momentum both go through the rate), at 0.1 it moves them, and two replays at different rates from the
+/// same weights end at different weights.
+#[test]
+#[ignore = "needs a CUDA GPU (and rn50 built against a CUDA libtorch): run with --include-ignored there"]
+fn a_replay_takes_the_rate_it_is_given() {
+    let dev = gpu();
+    let batches = graph_test_batches(dev, 1);
+    let (x, y) = &batches[0];
+    let mut a = graph_test_step(dev, None);
+    let mut b = graph_test_step(dev, Some(&a));
+    for s in [&mut a, &mut b] {
+        let status = s.capture_graph(x, y, 0.1, LoopNeeds::default()).unwrap();
+        assert_eq!(status, GraphStatus::Captured);
+    }
+    let before = flat(&params_of(&a));
+    a.step_u8(x, y, 0.0).unwrap();
+    assert_eq!(
+        flat(&params_of(&a)),
+        before,
+        "a replay at rate 0 moved the weights"
+    );
+    a.step_u8(x, y, 0.1).unwrap();
+    assert_ne!(
+        flat(&params_of(&a)),
+        before,
+        "a replay at rate 0.1 left the weights"
+    );
+
+    b.step_u8(x, y, 0.0).unwrap();
+    b.step_u8(x, y, 0.3).unwrap();
+    let (wa, wb) = (flat(&params_of(&a)), flat(&params_of(&b)));
+    let moved = |w: &Tensor| f64::try_from((w - &before).norm()).unwrap();
+    let (ma, mb) = (moved(&wa), moved(&wb));
+    assert!(
+        mb > 2.0 * ma,
+        "a replay at 0.3 moved the weights by {mb:.3e}, one at 0.1 by {ma:.3e}"
+    );
+    eprintln!(
+        "a replay at rate 0 leaves the weights; at 0.1 they move by {ma:.3e}, at 0.3 by {mb:.3e}"
+    );
+}
+
+/// A replayed step whose fp16 gradients overflow (the loss scale set to 2^100 on the device): the update is skipped
+/// inside the graph, every parameter stays, the scale halves, and the step says so when asked; with a sane scale the
+/// next replay updates.
+#[test]
+#[ignore = "needs a CUDA GPU (and rn50 built against a CUDA libtorch): run with --include-ignored there"]
+fn an_overflowing_replay_is_skipped_inside_the_graph() {
+    let dev = gpu();
+    let batches = graph_test_batches(dev, 1);
+    let (x, y) = &batches[0];
+    let mut step = graph_test_step(dev, None);
+    let status = step.capture_graph(x, y, 0.1, LoopNeeds::default()).unwrap();
+    assert_eq!(status, GraphStatus::Captured);
+    let huge = 2f64.powi(100);
+    let set_scale = |step: &TrainStep, v: f64| {
+        let _ = step.scaler.as_ref().unwrap().scale.shallow_clone().fill_(v);
+    };
+    set_scale(&step, huge);
+    let before = flat(&params_of(&step));
+    let out = step.step_u8(x, y, 0.1).unwrap();
+    assert!(out.skipped.get().unwrap(), "the overflow was not reported");
+    assert_eq!(
+        flat(&params_of(&step)),
+        before,
+        "a skipped replay moved the weights"
+    );
+    assert_eq!(step.scaler.as_ref().unwrap().current_scale(), huge / 2.0);
+    set_scale(&step, 1024.0);
+    let out = step.step_u8(x, y, 0.1).unwrap();
+    assert!(
+        !out.skipped.get().unwrap(),
+        "a sane scale's replay was skipped"
+    );
+    assert_ne!(
+        flat(&params_of(&step)),
+        before,
+        "the next replay did not update"
+    );
+    eprintln!("the overflowing replay was skipped inside the graph and the scale halved; the next one updated");
 }
