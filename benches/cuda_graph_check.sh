@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Issue 47 item 2 on one GPU, in one call: the training step captured as one CUDA graph (`rn50 bench --cuda-graph`,
+# src/step/graph.rs) checked and measured against the eager step.
+#
+# 1. tests/cuda_fused.rs with its GPU tests (the graph's three among them: captured against eager over 12 steps,
+#    the rate read at each replay, an overflowing replay skipped inside the graph), one test at a time;
+# 2. `rn50 bench` eager and with --cuda-graph, alternating, R rounds (ResNet-50, batch 256, fp16, synthetic batch on
+#    the device, defaults otherwise), then each once with --profile; prints every run, the medians and their ratio.
+#
+#   benches/cuda_graph_check.sh [--rounds R] [--steps S] [--warmup W] [--batch-size B] [--precision P] [--no-tests]
+#
+# Environment: RN50, the rn50 binary (default target/release/rn50), and CUDA_FUSED, the cuda_fused test binary
+# (default: the newest target/release/deps/cuda_fused-*), both built with `--features rn50/cuda` against the torch
+# the GPU machine has (`cargo build --release -p rn50 --features rn50/cuda` and `cargo test --release -p rn50
+# --features rn50/cuda --no-run --test cuda_fused`, which prints the test binary's path). Where the libtorch they
+# were built against is not at the path they record, python3's torch is put on LD_LIBRARY_PATH (torch/lib and the
+# nvidia wheels' lib folders). OUT (default: a new temporary folder): where every output goes, the log
+# (cuda_graph_check.log) and each run's JSON. PY (default python3) reads the JSON.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+rounds=2 steps=60 warmup=20 batch=256 prec=fp16 tests=1
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --rounds) rounds=$2; shift 2 ;;
+        --steps) steps=$2; shift 2 ;;
+        --warmup) warmup=$2; shift 2 ;;
+        --batch-size) batch=$2; shift 2 ;;
+        --precision) prec=$2; shift 2 ;;
+        --no-tests) tests=0; shift ;;
+        *) echo "unknown option $1" >&2; exit 2 ;;
+    esac
+done
+RN50=$(realpath "${RN50:-target/release/rn50}")
+CUDA_FUSED=${CUDA_FUSED:-$(ls -t target/release/deps/cuda_fused-* 2>/dev/null | grep -v '\.d$' | head -1)}
+PY=${PY:-python3}
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/cuda_graph_check.log") 2>&1
+
+if ! "$RN50" --version >/dev/null 2>&1; then
+    site=$("$PY" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+    libs=$site/torch/lib
+    for d in "$site"/nvidia/*/lib "$site"/nvidia/*/*/lib; do [[ -d $d ]] && libs=$libs:$d; done
+    export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    echo "libtorch from $site/torch"
+fi
+date -u
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+"$RN50" --version
+"$RN50" doctor | grep -Ei 'libtorch|cuda|cudnn' | head -8
+
+status=0
+if [[ $tests == 1 ]]; then
+    echo "=== tests/cuda_fused.rs, GPU tests included ($CUDA_FUSED)"
+    (cd crates/rn50 && timeout 420 "$CUDA_FUSED" --include-ignored --test-threads 1 --nocapture) || status=1
+fi
+
+common=(--device cuda --arch resnet50 --batch-size "$batch" --precision "$prec" --warmup "$warmup" --steps "$steps")
+run() { # NAME FLAGS...: one bench, its table printed, its JSON kept as OUT/NAME.json
+    local name=$1
+    shift
+    echo "=== rn50 bench ${common[*]} $*"
+    timeout 300 "$RN50" bench "${common[@]}" "$@" --json "$OUT/$name.json" || status=1
+}
+for r in $(seq 1 "$rounds"); do
+    run "eager.$r"
+    run "graph.$r" --cuda-graph
+done
+run eager.profile --profile
+run graph.profile --cuda-graph --profile
+
+"$PY" - "$OUT" "$rounds" <<'PY'
+import json, os, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+def load(name):
+    path = os.path.join(out, name + ".json")
+    return json.load(open(path)) if os.path.exists(path) else None
+print(f"\n{'run':<14} {'img/s':>9} {'ms/step':>8}  CUDA graph")
+med = {}
+for mode in ["eager", "graph"]:
+    ips = []
+    for r in list(range(1, rounds + 1)) + ["profile"]:
+        j = load(f"{mode}.{r}")
+        if j is None:
+            print(f"{mode}.{r:<8} missing")
+            continue
+        ran = j["config"].get("cuda_graph")
+        why = j.get("cuda_graph_declined") or ""
+        print(f"{mode + '.' + str(r):<14} {j['images_per_sec']:>9.1f} {j['step_ms']:>8.2f}  {ran} {why}")
+        if r != "profile":
+            ips.append(j["images_per_sec"])
+    med[mode] = statistics.median(ips) if ips else float("nan")
+print(f"\nmedian img/s: eager {med['eager']:.1f}, --cuda-graph {med['graph']:.1f}: "
+      f"{med['graph'] / med['eager']:.3f}x")
+PY
+echo "exit $status"
+exit $status
