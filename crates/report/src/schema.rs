@@ -97,8 +97,9 @@ pub struct BenchConfig {
     /// The stem's max-pool through cuDNN without an index tensor; absent in older results.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cudnn_pool: Option<bool>,
-    /// The measured steps replayed the step captured as one CUDA graph (`--cuda-graph`, where it applies: see
-    /// [`BenchResult::cuda_graph_declined`]); absent in older results: eager.
+    /// `Some(true)`: the measured steps replayed the step captured as one CUDA graph (`--cuda-graph`, where it
+    /// applies: see [`BenchResult::cuda_graph_declined`]); absent: eager, as in older results. (Before the run, in
+    /// the configuration `bench` resolves: `--cuda-graph` was given.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda_graph: Option<bool>,
     pub optimizer: Option<SgdConfig>,

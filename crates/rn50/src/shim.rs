@@ -2,8 +2,9 @@
 //! calls tch 0.26 lacks (CPU autocast, foreach SGD, AMP unscale, TF32 and cuDNN autotuning, pinning without the
 //! deprecated device argument, build facts, CUDA allocator statistics, torch.save files); the fused cuDNN batch
 //! norm + ReLU of `fused_bn.cpp`; the bottleneck with batch norm folded into its convolutions of `fused_block.cpp`;
-//! cuDNN's max-pool without an index tensor of `pool.cpp`; and libtorch's Kineto profiler of `profile.cpp`
-//! ([`Profiler`], its events read by [`crate::bench::profile`]).
+//! cuDNN's max-pool without an index tensor of `pool.cpp`; libtorch's Kineto profiler of `profile.cpp`
+//! ([`Profiler`], its events read by [`crate::bench::profile`]); and the CUDA graph and side stream of `graph.cpp`
+//! ([`CudaGraph`], [`SideStream`], used by [`crate::step::graph`]).
 //!
 //! The conventions of rn50's two FFI layers (this one and `rn50_distributed`'s `ffi.rs`), the same in both:
 //! - the `extern "C"` declarations sit in a private `ffi` module with the only helpers that touch raw
@@ -924,6 +925,10 @@ impl CudaGraph {
         )
     }
 }
+
+// SAFETY: after capture the graph is an instantiated executable graph with no tie to the thread that captured it
+// (a replay launches on the calling thread's current stream); every use goes through &self or &mut self.
+unsafe impl Send for CudaGraph {}
 
 impl Drop for CudaGraph {
     fn drop(&mut self) {

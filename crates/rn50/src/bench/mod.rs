@@ -192,7 +192,7 @@ impl BenchArgs {
                 fused_block: Some(settings.fused_block),
                 cudnn_pool: Some(settings.cudnn_pool),
                 // Asked for here; `measure` records whether the graph ran.
-                cuda_graph: Some(self.cuda_graph),
+                cuda_graph: self.cuda_graph.then_some(true),
                 optimizer: Some(SgdConfig::default()),
                 // train's default rate (--lr-base 0.1 per 256 images) at this global batch.
                 lr: Some(scaled_lr(
@@ -478,7 +478,7 @@ pub fn measure(
     dist.sum_f64(&mut totals, "summing bench results")?;
     drop(step.grad_sync.take());
     let config = BenchConfig {
-        cuda_graph: Some(step.graph_captured()),
+        cuda_graph: step.graph_captured().then_some(true),
         ..cfg.clone()
     };
     Ok(BenchResult {
