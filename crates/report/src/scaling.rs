@@ -672,7 +672,10 @@ pub fn model_from_args(a: &ScalingArgs) -> anyhow::Result<ScalingModel> {
         Some(g) => g,
         None => param_count(arch)
             .with_context(|| {
-                format!("unknown arch {arch:?} (resnet18/34/50/101/152, resnet50d, resnetblur50d...): give --grad-bytes")
+                format!(
+                    "unknown arch {arch:?} (resnet18/34/50/101/152, resnet50d, resnetblur50d...): \
+                     give --grad-bytes"
+                )
             })?
             .saturating_mul(a.bytes_per_param),
     };

@@ -125,14 +125,9 @@ fn select_among(spec: &str, local_rank: usize, visible: i64) -> Result<Device> {
         },
     };
     if visible == 0 {
-        bail!(
-            "--device {spec}: no CUDA device is visible (this libtorch {} CUDA; see `rn50 doctor`)",
-            if tch::utils::has_cuda() {
-                "has"
-            } else {
-                "was built without"
-            }
-        );
+        // Not a guess at why: libtorch's has_cuda() is false both for a CPU-only build and for a CUDA build on a
+        // machine without a GPU or driver; `rn50 doctor` tells the two apart.
+        bail!("--device {spec}: no CUDA device is visible (see `rn50 doctor` for this libtorch's CUDA and the driver)");
     }
     if index as i64 >= visible {
         bail!("--device {spec}: only {visible} CUDA device(s) visible");

@@ -92,8 +92,9 @@ impl Sgd {
         self.config.lars_eta.is_none() && self.params().next().is_some_and(|p| p.device().is_cuda())
     }
 
-    /// One update with learning rate `lr` and `momentum` (the config's, or one cycle's of this step), none where `found_inf` (fp16's overflow flag on the device) is set.
-    /// Parameters without a gradient are skipped, as in PyTorch. On CUDA (LARS aside) the update is
+    /// One update with learning rate `lr` and `momentum` (the config's, or one cycle's of this step), none where
+    /// `found_inf` (fp16's overflow flag on the device) is set. Parameters without a gradient are skipped, as in
+    /// PyTorch. On CUDA (LARS aside) the update is
     /// torch.optim.SGD(fused=True)'s kernel, which reads the flag itself, so the host never waits for the GPU;
     /// elsewhere the flag is read first. A rate on the device ([`Rate::Device`]) needs the fused kernel.
     pub fn step<'a>(

@@ -126,8 +126,8 @@ pub struct TrainArgs {
     /// --momentum to --base-momentum and back: PyTorch's OneCycleLR, fast.ai's fit_one_cycle).
     #[arg(long, alias = "sched", value_enum, default_value_t = ScheduleKind::Step)]
     pub lr_schedule: ScheduleKind,
-    /// The rate --lr-schedule cosine, poly, flat-cos or one-cycle decays to at the last step, 0 or more and below the peak
-    /// rate (MLPerf's LARS reference: 0.0001; timm's --min-lr).
+    /// The rate --lr-schedule cosine, poly, flat-cos or one-cycle decays to at the last step, 0 or more and below
+    /// the peak rate (MLPerf's LARS reference: 0.0001; timm's --min-lr).
     #[arg(long, visible_alias = "min-lr", default_value_t = 0.0, value_parser = finite_in(0.0..))]
     pub lr_end: f64,
     /// The epoch --lr-schedule flat-cos starts its cosine at, from the end of the warmup to below --epochs
