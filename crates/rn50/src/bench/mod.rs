@@ -419,10 +419,10 @@ pub fn measure(
     let mut batch = src.next(device)?;
     let mut graph_declined = None;
     for i in 0..total {
-        if i == warmup && cfg.cuda_graph == Some(true) {
-            graph_declined = capture(&mut step, &batch, lr)?;
-        }
         if i == warmup {
+            if cfg.cuda_graph == Some(true) {
+                graph_declined = capture(&mut step, &batch, lr)?;
+            }
             io_start = io.as_ref().map(|m| m.snapshot());
         }
         let t = timed_step(&mut step, &mut src, &mut batch, device, lr)?;

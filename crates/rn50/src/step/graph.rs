@@ -188,29 +188,20 @@ impl TrainStep {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Arch, Model, ResNetConfig, Stem};
-    use crate::step::{Precision, SgdConfig, StepConfig};
+    use crate::step::tests::small_step;
+    use crate::step::Precision;
 
-    fn cpu_step(sgd: SgdConfig) -> TrainStep {
-        let mut cfg = ResNetConfig::new(Arch::ResNet18);
-        cfg.stem = Stem::Cifar;
-        cfg.num_classes = 10;
-        cfg.width = 16;
-        TrainStep::new(
-            Model::new(cfg, Device::Cpu),
-            StepConfig {
-                precision: Precision::Fp32,
-                channels_last: false,
-                label_smoothing: 0.0,
-                sgd,
-            },
-        )
+    /// A small fp32 CPU step, LARS where `lars`.
+    fn cpu_step(lars: bool) -> TrainStep {
+        let mut step = small_step(Precision::Fp32, false);
+        step.opt.config.lars_eta = lars.then_some(0.001);
+        step
     }
 
     /// On the CPU the graph declines, saying why, runs nothing, and the step stays eager.
     #[test]
     fn the_cpu_declines_with_its_reason() {
-        let mut step = cpu_step(SgdConfig::default());
+        let mut step = cpu_step(false);
         let images = Tensor::zeros([2, 32, 32, 3], (Kind::Uint8, Device::Cpu));
         let labels = Tensor::zeros([2], (Kind::Int64, Device::Cpu));
         let before = step.model.parameters()[0].1.copy();
@@ -229,11 +220,7 @@ mod tests {
     /// What the loop or the optimizer asks for that a graph cannot bake in is named, before the device.
     #[test]
     fn each_reason_is_named() {
-        let plain = cpu_step(SgdConfig::default());
-        let lars = cpu_step(SgdConfig {
-            lars_eta: Some(0.001),
-            ..SgdConfig::default()
-        });
+        let (plain, lars) = (cpu_step(false), cpu_step(true));
         let none = LoopNeeds::default();
         let accum = LoopNeeds {
             micro_batches: 2,

@@ -231,7 +231,8 @@ mod tests {
     use crate::model::{Arch, ResNetConfig, Stem};
     use tch::Kind;
 
-    fn small_step(precision: Precision, channels_last: bool) -> TrainStep {
+    /// A CIFAR-stem ResNet-18, 16 wide, on the CPU (also for [`graph`]'s tests).
+    pub(super) fn small_step(precision: Precision, channels_last: bool) -> TrainStep {
         tch::manual_seed(0);
         let mut cfg = ResNetConfig::new(Arch::ResNet18);
         cfg.stem = Stem::Cifar;
