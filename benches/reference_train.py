@@ -8,7 +8,7 @@ reads (keys are rn50's long flag names) and the same flags override it; a key th
 (Mixup, CutMix, AutoAugment, EMA, LARS, ...) is refused rather than silently ignored.
 
 What it does, step for step as rn50:
-  - torchvision.datasets.ImageFolder; transforms.v2: RandomResizedCrop(image-size, scale 0.08-1, ratio 3/4-4/3,
+  - torchvision.datasets.ImageFolder; transforms.v2: RandomResizedCrop(image-size, --scale (0.08-1), --ratio (3/4-4/3),
     antialias) + RandomHorizontalFlip for training; Resize(val-resize, antialias) + CenterCrop(val-crop) for
     evaluation; ImageNet mean/std. val-resize/val-crop default to rn50's: crop = image-size, resize = round(crop/0.875);
   - torchvision.models.<arch>(num_classes = the class folders), --zero-init-residual as torchvision's; rn50's
@@ -66,6 +66,8 @@ DEFAULTS = {
     "label-smoothing": 0.0,
     "zero-init-residual": False,
     "image-size": 224,
+    "scale": [0.08, 1.0],
+    "ratio": [3 / 4, 4 / 3],
     "val-resize": None,
     "val-crop": None,
     "precision": None,
@@ -106,6 +108,8 @@ def parse():
     p.add_argument("--label-smoothing", type=float)
     p.add_argument("--zero-init-residual", action="store_const", const=True)
     p.add_argument("--image-size", type=int)
+    p.add_argument("--scale", nargs="+", type=min_max, help="RandomResizedCrop's area range: MIN,MAX or MIN MAX")
+    p.add_argument("--ratio", nargs="+", type=min_max, help="RandomResizedCrop's aspect-ratio range, as --scale")
     p.add_argument("--val-resize", type=int)
     p.add_argument("--val-crop", type=int)
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="default: fp16 on CUDA, fp32 on the CPU")
@@ -132,6 +136,11 @@ def parse():
         value = getattr(a, key.replace("-", "_"))
         if value is not None:
             recipe[key] = value
+    for key in ("scale", "ratio"):
+        value = [float(x) for part in recipe[key] for x in (part if isinstance(part, list) else [part])]
+        if len(value) != 2 or not 0 < value[0] <= value[1]:
+            sys.exit(f"reference_train.py: --{key} takes MIN,MAX with 0 < MIN <= MAX, got {recipe[key]}")
+        recipe[key] = value
     if recipe["lr"] is not None and recipe["lr-base"] is not None:
         sys.exit("reference_train.py: --lr and --lr-base together")
     if recipe["val-crop"] is None:
@@ -145,6 +154,11 @@ def parse():
     if recipe["precision"] == "fp16" and recipe["device"] != "cuda":
         sys.exit("reference_train.py: fp16 needs --device cuda")
     return a, recipe
+
+
+def min_max(text):
+    """One argument of --scale or --ratio: `MIN,MAX`, or one of the two numbers of `MIN MAX`."""
+    return [float(x) for x in text.split(",")]
 
 
 def cosine(start, end, progress):
@@ -206,6 +220,16 @@ def timm_resnet(arch, num_classes, zero_init_last):
     )
 
 
+def transforms(r):
+    """The training transform (RandomResizedCrop with the recipe's scale and ratio, flip) and the evaluation one."""
+    normalize = [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]
+    crop = v2.RandomResizedCrop(r["image-size"], scale=r["scale"], ratio=r["ratio"], antialias=True)
+    train = v2.Compose([v2.PILToTensor(), crop, v2.RandomHorizontalFlip()] + normalize)
+    resize = v2.Resize(r["val-resize"], antialias=True)
+    val = v2.Compose([v2.PILToTensor(), resize, v2.CenterCrop(r["val-crop"])] + normalize)
+    return train, val
+
+
 def evaluate(model, loader, fmt, dev, amp):
     model.eval()
     n = hit1 = hit5 = 0
@@ -244,14 +268,7 @@ def main():
         torch.backends.cudnn.allow_tf32 = True
     scaler = torch.amp.GradScaler("cuda", enabled=r["precision"] == "fp16")
 
-    normalize = [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]
-    train_tf = v2.Compose(
-        [v2.PILToTensor(), v2.RandomResizedCrop(r["image-size"], antialias=True), v2.RandomHorizontalFlip()]
-        + normalize
-    )
-    val_tf = v2.Compose(
-        [v2.PILToTensor(), v2.Resize(r["val-resize"], antialias=True), v2.CenterCrop(r["val-crop"])] + normalize
-    )
+    train_tf, val_tf = transforms(r)
     train_set = torchvision.datasets.ImageFolder(os.path.join(a.data, "train"), train_tf)
     val_set = torchvision.datasets.ImageFolder(os.path.join(a.data, "val"), val_tf)
     if train_set.classes != val_set.classes:

@@ -7,7 +7,8 @@ Rust tests compare against their own output. Called by crates/pipeline/tests/*.r
   decode OUT FILE...                 Image.open(f).convert("RGB")
   val OUT RESIZE CROP FILE...        Resize(RESIZE) + CenterCrop(CROP) on the PIL image
   resized_crop OUT SIZE JOBS.json    F.resized_crop(img, y, x, h, w, SIZE) (+ hflip) per job
-  rrc_params OUT N W H [W H ...]     RandomResizedCrop.get_params N times per image size
+  rrc_params OUT N SCALE0 SCALE1 RATIO0 RATIO1 W H [W H ...]
+                                     RandomResizedCrop.get_params(scale, ratio) N times per image size
   imagefolder OUT ROOT               torchvision ImageFolder's classes and (path, label) samples
   autoaugment OUT JOBS.json          TrivialAugmentWide/RandAugment ops with fixed magnitudes on
                                      uint8 tensors (transforms.v2), every op of a job on its image
@@ -88,12 +89,13 @@ def main():
 
         torch.manual_seed(0)
         n = int(args[0])
-        dims = [(int(w), int(h)) for w, h in zip(args[1::2], args[2::2])]
+        scale, ratio = [float(x) for x in args[1:3]], [float(x) for x in args[3:5]]
+        dims = [(int(w), int(h)) for w, h in zip(args[5::2], args[6::2])]
         for w, h in dims:
             stub = torch.empty((1, h, w), dtype=torch.uint8)
             boxes = []
             for _ in range(n):
-                i, j, bh, bw = T.RandomResizedCrop.get_params(stub, [0.08, 1.0], [3 / 4, 4 / 3])
+                i, j, bh, bw = T.RandomResizedCrop.get_params(stub, scale, ratio)
                 boxes.append([j, i, bw, bh])
             manifest.append({"width": w, "height": h, "boxes": boxes})
     elif mode == "imagefolder":

@@ -19,6 +19,11 @@ use crate::autoaugment::{AutoAugment, Policy};
 use crate::crop::{center_offset, random_resized_crop, resize_shorter, CropBox};
 use crate::decode::{DecodeError, Decoder, Plan};
 
+/// RandomResizedCrop's default range of the crop's area, as fractions of the image's (torchvision's and timm's).
+pub const DEFAULT_SCALE: [f64; 2] = [0.08, 1.0];
+/// RandomResizedCrop's default range of the crop's aspect ratio (torchvision's and timm's).
+pub const DEFAULT_RATIO: [f64; 2] = [3.0 / 4.0, 4.0 / 3.0];
+
 /// The augmentation applied to every sample.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Transform {
@@ -41,8 +46,8 @@ impl Transform {
     pub fn train(size: usize) -> Transform {
         Transform::Train {
             size,
-            scale: [0.08, 1.0],
-            ratio: [3.0 / 4.0, 4.0 / 3.0],
+            scale: DEFAULT_SCALE,
+            ratio: DEFAULT_RATIO,
         }
     }
 

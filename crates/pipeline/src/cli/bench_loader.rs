@@ -7,7 +7,8 @@ use clap::Args;
 use rn50_args::{check_batch_bytes, usize_in, UsageError, MAX_BATCH, MAX_IMAGE_SIZE, MAX_THREADS};
 
 use super::{
-    default_workers, write_json, AugmentArgs, DctScalingArg, PixelLimit, TrainSplitArg, ValSplitArg,
+    default_workers, write_json, AugmentArgs, CropArgs, DctScalingArg, PixelLimit, TrainSplitArg,
+    ValSplitArg,
 };
 use crate::loader::{BadImagePolicy, LoaderConfig};
 use crate::source::Dataset;
@@ -74,6 +75,8 @@ pub struct BenchLoaderArgs {
     #[arg(long, value_enum, default_value_t = BadImagePolicy::Skip)]
     pub on_bad_image: BadImagePolicy,
     #[command(flatten)]
+    pub crop: CropArgs,
+    #[command(flatten)]
     pub augment: AugmentArgs,
     #[command(flatten)]
     pub pixel_limit: PixelLimit,
@@ -101,11 +104,12 @@ pub fn run(cmd: &BenchLoaderArgs) -> Result<()> {
             "--val-split is for the validation split: with --val"
         ));
     }
+    cmd.crop.check()?;
     cmd.augment.check()?;
     let augment = cmd.augment.train_augment();
-    if cmd.val && !augment.is_none() {
+    if cmd.val && !(augment.is_none() && cmd.crop.is_default()) {
         bail!(UsageError::new(
-            "--auto-augment and --random-erase are training augmentations: not with --val"
+            "--scale, --ratio, --auto-augment and --random-erase are training augmentations: not with --val"
         ));
     }
     check_batch_bytes(
@@ -145,7 +149,7 @@ pub fn run(cmd: &BenchLoaderArgs) -> Result<()> {
     let transform = if cmd.val {
         Transform::val(cmd.val_resize, cmd.image_size)
     } else {
-        Transform::train(cmd.image_size)
+        cmd.crop.train_transform(cmd.image_size)
     };
     let base = if cmd.val {
         LoaderConfig::val(cmd.batch_size, cmd.workers)

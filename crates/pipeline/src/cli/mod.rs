@@ -3,6 +3,8 @@
 //! flags the commands that decode images share ([`PixelLimit`]), those that train ([`AugmentArgs`]), and
 //! those that read a split of a dataset repository ([`TrainSplitArg`], [`ValSplitArg`]).
 
+use std::ops::Bound;
+
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use rn50_args::{finite_in, usize_in};
@@ -10,7 +12,7 @@ use rn50_args::{finite_in, usize_in};
 use crate::autoaugment::Policy;
 use crate::decode::MAX_IMAGE_PIXELS;
 use crate::source::{Split, TRAIN_SPLIT, VAL_SPLIT};
-use crate::transform::TrainAugment;
+use crate::transform::{TrainAugment, Transform, DEFAULT_RATIO, DEFAULT_SCALE};
 
 pub mod bench_loader;
 pub mod pack;
@@ -95,6 +97,57 @@ fn split_name(name: &str) -> Result<String, String> {
         );
     }
     Ok(name.to_string())
+}
+
+/// `--scale`, `--ratio`: the ranges RandomResizedCrop draws the training crop from (timm's flags of the same names,
+/// given as `MIN,MAX` or as timm's `MIN MAX`),
+/// for every command that makes training crops (train, bench-loader), passed on as `Transform::Train`'s.
+#[derive(Args, Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CropArgs {
+    /// RandomResizedCrop's range of the crop's area, as fractions of the image's: MIN,MAX with 0 < MIN <= MAX <= 1
+    /// (torchvision's and timm's 0.08,1; fast.ai's Imagenette scripts 0.35,1: larger crops, for short runs).
+    #[arg(long, value_name = "MIN,MAX", num_args = 1..=2, value_delimiter = ',', action = clap::ArgAction::Set,
+          default_values_t = DEFAULT_SCALE, value_parser = finite_in((Bound::Excluded(0.0), Bound::Included(1.0))))]
+    pub scale: Vec<f64>,
+    /// RandomResizedCrop's range of the crop's aspect ratio (width / height), drawn log-uniformly: MIN,MAX with
+    /// 0.01 <= MIN <= MAX <= 100 (torchvision's and timm's 0.75,1.3333333333333333).
+    #[arg(long, value_name = "MIN,MAX", num_args = 1..=2, value_delimiter = ',', action = clap::ArgAction::Set,
+          default_values_t = DEFAULT_RATIO, value_parser = finite_in(0.01..=100.0))]
+    pub ratio: Vec<f64>,
+}
+
+impl CropArgs {
+    pub fn check(&self) -> Result<(), rn50_args::UsageError> {
+        for (flag, range) in [("--scale", &self.scale), ("--ratio", &self.ratio)] {
+            if range.len() != 2 {
+                return Err(rn50_args::UsageError::new(format!(
+                    "{flag} takes two numbers, MIN,MAX (or MIN MAX as timm's), got {}",
+                    range.len()
+                )));
+            }
+            if range[0] > range[1] {
+                return Err(rn50_args::UsageError::new(format!(
+                    "{flag} {},{}: MIN is above MAX",
+                    range[0], range[1]
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Both at torchvision's defaults.
+    pub fn is_default(&self) -> bool {
+        self.scale == DEFAULT_SCALE && self.ratio == DEFAULT_RATIO
+    }
+
+    /// RandomResizedCrop + flip at `size` with these ranges.
+    pub fn train_transform(&self, size: usize) -> Transform {
+        Transform::Train {
+            size,
+            scale: [self.scale[0], self.scale[1]],
+            ratio: [self.ratio[0], self.ratio[1]],
+        }
+    }
 }
 
 /// `--auto-augment`, `--ra-magnitude`, `--random-erase`: the training augmentations of
@@ -257,6 +310,64 @@ mod tests {
             &["--random-erase", "nan"],
         ] {
             assert_eq!(parse(bad), Err(2), "{bad:?}");
+        }
+    }
+
+    /// `--scale` and `--ratio` as `MIN,MAX` or timm's `MIN MAX`, into the training crop's ranges; out of range, one
+    /// number or three, or MIN above MAX: a usage error (exit 2), from bench-loader before anything is opened.
+    #[test]
+    fn crop_flags_set_random_resized_crop_s_ranges() {
+        let parse = |args: &[&str]| match Cli::try_parse_from(
+            [&["rn50", "bench-loader", "/nowhere"], args].concat(),
+        ) {
+            Ok(Cli::BenchLoader(c)) => match c.crop.check() {
+                Ok(()) => Ok(c.crop.train_transform(96)),
+                Err(_) => Err(2),
+            },
+            Ok(_) => unreachable!(),
+            Err(e) => Err(e.exit_code()),
+        };
+        assert_eq!(parse(&[]), Ok(Transform::train(96)));
+        let fastai = Transform::Train {
+            size: 96,
+            scale: [0.35, 1.0],
+            ratio: DEFAULT_RATIO,
+        };
+        assert_eq!(parse(&["--scale", "0.35,1"]), Ok(fastai.clone()));
+        assert_eq!(parse(&["--scale", "0.35", "1"]), Ok(fastai.clone()));
+        assert_eq!(parse(&["--scale=0.35,1"]), Ok(fastai));
+        assert_eq!(
+            parse(&["--ratio", "0.5,2", "--scale", "1,1"]),
+            Ok(Transform::Train {
+                size: 96,
+                scale: [1.0, 1.0],
+                ratio: [0.5, 2.0]
+            })
+        );
+        for bad in [
+            &["--scale", "0,1"][..],
+            &["--scale", "0.5,1.5"],
+            &["--scale", "0.6,0.5"],
+            &["--scale", "0.5"],
+            &["--scale", "0.1,0.2,0.3"],
+            &["--scale", "nan,1"],
+            &["--ratio", "0.001,1"],
+            &["--ratio", "2,0.5"],
+            &["--ratio", "1,inf"],
+        ] {
+            assert_eq!(parse(bad), Err(2), "{bad:?}");
+        }
+        for args in [&["--val", "--scale", "0.35,1"][..], &["--scale", "0.6,0.5"]] {
+            let Ok(Cli::BenchLoader(c)) =
+                Cli::try_parse_from([&["rn50", "bench-loader", "/nowhere"], args].concat())
+            else {
+                panic!("{args:?}")
+            };
+            let err = bench_loader::run(&c).unwrap_err();
+            assert!(
+                err.downcast_ref::<rn50_args::UsageError>().is_some(),
+                "{args:?}: {err:#}"
+            );
         }
     }
 }

@@ -8,12 +8,25 @@ use rand::SeedableRng;
 use rn50_pipeline::crop::random_resized_crop;
 use rn50_pipeline::transform::{Augmenter, Transform};
 
+/// torchvision's default ranges, fast.ai's Imagenette scale (`--scale 0.35,1`) and a wide ratio range with a narrow
+/// scale one, each on a landscape, a tall and a small image.
 #[test]
 fn crop_boxes_follow_torchvision_distribution() {
+    for (scale, ratio) in [
+        ([0.08, 1.0], [0.75, 4.0 / 3.0]),
+        ([0.35, 1.0], [0.75, 4.0 / 3.0]),
+        ([0.5, 0.6], [0.2, 5.0]),
+    ] {
+        crop_boxes_follow_torchvision(scale, ratio);
+    }
+}
+
+fn crop_boxes_follow_torchvision(scale: [f64; 2], ratio: [f64; 2]) {
     const N: usize = 20_000;
     let dims = [(500usize, 375usize), (120, 1000), (64, 48)];
     let tmp = tempfile::tempdir().unwrap();
     let mut args = vec![N.to_string()];
+    args.extend(scale.iter().chain(&ratio).map(|v| format!("{v:?}")));
     for (w, h) in dims {
         args.push(w.to_string());
         args.push(h.to_string());
@@ -39,7 +52,7 @@ fn crop_boxes_follow_torchvision_distribution() {
             .collect();
         let ours: Vec<[f64; 4]> = (0..N)
             .map(|_| {
-                let c = random_resized_crop(*w, *h, [0.08, 1.0], [0.75, 4.0 / 3.0], &mut rng);
+                let c = random_resized_crop(*w, *h, scale, ratio, &mut rng);
                 [c.x as f64, c.y as f64, c.w as f64, c.h as f64]
             })
             .collect();
@@ -54,10 +67,12 @@ fn crop_boxes_follow_torchvision_distribution() {
         ];
         for (name, f) in features {
             let d = ks(ours.iter().map(f).collect(), theirs.iter().map(f).collect());
-            eprintln!("{w}x{h} {name}: KS {d:.4} (critical {crit:.4})");
+            eprintln!(
+                "scale {scale:?} ratio {ratio:?}, {w}x{h} {name}: KS {d:.4} (critical {crit:.4})"
+            );
             assert!(
                 d < crit,
-                "{w}x{h}: {name} distribution differs from torchvision (KS {d:.4})"
+                "scale {scale:?} ratio {ratio:?}, {w}x{h}: {name} distribution differs from torchvision (KS {d:.4})"
             );
         }
     }

@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use rn50_args::{check_batch_bytes, finite_in, positive, usize_in, UsageError};
-use rn50_pipeline::cli::AugmentArgs;
+use rn50_pipeline::cli::{AugmentArgs, CropArgs};
 use rn50_report::table::fmt_decimals;
 
 use crate::device::ComputeArgs;
@@ -194,6 +194,8 @@ pub struct TrainArgs {
     /// Zero padding of the cifar RandomCrop, 0 to 1024 pixels.
     #[arg(long, default_value_t = 4, value_parser = usize_in(0..=1024))]
     pub pad: usize,
+    #[command(flatten)]
+    pub crop: CropArgs,
     #[command(flatten)]
     pub augmentation: AugmentArgs,
     /// Mixup's α, 0 (off) to 1e6: images and one-hot targets of a batch blended with the previous image's, weight
@@ -416,10 +418,20 @@ impl TrainArgs {
                 ));
             }
         }
-        self.augmentation.check()?;
-        if self.dummy && (!self.augmentation.train_augment().is_none() || self.ra_reps > 1) {
+        self.crop.check()?;
+        if self.augment == Augment::Cifar && !self.crop.is_default() {
             return usage(
-                "--auto-augment, --random-erase and --ra-reps act on the loader's images: --dummy has none".into(),
+                "--scale and --ratio are RandomResizedCrop's, not --augment cifar's".into(),
+            );
+        }
+        self.augmentation.check()?;
+        if self.dummy
+            && (!self.augmentation.train_augment().is_none()
+                || self.ra_reps > 1
+                || !self.crop.is_default())
+        {
+            return usage(
+                "--scale, --ratio, --auto-augment, --random-erase and --ra-reps act on the loader's images: --dummy has none".into(),
             );
         }
         if self.ema_steps > 1 && self.ema.is_none() {

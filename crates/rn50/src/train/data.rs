@@ -17,7 +17,7 @@ use crate::train::args::{Augment, TrainArgs};
 /// The training recipe's transforms at training resolution `res`.
 fn train_transform(args: &TrainArgs, res: usize) -> Transform {
     match args.augment {
-        Augment::Imagenet => Transform::train(res),
+        Augment::Imagenet => args.crop.train_transform(res),
         Augment::Cifar => Transform::pad_crop(res, args.pad),
     }
 }
@@ -217,5 +217,25 @@ mod tests {
             !train.dct_scaling && !val.dct_scaling,
             "the last one given wins"
         );
+    }
+
+    /// `--scale` and `--ratio` reach RandomResizedCrop at every training resolution (progressive resizing's too);
+    /// evaluation is untouched.
+    #[test]
+    fn the_training_crop_takes_scale_and_ratio() {
+        let args = parse_for_test("DATA --scale 0.35,1 --ratio 0.5 2").unwrap();
+        for res in [64, 128] {
+            assert_eq!(
+                train_transform(&args, res),
+                Transform::Train {
+                    size: res,
+                    scale: [0.35, 1.0],
+                    ratio: [0.5, 2.0]
+                }
+            );
+        }
+        assert_eq!(val_transform(&args), Transform::val(256, 224));
+        let args = parse_for_test("DATA").unwrap();
+        assert_eq!(train_transform(&args, 224), Transform::train(224));
     }
 }

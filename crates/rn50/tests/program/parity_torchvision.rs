@@ -317,6 +317,52 @@ fn the_reference_trainer_s_learning_rates_are_rn50_s() {
     }
 }
 
+/// The reference trainer's RandomResizedCrop takes `--scale` and `--ratio` as rn50 does: `MIN,MAX`, timm's
+/// `MIN MAX`, or a recipe file's two-number lists, the flag over the file; torchvision's ranges by default; MIN above
+/// MAX refused.
+#[test]
+fn the_reference_trainer_crops_with_the_recipe_s_scale_and_ratio() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("recipe.toml");
+    std::fs::write(&recipe, "scale = [0.35, 1.0]\nratio = [0.5, 2]\n").unwrap();
+    let recipe = recipe.to_str().unwrap();
+    let script = "import json, sys; sys.path.insert(0, 'benches'); import reference_train as ref\n\
+                  out = []\n\
+                  for flags in json.loads(sys.argv[1]):\n\
+                  \x20   sys.argv = ['reference_train.py', 'DATA', '--out', 'OUT'] + flags\n\
+                  \x20   try:\n\
+                  \x20       crop = ref.transforms(ref.parse()[1])[0].transforms[1]\n\
+                  \x20       out.append([list(crop.scale), list(crop.ratio)])\n\
+                  \x20   except SystemExit:\n\
+                  \x20       out.append(None)\n\
+                  print(json.dumps(out))";
+    // The crop's (scale, ratio), or None where the reference refuses the flags.
+    type Ranges = Option<[[f64; 2]; 2]>;
+    let cases: [(&[&str], Ranges); 6] = [
+        (&[], Some([[0.08, 1.0], [0.75, 4.0 / 3.0]])),
+        (
+            &["--scale", "0.35,1"],
+            Some([[0.35, 1.0], [0.75, 4.0 / 3.0]]),
+        ),
+        (
+            &["--scale", "0.35", "1", "--ratio", "1,1"],
+            Some([[0.35, 1.0], [1.0, 1.0]]),
+        ),
+        (&["--config", recipe], Some([[0.35, 1.0], [0.5, 2.0]])),
+        (
+            &["--config", recipe, "--scale", "0.5,0.9"],
+            Some([[0.5, 0.9], [0.5, 2.0]]),
+        ),
+        (&["--scale", "0.9,0.5"], None),
+    ];
+    let flags: Vec<&[&str]> = cases.iter().map(|c| c.0).collect();
+    let theirs: Vec<Ranges> =
+        python_from_the_repo(&["-c", script, &serde_json::to_string(&flags).unwrap()]);
+    for ((flags, want), got) in cases.iter().zip(theirs) {
+        assert_eq!(got, *want, "reference_train.py {flags:?}");
+    }
+}
+
 /// `--lr-schedule one-cycle` is PyTorch's `OneCycleLR(anneal_strategy="cos", cycle_momentum=True)` for the same
 /// peak, rise, divisors and momenta: from the peak on, step for step to rounding (both count the fall from the
 /// peak's step to the last); during the rise within one step's change of it, since OneCycleLR's step i is at
