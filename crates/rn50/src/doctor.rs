@@ -413,9 +413,10 @@ pub fn checks(m: &MachineInfo) -> Vec<Check> {
         out.push(if shim::cuda_compiled() {
             ok(
                 "rn50 cuda",
-                "built in (NCCL process groups, fused cuDNN batch norm, cuDNN max-pool, GPU memory statistics); \
-                 a GPU's default: fused BN+ReLU on (--no-fused-bn), folded block off (--fused-block), \
-                 cuDNN max-pool on (--no-cudnn-pool)",
+                "built in (NCCL process groups, fused cuDNN batch norm, cuDNN max-pool, the step as a CUDA graph, \
+                 GPU memory statistics); a GPU's default: fused BN+ReLU on (--no-fused-bn), folded block off \
+                 (--fused-block), cuDNN max-pool on (--no-cudnn-pool), CUDA graph off (bench --cuda-graph; not yet \
+                 measured, not in train)",
             )
         } else {
             warn(
