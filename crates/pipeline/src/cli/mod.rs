@@ -1,6 +1,6 @@
 //! Command-line surfaces for the `rn50` binary, one module per command, each an `XxxArgs` and a
 //! `run(&XxxArgs)`: [`pack`] (`rn50 pack`) and [`bench_loader`] (`rn50 bench-loader`); and the
-//! flags the commands that decode images share ([`PixelLimit`]), those that train ([`AugmentArgs`]), and
+//! flags the commands that decode images share ([`PixelLimit`]), those that train ([`CropArgs`], [`AugmentArgs`]), and
 //! those that read a split of a dataset repository ([`TrainSplitArg`], [`ValSplitArg`]).
 
 use std::ops::Bound;
@@ -100,8 +100,8 @@ fn split_name(name: &str) -> Result<String, String> {
 }
 
 /// `--scale`, `--ratio`: the ranges RandomResizedCrop draws the training crop from (timm's flags of the same names,
-/// given as `MIN,MAX` or as timm's `MIN MAX`),
-/// for every command that makes training crops (train, bench-loader), passed on as `Transform::Train`'s.
+/// given as `MIN,MAX` or as timm's `MIN MAX`), for every command that makes training crops (train, bench-loader),
+/// passed on as `Transform::Train`'s.
 #[derive(Args, Debug, Clone, PartialEq, serde::Serialize)]
 pub struct CropArgs {
     /// RandomResizedCrop's range of the crop's area, as fractions of the image's: MIN,MAX with 0 < MIN <= MAX <= 1
