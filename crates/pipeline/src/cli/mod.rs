@@ -267,22 +267,23 @@ mod tests {
             assert_eq!(parse(&["--train-split", bad]).err(), Some(2), "{bad:?}");
         }
         // bench-loader reads one split: the other's flag is refused (exit 2) before anything is opened.
-        for (args, flag) in [
-            (&["--val", "--train-split", "trn"][..], "--train-split"),
-            (&["--val-split", "valid"], "--val-split"),
-        ] {
-            let Ok(Cli::BenchLoader(c)) =
-                Cli::try_parse_from([&["rn50", "bench-loader", "/nowhere"], args].concat())
-            else {
-                panic!("{args:?}")
-            };
-            let err = bench_loader::run(&c).unwrap_err();
-            assert!(
-                err.downcast_ref::<rn50_args::UsageError>().is_some(),
-                "{err:#}"
-            );
-            assert!(format!("{err}").contains(flag), "{err:#}");
-        }
+        bench_loader_refuses(&["--val", "--train-split", "trn"], "--train-split");
+        bench_loader_refuses(&["--val-split", "valid"], "--val-split");
+    }
+
+    /// `rn50 bench-loader /nowhere ARGS` parses, and its run refuses the flags with a usage error naming `flag`.
+    fn bench_loader_refuses(args: &[&str], flag: &str) {
+        let Ok(Cli::BenchLoader(c)) =
+            Cli::try_parse_from([&["rn50", "bench-loader", "/nowhere"], args].concat())
+        else {
+            panic!("{args:?}")
+        };
+        let err = bench_loader::run(&c).unwrap_err();
+        assert!(
+            err.downcast_ref::<rn50_args::UsageError>().is_some(),
+            "{args:?}: {err:#}"
+        );
+        assert!(format!("{err}").contains(flag), "{args:?}: {err:#}");
     }
 
     #[test]
@@ -357,17 +358,7 @@ mod tests {
         ] {
             assert_eq!(parse(bad), Err(2), "{bad:?}");
         }
-        for args in [&["--val", "--scale", "0.35,1"][..], &["--scale", "0.6,0.5"]] {
-            let Ok(Cli::BenchLoader(c)) =
-                Cli::try_parse_from([&["rn50", "bench-loader", "/nowhere"], args].concat())
-            else {
-                panic!("{args:?}")
-            };
-            let err = bench_loader::run(&c).unwrap_err();
-            assert!(
-                err.downcast_ref::<rn50_args::UsageError>().is_some(),
-                "{args:?}: {err:#}"
-            );
-        }
+        bench_loader_refuses(&["--val", "--scale", "0.35,1"], "--scale");
+        bench_loader_refuses(&["--scale", "0.6,0.5"], "--scale");
     }
 }
