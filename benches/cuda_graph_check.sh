@@ -2,10 +2,13 @@
 # Issue 47 item 2 on one GPU, in one call: the training step captured as one CUDA graph (`rn50 bench --cuda-graph`,
 # src/step/graph.rs) checked and measured against the eager step.
 #
-# 1. tests/cuda_fused.rs with its GPU tests (the graph's three among them: captured against eager over 12 steps,
-#    the rate read at each replay, an overflowing replay skipped inside the graph), one test at a time;
+# 1. tests/cuda_fused.rs with its GPU tests (the graph's five among them: captured against eager over 12 steps,
+#    the rate read at each replay, an overflowing replay skipped inside the graph, train's warm-up on the run's own
+#    batches, and `rn50 train --cuda-graph` against the eager run and resumed, which runs $RN50), one test at a
+#    time;
 # 2. `rn50 bench` eager and with --cuda-graph, alternating, R rounds (ResNet-50, batch 256, fp16, synthetic batch on
-#    the device, defaults otherwise), then each once with --profile; prints every run, the medians and their ratio.
+#    the device, defaults otherwise), then each once with --profile; prints every run, the medians and their ratio;
+# 3. `rn50 train --dummy` the same way, eager and with --cuda-graph, and the ratio of their second epochs' img/s.
 #
 #   benches/cuda_graph_check.sh [--rounds R] [--steps S] [--warmup W] [--batch-size B] [--precision P] [--no-tests]
 #
@@ -31,6 +34,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 RN50=$(realpath "${RN50:-target/release/rn50}")
+export RN50 # the binary the tests that run rn50 start
 CUDA_FUSED=${CUDA_FUSED:-$(ls -t target/release/deps/cuda_fused-* 2>/dev/null | grep -v '\.d$' | head -1)}
 PY=${PY:-python3}
 OUT=${OUT:-$(mktemp -d)}
@@ -69,6 +73,19 @@ done
 run eager.profile --profile
 run graph.profile --cuda-graph --profile
 
+# 3. `rn50 train --dummy` eager and with --cuda-graph (the same network, batch and precision; 2 epochs of $steps
+#    steps, the second one's img/s from metrics.jsonl: the first holds cuDNN's autotuning and the capture).
+train() { # NAME FLAGS...
+    local name=$1
+    shift
+    echo "=== rn50 train --dummy ${common[*]:0:8} --epochs 2 --steps-per-epoch $steps $*"
+    rm -rf "$OUT/train-$name"
+    timeout 300 "$RN50" train --dummy "${common[@]:0:8}" --epochs 2 --steps-per-epoch "$steps" --lr 0.1 -p 20 \
+        --out "$OUT/train-$name" "$@" 2>&1 | grep -E 'cuda-graph|epoch [0-9]+:' || status=1
+}
+train eager
+train graph --cuda-graph
+
 "$PY" - "$OUT" "$rounds" <<'PY'
 import json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
@@ -92,6 +109,12 @@ for mode in ["eager", "graph"]:
     med[mode] = statistics.median(ips) if ips else float("nan")
 print(f"\nmedian img/s: eager {med['eager']:.1f}, --cuda-graph {med['graph']:.1f}: "
       f"{med['graph'] / med['eager']:.3f}x")
+ips = {}
+for mode in ["eager", "graph"]:
+    path = os.path.join(out, f"train-{mode}", "metrics.jsonl")
+    if os.path.exists(path):
+        ips[mode] = [json.loads(l) for l in open(path)][-1]["images_per_sec"]
+print(f"train, second epoch: {ips}" + (f": {ips['graph'] / ips['eager']:.3f}x" if len(ips) == 2 else ""))
 PY
 echo "exit $status"
 exit $status

@@ -7,7 +7,10 @@
 //!
 //! Capture follows `torch.cuda.graph`'s recipe: [`WARMUP_STEPS`] eager steps on a side stream (cuDNN's autotuning,
 //! the gradients allocated, every lazily made handle and plan made), a device-wide synchronize, then the capture on
-//! that side stream (`crates/shim/cpp/graph.cpp`). The warm-up steps are real steps on the batch given.
+//! a side stream (`crates/shim/cpp/graph.cpp`). Two ways to get there: `bench` warms up on its one batch
+//! ([`TrainStep::capture_graph`]); `train` takes its own first steps as the warm-up and captures on the next batch,
+//! which the graph's first replay then trains on ([`TrainStep::train_step_graphed`]), so every batch is trained on
+//! once, in order, as in an eager run, and nothing has to be undone.
 //!
 //! The graph bakes in the batch's shape and type and every number of the step but the rate: the momentum (the
 //! configuration's), weight decay, Nesterov, label smoothing, precision. A batch of another shape runs the eager step
@@ -16,12 +19,13 @@
 //! hooks, outside the graph), `--sync-bn` (its all-reduce inside batch norm), LARS (its update takes the rate as a
 //! number), and, from the loop, gradient accumulation and a momentum that changes per step (one cycle). NCHW
 //! (`--no-channels-last`) changes nothing here: its kernels are captured as the NHWC ones.
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use tch::{Device, Kind, Tensor};
 
 use super::optim::Rate;
 use super::{Skipped, StepOutcome, TrainStep};
 use crate::shim::{self, CudaGraph, SideStream};
+use crate::train::metrics::correct_top1;
 
 /// Eager steps on the side stream before capture (PyTorch's example warms up with 3): the first autotunes cuDNN
 /// and allocates the gradients that the captured step then zeroes and accumulates into in place.
@@ -34,6 +38,10 @@ pub struct LoopNeeds {
     pub micro_batches: usize,
     /// The momentum changes from step to step (the one-cycle schedule): the graph bakes in one.
     pub momentum_schedule: bool,
+    /// Mixup or CutMix: each batch's mix is drawn on the host and changes the step's targets.
+    pub mixes: bool,
+    /// Random erasing: each batch's boxes are zeroed by host-driven ops of their own size.
+    pub erases: bool,
 }
 
 /// Whether [`TrainStep::capture_graph`] captured the step.
@@ -45,6 +53,13 @@ pub enum GraphStatus {
     Declined(String),
 }
 
+/// A step through [`TrainStep::train_step_graphed`]: its outcome and how many of its images ranked their label
+/// first (main.py's training top-1), both on the device.
+pub struct GraphedStep {
+    pub outcome: StepOutcome,
+    pub correct1: Tensor,
+}
+
 /// A captured step and the tensors its kernels read and write.
 pub(super) struct StepGraph {
     graph: CudaGraph,
@@ -52,8 +67,9 @@ pub(super) struct StepGraph {
     images: Tensor,
     labels: Tensor,
     lr: Tensor,
-    /// The captured step's loss, rewritten by each replay.
+    /// The captured step's loss and top-1 hits, rewritten by each replay.
     loss: Tensor,
+    correct1: Tensor,
     /// What the captured kernels use but did not allocate (parameters, gradients, momentum buffers, batch norm's
     /// running statistics, the scaler's state, the normalised input): held so that their memory stays theirs as
     /// long as the graph may write it, even if the step's parts were replaced.
@@ -77,6 +93,10 @@ pub fn declined(step: &TrainStep, needs: LoopNeeds) -> Option<String> {
         "gradient accumulation: a step is several micro-batches"
     } else if needs.momentum_schedule {
         "the momentum changes every step (one-cycle schedule): a graph bakes in one momentum"
+    } else if needs.mixes {
+        "Mixup/CutMix: each batch's mix is drawn on the host"
+    } else if needs.erases {
+        "random erasing: each batch's boxes are zeroed by ops of their own size"
     } else if step.opt.config.lars_eta.is_some() {
         "LARS: its update takes the learning rate as a number, not from the device"
     } else if step.grad_sync.is_some() {
@@ -109,9 +129,98 @@ impl TrainStep {
         if let Some(why) = declined(self, needs) {
             return Ok(GraphStatus::Declined(why));
         }
-        let Device::Cuda(index) = self.device() else {
-            bail!("capture_graph: declined() lets only CUDA devices through");
+        let side = SideStream::enter(self.cuda_index()?)?;
+        for _ in 0..WARMUP_STEPS {
+            self.step_with_hits(images, labels, lr)?;
+        }
+        drop(side);
+        self.capture_now(images, labels, lr)?;
+        Ok(GraphStatus::Captured)
+    }
+
+    /// Train's step with `--cuda-graph`, where [`declined`] gave no reason: replays the captured graph when it fits
+    /// the batch; else a batch of the run's size (`full_batch` images) of a shape not captured yet is one of the
+    /// [`WARMUP_STEPS`] eager steps on a side stream that precede a capture, or, after them, is the batch the step
+    /// is captured on and then trained on by the graph's first replay (capture records without running). A smaller
+    /// batch (unreadable images left out) runs eager. So a new resolution (progressive resizing) warms up and
+    /// captures again, and every batch is trained on once, in order, as without the graph.
+    pub fn train_step_graphed(
+        &mut self,
+        images: &Tensor,
+        labels: &Tensor,
+        lr: f64,
+        full_batch: i64,
+    ) -> Result<GraphedStep> {
+        if let Some(out) = self.replay(images, labels, lr)? {
+            return Ok(out);
+        }
+        if images.size()[0] != full_batch {
+            return self.step_with_hits(images, labels, lr);
+        }
+        let shape = images.size();
+        let warm = match &self.graph_warmup {
+            Some((s, n)) if *s == shape => *n,
+            _ => 0,
         };
+        if warm < WARMUP_STEPS {
+            self.graph_warmup = Some((shape, warm + 1));
+            let _side = SideStream::enter(self.cuda_index()?)?;
+            return self.step_with_hits(images, labels, lr);
+        }
+        self.graph_warmup = None;
+        self.capture_now(images, labels, lr)?;
+        self.replay(images, labels, lr)?
+            .context("the CUDA graph just captured does not fit the batch it was captured on")
+    }
+
+    /// The CUDA device this step runs on.
+    fn cuda_index(&self) -> Result<usize> {
+        match self.device() {
+            Device::Cuda(index) => Ok(index),
+            d => bail!(
+                "a CUDA graph needs a CUDA device, not {d:?}: declined() lets only CUDA through"
+            ),
+        }
+    }
+
+    /// An eager step on a uint8 batch, as the graph captures it: normalised, forward, backward, the update at this
+    /// step's rate with the configured momentum; with its top-1 hits.
+    fn step_with_hits<'a>(
+        &mut self,
+        images: &Tensor,
+        labels: &Tensor,
+        lr: impl Into<Rate<'a>>,
+    ) -> Result<GraphedStep> {
+        Ok(self.step_and_input(images, labels, lr)?.1)
+    }
+
+    /// [`TrainStep::step_with_hits`], and the normalised input (the normaliser's buffer, which a capture reads
+    /// without having allocated it).
+    fn step_and_input<'a>(
+        &mut self,
+        images: &Tensor,
+        labels: &Tensor,
+        lr: impl Into<Rate<'a>>,
+    ) -> Result<(Tensor, GraphedStep)> {
+        let x = self.input.normalize(images);
+        self.opt.zero_grad();
+        let f = self.backward(&x, labels, 0, 1)?;
+        let correct1 = correct_top1(&f.logits, labels);
+        let skipped = self.apply(lr, self.opt.config.momentum)?;
+        let out = GraphedStep {
+            outcome: StepOutcome {
+                loss: f.loss,
+                skipped,
+            },
+            correct1,
+        };
+        Ok((x, out))
+    }
+
+    /// Captures the step on batches like `images` and `labels` (replacing any graph held), after eager steps have
+    /// warmed it up; records it without running it.
+    fn capture_now(&mut self, images: &Tensor, labels: &Tensor, lr: f64) -> Result<()> {
+        let index = self.cuda_index()?;
         self.graph = None;
         let device = self.device();
         let (static_images, static_labels) = (
@@ -120,14 +229,8 @@ impl TrainStep {
         );
         let rate = Tensor::full([1], lr, (Kind::Float, device));
         let side = SideStream::enter(index)?;
-        for _ in 0..WARMUP_STEPS {
-            let x = self.input.normalize(&static_images);
-            self.step(&x, &static_labels, Rate::Device(&rate))?;
-        }
-        let (graph, (x, loss)) = CudaGraph::capture(|| {
-            let x = self.input.normalize(&static_images);
-            let out = self.step(&x, &static_labels, Rate::Device(&rate))?;
-            Ok((x, out.loss))
+        let (graph, (x, out)) = CudaGraph::capture(|| {
+            self.step_and_input(&static_images, &static_labels, Rate::Device(&rate))
         })?;
         drop(side);
         let mut used: Vec<Tensor> = self.opt.params().map(Tensor::shallow_clone).collect();
@@ -146,10 +249,11 @@ impl TrainStep {
             images: static_images,
             labels: static_labels,
             lr: rate,
-            loss,
+            loss: out.outcome.loss,
+            correct1: out.correct1,
             _used: used,
         });
-        Ok(GraphStatus::Captured)
+        Ok(())
     }
 
     /// Whether a captured graph is held ([`TrainStep::capture_graph`]).
@@ -158,14 +262,14 @@ impl TrainStep {
     }
 
     /// The captured step on this batch at rate `lr`, or `None` where no graph fits the batch. Copies the batch and
-    /// the rate into the graph's static inputs and launches it; the outcome's loss and skipped flag are copies of
-    /// its outputs, on the device.
+    /// the rate into the graph's static inputs and launches it; the outcome's loss, skipped flag and top-1 hits are
+    /// copies of its outputs, on the device.
     pub(super) fn replay(
         &mut self,
         images: &Tensor,
         labels: &Tensor,
         lr: f64,
-    ) -> Result<Option<StepOutcome>> {
+    ) -> Result<Option<GraphedStep>> {
         let Some(g) = self.graph.as_ref().filter(|g| g.fits(images, labels)) else {
             return Ok(None);
         };
@@ -175,12 +279,15 @@ impl TrainStep {
             let _ = g.lr.shallow_clone().fill_(lr);
         });
         g.graph.replay()?;
-        Ok(Some(StepOutcome {
-            loss: g.loss.copy(),
-            skipped: match &self.scaler {
-                Some(scaler) => Skipped::from_flag(scaler.found_inf()),
-                None => Skipped::never(),
+        Ok(Some(GraphedStep {
+            outcome: StepOutcome {
+                loss: g.loss.copy(),
+                skipped: match &self.scaler {
+                    Some(scaler) => Skipped::from_flag(scaler.found_inf()),
+                    None => Skipped::never(),
+                },
             },
+            correct1: g.correct1.copy(),
         }))
     }
 }
@@ -215,6 +322,10 @@ mod tests {
         assert!(!step.graph_captured());
         assert_eq!(before, step.model.parameters()[0].1, "no warm-up step ran");
         assert!(step.replay(&images, &labels, 0.1).unwrap().is_none());
+        assert!(
+            step.train_step_graphed(&images, &labels, 0.1, 2).is_err(),
+            "no CUDA, no graph"
+        );
     }
 
     /// What the loop or the optimizer asks for that a graph cannot bake in is named, before the device.
@@ -234,7 +345,17 @@ mod tests {
             micro_batches: 1,
             ..none
         };
+        let mixes = LoopNeeds {
+            mixes: true,
+            ..none
+        };
+        let erases = LoopNeeds {
+            erases: true,
+            ..none
+        };
         for (step, needs, want) in [
+            (&plain, mixes, "Mixup/CutMix"),
+            (&plain, erases, "random erasing"),
             (&plain, none, "the device is the CPU"),
             (&plain, one_micro_batch, "the device is the CPU"),
             (&plain, accum, "gradient accumulation"),

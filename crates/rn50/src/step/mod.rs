@@ -56,6 +56,9 @@ pub struct TrainStep {
     pub comm: StepComm,
     /// The step captured as a CUDA graph ([`TrainStep::capture_graph`]), replayed by [`TrainStep::step_u8`].
     graph: Option<graph::StepGraph>,
+    /// Train's `--cuda-graph`: the shape of the batches warming up a capture, and how many eager steps of it ran
+    /// ([`TrainStep::train_step_graphed`]).
+    graph_warmup: Option<(Vec<i64>, usize)>,
 }
 
 impl TrainStep {
@@ -81,6 +84,7 @@ impl TrainStep {
             grad_sync: None,
             comm: StepComm::default(),
             graph: None,
+            graph_warmup: None,
         }
     }
 
@@ -126,7 +130,7 @@ impl TrainStep {
     /// graph's replay where one was captured for batches of this shape ([`TrainStep::capture_graph`]), else eager.
     pub fn step_u8(&mut self, images: &Tensor, labels: &Tensor, lr: f64) -> Result<StepOutcome> {
         if let Some(out) = self.replay(images, labels, lr)? {
-            return Ok(out);
+            return Ok(out.outcome);
         }
         let x = self.input.normalize(images);
         self.step(&x, labels, lr)

@@ -303,6 +303,16 @@ pub struct TrainArgs {
     /// Synthetic data instead of DATA (no disk, no decode).
     #[arg(long)]
     pub dummy: bool,
+    /// On one CUDA GPU, run each training step as one CUDA graph (one launch for its thousands of kernels; the
+    /// rate and the loss-scale logic on the device). The first 3 steps of each batch shape run eager on a side
+    /// stream, the 4th is captured and trained on by the graph's first replay, and every later step of that shape
+    /// replays it: each batch is trained on once, in order, as without it. A batch left smaller by unreadable
+    /// images runs eager; a new resolution (--min-res) warms up and captures again. Where it cannot apply (CPU,
+    /// several processes, --accum-steps above 1, one-cycle's momentum, LARS, Mixup/CutMix, --random-erase,
+    /// --sync-bn) the steps run eager and the log says why. Off by default until measured on a GPU
+    /// (docs/benchmarks.md).
+    #[arg(long)]
+    pub cuda_graph: bool,
     #[command(flatten)]
     pub compute: ComputeArgs,
     /// Log every N steps.

@@ -20,6 +20,7 @@ use crate::device::{device_name, Compute, DeviceSettings};
 use crate::input::{self, BatchSource, DeviceBatch};
 use crate::model::weights::{self, Recorded};
 use crate::model::{Model, ResNetConfig, Stem};
+use crate::step::graph::{self, LoopNeeds, WARMUP_STEPS};
 use crate::step::mix::BatchMix;
 use crate::step::{SgdConfig, Skipped, StepConfig, TrainStep};
 use crate::train::args::{Augment, OptimizerKind, TrainArgs};
@@ -101,6 +102,8 @@ struct RunState<'a> {
     /// With --dummy: one random batch, trained on at every step.
     dummy: Option<BatchSource>,
     step: TrainStep,
+    /// --cuda-graph, where it applies: each step through [`TrainStep::train_step_graphed`].
+    cuda_graph: bool,
     /// --mixup-alpha / --cutmix-alpha, when either is above 0.
     mix: Option<BatchMix>,
     ema: Option<EmaModel>,
@@ -322,6 +325,29 @@ impl<'a> RunState<'a> {
                 ),
             }
         }
+        let cuda_graph = args.cuda_graph && !args.evaluate && {
+            let needs = LoopNeeds {
+                micro_batches: args.accum_steps,
+                momentum_schedule: schedule.momentum_at(0.0).is_some(),
+                mixes: args.mixup_alpha > 0.0 || args.cutmix_alpha > 0.0,
+                erases: args.augmentation.random_erase > 0.0,
+            };
+            match graph::declined(&step, needs) {
+                None => true,
+                Some(why) => {
+                    if rank0 {
+                        tracing::warn!("--cuda-graph: the steps run eager: {why}");
+                    }
+                    false
+                }
+            }
+        };
+        if cuda_graph && rank0 {
+            tracing::info!(
+                "--cuda-graph: the first {WARMUP_STEPS} steps of each batch shape run eager, then the step is \
+                 captured as one CUDA graph and replayed"
+            );
+        }
         let recorded = Recorded::of_run(
             &model_cfg,
             class_names(data.as_ref()),
@@ -339,6 +365,7 @@ impl<'a> RunState<'a> {
             data,
             dummy,
             step,
+            cuda_graph,
             mix: BatchMix::new(args.mixup_alpha, args.cutmix_alpha),
             ema,
             config: serde_json::to_value(args)?,
@@ -774,14 +801,8 @@ impl<'a> Trainer<'a> {
                 // No batch to train on anywhere: no step (never one on an empty batch), as for a skipped fp16 step.
                 None
             } else {
-                self.state.step.opt.zero_grad();
-                let stepped = self.forward_backward(trained, epoch, s, &mut prog)?;
+                let (stepped, skipped) = self.train_step(trained, epoch, s, t, lr, &mut prog)?;
                 let _ = run.correct1.g_add_(&stepped.correct1);
-                let step = &mut self.state.step;
-                // One cycle moves the momentum with the rate; other schedules keep --momentum.
-                let momentum = self.state.schedule.momentum_at(t);
-                let momentum = momentum.unwrap_or(step.opt.config.momentum);
-                let skipped = step.apply(lr, momentum)?;
                 if let Some(l) = &mut self.log {
                     l.taken();
                 }
@@ -914,6 +935,44 @@ impl<'a> Trainer<'a> {
                 .map(|&untrainable| untrainable == 0.0)
                 .collect(),
         })
+    }
+
+    /// Step `s` of `epoch` (at `t` epochs, rate `lr`) on its micro-batches: forward and backward over each, then the
+    /// update; with --cuda-graph, the step as one CUDA graph where it fits the batch.
+    fn train_step(
+        &mut self,
+        mut batches: Vec<DeviceBatch>,
+        epoch: usize,
+        s: usize,
+        t: f64,
+        lr: f64,
+        prog: &mut EpochProgress,
+    ) -> Result<(Stepped, Skipped)> {
+        if self.state.cuda_graph {
+            // One micro-batch: --cuda-graph is declined with --accum-steps above 1.
+            let batch = batches.pop().context("a step without a batch")?;
+            let full = self.state.args.batch_size as i64;
+            let out = self
+                .state
+                .step
+                .train_step_graphed(&batch.images, &batch.labels, lr, full)?;
+            let images = batch.labels.size()[0] as usize;
+            prog.images += images;
+            let stepped = Stepped {
+                loss: out.outcome.loss,
+                correct1: out.correct1,
+                images,
+            };
+            return Ok((stepped, out.outcome.skipped));
+        }
+        self.state.step.opt.zero_grad();
+        let stepped = self.forward_backward(batches, epoch, s, prog)?;
+        let step = &mut self.state.step;
+        // One cycle moves the momentum with the rate; other schedules keep --momentum.
+        let momentum = self.state.schedule.momentum_at(t);
+        let momentum = momentum.unwrap_or(step.opt.config.momentum);
+        let skipped = step.apply(lr, momentum)?;
+        Ok((stepped, skipped))
     }
 
     /// Forward and backward over the step's micro-batches (step `s` of `epoch`): their mean loss and top-1 hits

@@ -612,6 +612,43 @@ fn tiny(out: &Path) -> TinyTrain {
     )
 }
 
+/// `--cuda-graph` where it cannot apply runs the eager step and says why, whatever else the run does: on the CPU
+/// the device is the reason, and the run's losses are the bits of the same run without the flag; with Mixup the
+/// reason is Mixup, named before the device. (The graph itself is checked on a GPU: tests/cuda_fused.rs.)
+#[test]
+fn cuda_graph_where_it_cannot_apply_runs_eager_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plain, asked, mixed) = (
+        dir.path().join("plain"),
+        dir.path().join("asked"),
+        dir.path().join("mixed"),
+    );
+    let r = tiny(&plain).flags("--epochs 3 -p 1").output();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let r = tiny(&asked).flags("--epochs 3 -p 1 --cuda-graph").output();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{err}");
+    assert!(
+        err.contains("--cuda-graph: the steps run eager: the device is the CPU"),
+        "{err}"
+    );
+    let (want, got) = (step_losses(&plain), step_losses(&asked));
+    assert_eq!(want.len(), 3);
+    assert!(
+        want.iter().all(|(k, l)| got[k].to_bits() == l.to_bits()),
+        "{got:?} against {want:?}"
+    );
+    let r = tiny(&mixed)
+        .flags("--epochs 1 --cuda-graph --mixup-alpha 0.2")
+        .output();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{err}");
+    assert!(
+        err.contains("--cuda-graph: the steps run eager: Mixup/CutMix"),
+        "{err}"
+    );
+}
+
 /// A second `train` into a used --out without --resume (issue 12, item 4) is refused and changes nothing; a
 /// dangling latest link resumes from the newest checkpoint that loads; --overwrite replaces the run's files
 /// and leaves the user's.
