@@ -5,17 +5,21 @@
 # 1. tests/cuda_fused.rs with its GPU tests (the graph's five among them: captured against eager over 12 steps,
 #    the rate read at each replay, an overflowing replay skipped inside the graph, train's warm-up on the run's own
 #    batches, and `rn50 train --cuda-graph` against the eager run and resumed, which runs $RN50), one test at a
-#    time;
+#    time, then tests/fused_block.rs's (the fused bottleneck's cuDNN graphs, issue 47 item 3);
 # 2. `rn50 bench` eager and with --cuda-graph, alternating, R rounds (ResNet-50, batch 256, fp16, synthetic batch on
 #    the device, defaults otherwise), then each once with --profile; prints every run, the medians and their ratio;
 # 3. `rn50 train --dummy` the same way, eager and with --cuda-graph, and the ratio of their second epochs' img/s.
 #
 #   benches/cuda_graph_check.sh [--rounds R] [--steps S] [--warmup W] [--batch-size B] [--precision P] [--no-tests]
 #
-# Environment: RN50, the rn50 binary (default target/release/rn50), and CUDA_FUSED, the cuda_fused test binary
-# (default: the newest target/release/deps/cuda_fused-*), both built with `--features rn50/cuda` against the torch
-# the GPU machine has (`cargo build --release -p rn50 --features rn50/cuda` and `cargo test --release -p rn50
-# --features rn50/cuda --no-run --test cuda_fused`, which prints the test binary's path). Where the libtorch they
+# Environment: RN50, the rn50 binary (default target/release/rn50), CUDA_FUSED, the cuda_fused test binary
+# (default: the newest target/release/deps/cuda_fused-*), and FUSED_BLOCK, the fused_block test binary (default:
+# the newest target/release/deps/fused_block-*; its GPU tests check the fused bottleneck's cuDNN graphs against the
+# per-layer path, run after cuda_fused's where it is found), all built with `--features rn50/cuda` against the
+# torch the GPU machine has (`cargo build --release -p rn50 --features rn50/cuda` and `cargo test --release -p
+# rn50 --features rn50/cuda --no-run --test cuda_fused --test fused_block`, which prints the test binaries' paths;
+# the fused block's graphs are built only where the cuDNN frontend's headers sit in site-packages/include beside
+# torch/). Where the libtorch they
 # were built against is not at the path they record, python3's torch is put on LD_LIBRARY_PATH (torch/lib and the
 # nvidia wheels' lib folders). OUT (default: a new temporary folder): where every output goes, the log
 # (cuda_graph_check.log) and each run's JSON. PY (default python3) reads the JSON.
@@ -36,6 +40,7 @@ done
 RN50=$(realpath "${RN50:-target/release/rn50}")
 export RN50 # the binary the tests that run rn50 start
 CUDA_FUSED=${CUDA_FUSED:-$(ls -t target/release/deps/cuda_fused-* 2>/dev/null | grep -v '\.d$' | head -1)}
+FUSED_BLOCK=${FUSED_BLOCK:-$(ls -t target/release/deps/fused_block-* 2>/dev/null | grep -v '\.d$' | head -1)}
 PY=${PY:-python3}
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
@@ -57,6 +62,10 @@ status=0
 if [[ $tests == 1 ]]; then
     echo "=== tests/cuda_fused.rs, GPU tests included ($CUDA_FUSED)"
     (cd crates/rn50 && timeout 420 "$CUDA_FUSED" --include-ignored --test-threads 1 --nocapture) || status=1
+    if [[ -n $FUSED_BLOCK ]]; then
+        echo "=== tests/fused_block.rs, GPU tests included ($FUSED_BLOCK)"
+        (cd crates/rn50 && timeout 300 "$FUSED_BLOCK" --include-ignored --test-threads 1 --nocapture) || status=1
+    fi
 fi
 
 common=(--device cuda --arch resnet50 --batch-size "$batch" --precision "$prec" --warmup "$warmup" --steps "$steps")

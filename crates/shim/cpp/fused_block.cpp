@@ -12,10 +12,11 @@
 // Backward, from dy_3:
 //   wgrad        dW_i from dy_i and a_{i-1} recomputed from y_{i-1} (prologue);
 //   dgrad_drelu  dz_{i-1} = dgrad(dy_i) · [scale_{i-1}·y_{i-1} + bias_{i-1} > 0], the mask recomputed from the raw
-//                input and the statistics, plus the batch-norm weight gradient dγ = Σ dz·x̂, dβ = Σ dz;
-//   bn_input     dy_{i-1} = a·dz + b·y_{i-1} + c, the batch-norm input gradient as three per-channel coefficients
-//                (cuDNN's eq_scale_dy, eq_scale_x, eq_bias): a = γ·invstd, b = −γ·invstd²·dγ/M,
-//                c = γ·invstd·(invstd·mean·dγ − dβ)/M, M = N·H·W;
+//                input and the statistics, plus the batch-norm weight gradient dγ = Σ dz·x̂, dβ = Σ dz, and the
+//                input gradient's three per-channel coefficients a = γ·invstd, b = −γ·invstd²·dγ/M,
+//                c = γ·invstd·(invstd·mean·dγ − dβ)/M, M = N·H·W (in the cuDNN graph, its dBN-weight node's
+//                eq_scale_dy, eq_scale_x and eq_bias outputs, in the same pass);
+//   bn_input     dy_{i-1} = a·dz + b·y_{i-1} + c, the batch-norm input gradient;
 //   conv1's wgrad and dgrad as PyTorch runs them (its input is the block's, already activated).
 //
 // Every stage has two implementations: ATen ops (any device and type: the decomposition's reference, tested on
@@ -156,9 +157,23 @@ Stats finalize_aten(const ConvOut& c, const Tensor& gamma, const Tensor& beta, c
   return {mean, invstd, scale, bias};
 }
 
-// dz = dgrad(dy) masked by the ReLU of the activation recomputed from y_prev, and the batch-norm weight gradient.
-std::pair<Tensor, BnGrad> dgrad_drelu_aten(const Tensor& dy, const Tensor& w, Geometry g, const Tensor& y_prev,
-                                           const Stats& s) {
+// The three per-channel coefficients of the batch-norm input gradient, dy = a·dz + b·y + c (fp32 [C]).
+struct InputCoefficients {
+  Tensor a, b, c;
+};
+
+// One batch norm's backward up to its input gradient: dz, the gradient at its output (the ReLU's mask applied),
+// its weight gradient, and the coefficients that turn dz into the gradient at its input.
+struct BnBackward {
+  Tensor dz;
+  BnGrad grad;
+  InputCoefficients k;
+};
+
+// dz = dgrad(dy) masked by the ReLU of the activation recomputed from y_prev, the batch-norm weight gradient, and
+// the input gradient's coefficients derived from it.
+BnBackward dgrad_drelu_aten(const Tensor& dy, const Tensor& w, Geometry g, const Tensor& y_prev, const Stats& s,
+                            const Tensor& gamma) {
   auto da = std::get<0>(at::convolution_backward(dy, y_prev, w, std::nullopt, {g.stride, g.stride}, {g.pad, g.pad},
                                                  {1, 1}, false, {0, 0}, 1, {true, false, false}));
   auto pre = y_prev * ch(s.scale) + ch(s.bias);
@@ -166,25 +181,17 @@ std::pair<Tensor, BnGrad> dgrad_drelu_aten(const Tensor& dy, const Tensor& w, Ge
   auto dzf = dz.to(at::kFloat);
   auto dbeta = dzf.sum(kDims);
   auto dgamma = (dzf * (y_prev.to(at::kFloat) - ch(s.mean))).sum(kDims) * s.invstd;
-  return {dz, {dgamma, dbeta}};
+  double m = static_cast<double>(count(y_prev));
+  auto a = gamma * s.invstd;
+  auto b = -a * s.invstd * dgamma / m;
+  auto c = a * (s.invstd * s.mean * dgamma - dbeta) / m;
+  return {dz, {dgamma, dbeta}, {a, b, c}};
 }
 
 Tensor wgrad_aten(const Tensor& dy, const Tensor& input, const Tensor& w, Geometry g, const Stats* prologue) {
   auto a = prologue ? activation(input, *prologue) : input;
   return std::get<1>(at::convolution_backward(dy, a, w, std::nullopt, {g.stride, g.stride}, {g.pad, g.pad}, {1, 1},
                                               false, {0, 0}, 1, {false, true, false}));
-}
-
-// The three per-channel coefficients of the batch-norm input gradient, dy = a·dz + b·y + c.
-struct InputCoefficients {
-  Tensor a, b, c;
-};
-
-InputCoefficients input_coefficients(const Stats& s, const Tensor& gamma, const BnGrad& g, int64_t m) {
-  auto a = gamma * s.invstd;
-  auto b = -a * s.invstd * g.dgamma / static_cast<double>(m);
-  auto c = a * (s.invstd * s.mean * g.dgamma - g.dbeta) / static_cast<double>(m);
-  return {a, b, c};
 }
 
 Tensor bn_input_aten(const Tensor& dz, const Tensor& y, const InputCoefficients& k) {
@@ -531,18 +538,16 @@ Stats finalize_graph(const ConvOut& co, const Tensor& gamma, const Tensor& beta,
   return s;
 }
 
-std::pair<Tensor, BnGrad> dgrad_drelu_graph(const Tensor& dy, const Tensor& w, Geometry g, const Tensor& y_prev,
-                                            const Stats& s, const Tensor& gamma, const Tensor& beta) {
+// The input gradient's coefficients are cuDNN's own (dBN weight's eq_scale_dy, eq_scale_x, eq_bias), computed in
+// the same pass as dγ and dβ.
+BnBackward dgrad_drelu_graph(const Tensor& dy, const Tensor& w, Geometry g, const Tensor& y_prev, const Stats& s,
+                             const Tensor& gamma, const Tensor& beta) {
   auto* pl = dgrad_drelu_plan(ConvShape::of(y_prev, w, g), dy.scalar_type());
-  auto dz = at::empty_like(y_prev, at::MemoryFormat::ChannelsLast);
   auto e = [&] { return at::empty({y_prev.size(1)}, s.mean.options()); };
-  BnGrad grad{e(), e()};
-  // cuDNN's own input-gradient coefficients must be bound too; rn50 derives them from dγ and dβ
-  // (input_coefficients), one definition for both implementations.
-  auto eq_dy = e(), eq_x = e(), eq_b = e();
-  run(*pl, {&dy, &w, &y_prev, &s.mean, &s.invstd, &gamma, &beta, &dz, &grad.dgamma, &grad.dbeta, &eq_dy, &eq_x,
-            &eq_b});
-  return {dz, grad};
+  BnBackward out{at::empty_like(y_prev, at::MemoryFormat::ChannelsLast), {e(), e()}, {e(), e(), e()}};
+  run(*pl, {&dy, &w, &y_prev, &s.mean, &s.invstd, &gamma, &beta, &out.dz, &out.grad.dgamma, &out.grad.dbeta,
+            &out.k.a, &out.k.b, &out.k.c});
+  return out;
 }
 
 Tensor wgrad_sbr_graph(const Tensor& dy, const Tensor& y_prev, const Tensor& w, Geometry g, const Stats& s) {
@@ -581,10 +586,10 @@ Stats finalize(const ConvOut& c, const Tensor& gamma, const Tensor& beta, const 
   return finalize_aten(c, gamma, beta, running_mean, running_var, momentum, eps);
 }
 
-std::pair<Tensor, BnGrad> dgrad_drelu(const Tensor& dy, const Tensor& w, Geometry g, const Tensor& y_prev,
-                                      const Stats& s, const Tensor& gamma, const Tensor& beta, bool graph) {
+BnBackward dgrad_drelu(const Tensor& dy, const Tensor& w, Geometry g, const Tensor& y_prev, const Stats& s,
+                       const Tensor& gamma, const Tensor& beta, bool graph) {
   RN50_STAGE(graph, dgrad_drelu_graph(dy, w, g, y_prev, s, gamma, beta));
-  return dgrad_drelu_aten(dy, w, g, y_prev, s);
+  return dgrad_drelu_aten(dy, w, g, y_prev, s, gamma);
 }
 
 Tensor wgrad(const Tensor& dy, const Tensor& y_prev, const Tensor& w, Geometry g, const Stats& prologue, bool graph) {
@@ -674,10 +679,10 @@ struct Body : public torch::autograd::Function<Body> {
       auto g = geometry(conv, stride);
       dparams[conv] = wgrad(dy, y_prev, w[conv], g, s, graph);
       const auto& gamma = gamma_of(params, bn);
-      auto [dz, bg] = dgrad_drelu(dy, w[conv], g, y_prev, s, gamma, beta_of(params, bn), graph);
-      dparams[3 + 2 * bn] = bg.dgamma;
-      dparams[4 + 2 * bn] = bg.dbeta;
-      return bn_input(dz, y_prev, input_coefficients(s, gamma, bg, count(y_prev)), graph);
+      auto b = dgrad_drelu(dy, w[conv], g, y_prev, s, gamma, beta_of(params, bn), graph);
+      dparams[3 + 2 * bn] = b.grad.dgamma;
+      dparams[4 + 2 * bn] = b.grad.dbeta;
+      return bn_input(b.dz, y_prev, b.k, graph);
     };
     auto dy2 = inner(2, dy3, y2, s2);
     auto dy1 = inner(1, dy2, y1, s1);
