@@ -415,8 +415,8 @@ pub fn checks(m: &MachineInfo) -> Vec<Check> {
                 "rn50 cuda",
                 "built in (NCCL process groups, fused cuDNN batch norm, cuDNN max-pool, the step as a CUDA graph, \
                  GPU memory statistics); a GPU's default: fused BN+ReLU on (--no-fused-bn), folded block off \
-                 (--fused-block), cuDNN max-pool on (--no-cudnn-pool), CUDA graph off (bench --cuda-graph; not yet \
-                 measured, not in train)",
+                 (--fused-block), cuDNN max-pool on (--no-cudnn-pool), the step as a CUDA graph off (--cuda-graph in \
+                 bench and train; not yet measured on a GPU)",
             )
         } else {
             warn(
