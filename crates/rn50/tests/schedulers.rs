@@ -825,8 +825,8 @@ fn slurm_sbatch_requeue_and_resume() {
 // ---------------------------------------------------------------------------------------------------------------
 // Open MPI
 
-/// `mpirun -np 2 rn50 train …` as root in a container (what CI is); Open MPI's session directory in the test's
-/// (TMPDIR), so that it goes with it.
+/// `mpirun -np 2 rn50 train …` as root in a container (what CI is); Open MPI's session directory in the log's
+/// folder (TMPDIR), inside the test's temporary folder, so that it goes with it.
 fn mpirun(reaper: &Reaper, mpirun: &Path, log: &Path, train: &TinyTrain) -> Command {
     let mut c = reaper.command(mpirun, log);
     c.env("TMPDIR", log.parent().unwrap())
@@ -848,7 +848,9 @@ fn mpirun(reaper: &Reaper, mpirun: &Path, log: &Path, train: &TinyTrain) -> Comm
 
 /// Two `mpirun -np 2` jobs at once on one node, neither given MASTER_PORT: each rendezvouses on a port derived
 /// from its own Open MPI job (both used 29500 before, and the second failed), and both train to the
-/// uninterrupted run's weights.
+/// uninterrupted run's weights. Each job has a TMPDIR of its own, as a scheduler's jobs do: two Open MPI 4
+/// mpiruns starting at once in one TMPDIR race to create its session directory, and the loser fails in
+/// orte_init ("mkdir ... File exists", open-mpi/ompi#8510), before rn50 runs.
 #[test]
 fn two_mpirun_jobs_at_once_on_one_node() {
     let Some(bins) = need("Open MPI", &["mpirun"], "openmpi-bin") else {
@@ -862,7 +864,9 @@ fn two_mpirun_jobs_at_once_on_one_node() {
     let mut jobs: Vec<(Child, PathBuf, PathBuf)> = ["a", "b"]
         .iter()
         .map(|j| {
-            let (log, run) = (d.join(format!("{j}.log")), d.join(j));
+            let tmp = d.join(format!("tmp-{j}"));
+            std::fs::create_dir(&tmp).unwrap();
+            let (log, run) = (tmp.join("mpirun.log"), d.join(j));
             (
                 mpirun(&reaper, &bins[0], &log, &tiny(&run))
                     .spawn()
