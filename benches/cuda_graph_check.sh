@@ -16,10 +16,9 @@
 # (default: the newest target/release/deps/cuda_fused-*), and FUSED_BLOCK, the fused_block test binary (default:
 # the newest target/release/deps/fused_block-*; its GPU tests check the fused bottleneck's cuDNN graphs against the
 # per-layer path, run after cuda_fused's where it is found), all built with `--features rn50/cuda` against the
-# torch the GPU machine has (`cargo build --release -p rn50 --features rn50/cuda` and `cargo test --release -p
-# rn50 --features rn50/cuda --no-run --test cuda_fused --test fused_block`, which prints the test binaries' paths;
-# the fused block's graphs are built only where the cuDNN frontend's headers sit in site-packages/include beside
-# torch/). Where the libtorch they
+# torch the GPU machine has: `scripts/gpu-bundle.sh --tests VERSION` builds all three on a machine with Rust and
+# packs them into target/gpu-bundle/ (unpacked there: RN50=target/gpu-bundle/rn50 CUDA_FUSED=.../cuda_fused
+# FUSED_BLOCK=.../fused_block). Where the libtorch they
 # were built against is not at the path they record, python3's torch is put on LD_LIBRARY_PATH (torch/lib and the
 # nvidia wheels' lib folders). OUT (default: a new temporary folder): where every output goes, the log
 # (cuda_graph_check.log) and each run's JSON. PY (default python3) reads the JSON.

@@ -425,6 +425,22 @@ pub fn checks(m: &MachineInfo) -> Vec<Check> {
                 "install the nvidia wheels of scripts/requirements.txt (or set CUDA_HOME) and rebuild",
             )
         });
+        if shim::cuda_compiled() {
+            out.push(if shim::block_graphs_compiled() {
+                ok(
+                    "rn50 fused block",
+                    "the cuDNN graphs of --fused-block built in (the cuDNN frontend's headers were found)",
+                )
+            } else {
+                warn(
+                    "rn50 fused block",
+                    "not built in: the cuDNN frontend's headers were missing when rn50 was built, so \
+                     --fused-block runs the per-layer fused batch norm",
+                    "install the nvidia-cudnn-frontend wheel of scripts/requirements.txt (its headers go to \
+                     site-packages/include, beside torch/) and rebuild",
+                )
+            });
+        }
     }
     out.push(match setting_on(&config, "USE_GLOO") {
         true => ok("gloo", "libtorch built with Gloo (CPU collectives)"),

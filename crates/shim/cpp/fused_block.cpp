@@ -717,6 +717,8 @@ std::string not_applicable(const Tensor& x, size_t nparams, size_t nbuffers, boo
   }
   return {};
 #else
+  report_once("this binary was built without the cuDNN frontend's headers (the nvidia-cudnn-frontend wheel, in "
+              "site-packages/include beside torch/): every block runs the per-layer fused batch norm");
   return "built without the cuDNN frontend";
 #endif
 }

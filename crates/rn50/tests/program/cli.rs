@@ -137,7 +137,8 @@ fn doctor_reports_json_checks() {
 }
 
 /// The binary the default build makes has rn50's CUDA code whenever the libtorch it links has CUDA (the pinned
-/// wheel has): doctor finds the CUDA libtorch and says OK for rn50's own CUDA code, on CPU and GPU nodes alike.
+/// wheel has): doctor finds the CUDA libtorch and says OK for rn50's own CUDA code and for the fused block's
+/// cuDNN graphs, on CPU and GPU nodes alike.
 #[test]
 fn the_default_build_has_cuda_when_libtorch_has_it() {
     let out = rn50_backtrace(&["doctor", "--json"]);
@@ -171,6 +172,10 @@ fn the_default_build_has_cuda_when_libtorch_has_it() {
     let ours = check("rn50 cuda").expect("doctor checks rn50's CUDA code when libtorch has CUDA");
     assert_eq!(ours["status"], "OK", "{ours}");
     assert!(rn50::shim::cuda_compiled());
+    // ./dev setup installs the cuDNN frontend's headers, so the fused block's graphs are built in too.
+    let block = check("rn50 fused block").expect("doctor checks the fused block's cuDNN graphs");
+    assert_eq!(block["status"], "OK", "{block}");
+    assert!(rn50::shim::block_graphs_compiled());
 }
 
 /// `mpirun` inside a SLURM allocation: doctor names what training would use (Open MPI's variables, as
