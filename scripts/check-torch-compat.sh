@@ -17,17 +17,7 @@ cd "$(dirname "$0")/.."
 version=${1:-2.11.0}
 root=$PWD/.venv/compat/torch-$version
 if [[ ! -f $root/torch/include/torch/headeronly/version.h ]]; then
-    tmp=$(mktemp -d)
-    trap 'rm -rf "$tmp"' EXIT
-    .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-        "torch==$version" -d "$tmp"
-    rm -rf "$root"
-    mkdir -p "$root"
-    .venv/bin/python - "$tmp"/torch-*.whl "$root" <<'PY'
-import sys, zipfile
-with zipfile.ZipFile(sys.argv[1]) as z:
-    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("torch/include/")])
-PY
+    scripts/torch-wheel.sh "$version" "$root" torch/include/
 fi
 mkdir -p "$root/torch/lib"
 # The CUDA and NCCL headers sit next to torch/ in a site-packages (crates/shim-build looks there): the .venv's.

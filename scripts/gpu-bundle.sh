@@ -30,18 +30,8 @@ out=${2:-target/gpu-bundle}
 
 root=$PWD/.venv/gpu/torch-$version
 if [[ ! -f $root/torch/lib/libtorch_cuda.so ]]; then
-    tmp=$(mktemp -d)
-    trap 'rm -rf "$tmp"' EXIT
     echo "downloading torch==$version (its CUDA wheel, once)"
-    .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-        "torch==$version" -d "$tmp"
-    rm -rf "$root"
-    mkdir -p "$root"
-    .venv/bin/python - "$tmp"/torch-*.whl "$root" <<'PY'
-import sys, zipfile
-with zipfile.ZipFile(sys.argv[1]) as z:
-    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("torch/")])
-PY
+    scripts/torch-wheel.sh "$version" "$root" torch/
     [[ -f $root/torch/lib/libtorch_cuda.so ]] || { echo "torch==$version's wheel has no CUDA" >&2; exit 1; }
 fi
 # crates/shim-build looks for the CUDA, NCCL and cuDNN headers in nvidia/ beside torch/, and for the cuDNN
