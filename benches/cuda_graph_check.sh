@@ -46,11 +46,7 @@ mkdir -p "$OUT"
 exec > >(tee -a "$OUT/cuda_graph_check.log") 2>&1
 
 if ! "$RN50" --version >/dev/null 2>&1; then
-    site=$("$PY" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
-    libs=$site/torch/lib
-    for d in "$site"/nvidia/*/lib "$site"/nvidia/*/*/lib; do [[ -d $d ]] && libs=$libs:$d; done
-    export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    echo "libtorch from $site/torch"
+    . scripts/torch-env.sh
 fi
 date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

@@ -10,9 +10,9 @@
 #
 # The wheel (about 900 MB, of which its torch/ is kept under .venv/gpu/torch-VERSION, about 2 GB) is downloaded
 # once. Its libraries are linked against here, not shipped: on the GPU machine rn50 finds that machine's own torch
-# through LD_LIBRARY_PATH, which OUT/env.sh sets from its python3's torch (`. OUT/env.sh` after unpacking). The
-# CUDA, cuDNN and NCCL headers, and the cuDNN frontend's (without which --fused-block has no cuDNN graphs: the
-# build is checked for them), come from the .venv's nvidia wheels (`./dev setup`).
+# through LD_LIBRARY_PATH, which OUT/env.sh (scripts/torch-env.sh) sets from its python3's torch (`. OUT/env.sh`
+# after unpacking). The CUDA, cuDNN and NCCL headers, and the cuDNN frontend's (without which --fused-block has no
+# cuDNN graphs: the build is checked for them), come from the .venv's nvidia wheels (`./dev setup`).
 #
 # On the GPU machine, with OUT copied to the same path inside the repository:
 #   for f in OUT/*.xz; do xz -dkf "$f"; chmod +x "${f%.xz}"; done; . OUT/env.sh; OUT/rn50 doctor
@@ -69,14 +69,7 @@ for b in "${bins[@]}"; do
     objcopy --strip-debug "$b" "$out/$name"
     xz -T0 -f "$out/$name"
 done
-cat >"$out/env.sh" <<'SH'
-# Sourced on the GPU machine: its python3's torch and nvidia wheels on LD_LIBRARY_PATH, for the binaries here.
-_site=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
-_libs=$_site/torch/lib
-for _d in "$_site"/nvidia/*/lib "$_site"/nvidia/*/*/lib; do [ -d "$_d" ] && _libs=$_libs:$_d; done
-export LD_LIBRARY_PATH=$_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-unset _site _libs _d
-SH
+cp scripts/torch-env.sh "$out/env.sh"
 echo "built against torch $version with the cuda feature:"
 ls -l "$out"
 du -sh "$out"
