@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU step, rn50 against PyTorch in the same run: `rn50 bench` as it runs by default (the fused cuDNN batch
-# norm), with --fused-block (bottlenecks with bn1 and bn2 folded into the convolutions through cuDNN graphs) and
+# norm), with --fused-block (bottlenecks with their batch norms folded into the convolutions through cuDNN graphs) and
 # with --no-fused-bn (PyTorch's separate kernels), PyTorch eager (benches/pytorch_train_bench.py) and PyTorch with torch.compile, alternating,
 # R rounds each, same arch / batch / precision / channels_last / steps, synthetic batch on the GPU. Prints each
 # run, then the median of each and its ratio to PyTorch eager and to torch.compile.

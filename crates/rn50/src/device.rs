@@ -32,11 +32,11 @@ pub struct ComputeArgs {
     /// with `bench`).
     #[arg(long)]
     pub no_fused_bn: bool,
-    /// On CUDA in fp16, fold bn1 and bn2 of each bottleneck into its convolutions through cuDNN graphs (statistics
-    /// in one convolution's epilogue, normalisation and ReLU in the next one's prologue, as NVIDIA's MLPerf
-    /// ResNet-50), the tail staying the fused batch norm. Numbers as without it and 14% less GPU memory, but on an
-    /// H200 with cuDNN 9.19 the step is 2% slower (docs/benchmarks.md), hence off by default. Where cuDNN lacks a
-    /// graph (bf16 there), the block runs without it and says so once.
+    /// On CUDA in fp16, fold each bottleneck's batch norms into its convolutions through cuDNN graphs (statistics
+    /// in one convolution's epilogue, normalisation and ReLU in the next one's prologue, bn3 and the shortcut's in
+    /// one pass that adds the branches, as NVIDIA's MLPerf ResNet-50). Numbers as without it; with bn1 and bn2
+    /// alone 14% less GPU memory, but on an H200 with cuDNN 9.19 the step was 2% slower (docs/benchmarks.md), hence
+    /// off by default. Where cuDNN lacks a graph (bf16 there), the block runs without it and says so once.
     #[arg(long)]
     pub fused_block: bool,
     /// On CUDA, run the stem's max-pool as PyTorch's kernel (which writes an int64 index per output and reads it

@@ -119,11 +119,13 @@ mod ffi {
         #[allow(clippy::too_many_arguments)]
         pub fn rn50_bottleneck(
             x: *const C_tensor,
+            shortcut: *const C_tensor,
             params: *const *const C_tensor,
             nparams: usize,
             buffers: *const *const C_tensor,
             nbuffers: usize,
             stride: i64,
+            shortcut_stride: i64,
             momentum: f64,
             eps: f64,
             use_graph: c_int,
@@ -438,17 +440,30 @@ pub fn max_pool(
     }
 }
 
-/// A ResNet bottleneck's body in training, `conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))`, as one autograd function
-/// whose stages fold each batch norm into the convolutions around it (`crates/shim/cpp/fused_block.cpp`): statistics
-/// from the convolution's output, the normalisation and ReLU applied as the next convolution reads its input, the
-/// activations recomputed in backward instead of stored. `params`: the conv weights of conv1, conv2, conv3, then γ and
-/// β of bn1 and bn2; `buffers`: the running mean and variance of bn1 and bn2, updated as `batch_norm` does.
-/// `use_graph`: on CUDA the stages as cuDNN graphs (declined, [`Fused::NotApplicable`], where the build lacks them or
-/// cuDNN does not support one for this shape); with `false`, and on the CPU, as ATen ops, the decomposition's
-/// reference.
+/// Where a [`bottleneck`]'s output goes: the body alone, or the whole block with its shortcut.
+pub enum BlockReach<'a> {
+    /// `conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))`, conv3's raw output: the caller runs the tail.
+    Body,
+    /// `relu(bn3(body) + shortcut)`, the shortcut the given tensor as it is (the block's input).
+    Identity(&'a Tensor),
+    /// `relu(bn3(body) + bn(conv(input)))`, the projection's 1x1 conv at `stride` (its weight and batch norm
+    /// among the parameters) of `input`: the block's input, or ResNet-D's average-pooled input.
+    Projection { input: &'a Tensor, stride: i64 },
+}
+
+/// A ResNet bottleneck in training as one autograd function whose stages fold each batch norm into the
+/// convolutions around it (`crates/shim/cpp/fused_block.cpp`): statistics from the convolution's output, the
+/// normalisation and ReLU applied as the next convolution reads its input (or, for bn3 and the projection's batch
+/// norm, in one pass that adds the branches), the activations recomputed in backward instead of stored.
+/// `params`: the conv weights of conv1, conv2, conv3 (and the projection's), then γ and β of bn1, bn2 (and bn3,
+/// and the projection's), as `reach` needs them; `buffers`: the running mean and variance of the same batch norms,
+/// updated as `batch_norm` does. `use_graph`: on CUDA the stages as cuDNN graphs (declined,
+/// [`Fused::NotApplicable`], where the build lacks them or cuDNN does not support one for this shape); with
+/// `false`, and on the CPU, as ATen ops, the decomposition's reference.
 #[allow(clippy::too_many_arguments)]
 pub fn bottleneck(
     x: &Tensor,
+    reach: BlockReach,
     params: &[Tensor],
     buffers: &[Tensor],
     stride: i64,
@@ -456,6 +471,11 @@ pub fn bottleneck(
     eps: f64,
     use_graph: bool,
 ) -> Result<Fused> {
+    let (shortcut, shortcut_stride) = match reach {
+        BlockReach::Body => (x, 1),
+        BlockReach::Identity(r) => (r, 1),
+        BlockReach::Projection { input, stride } => (input, stride),
+    };
     let (p, b) = (ffi::handles(params), ffi::handles(buffers));
     let mut out: *mut C_tensor = std::ptr::null_mut();
     // SAFETY: live tensor handles and arrays of them, valid for the call; on success the shim stores a new heap
@@ -463,11 +483,13 @@ pub fn bottleneck(
     let rc = unsafe {
         ffi::rn50_bottleneck(
             x.as_ptr(),
+            shortcut.as_ptr(),
             p.as_ptr(),
             p.len(),
             b.as_ptr(),
             b.len(),
             stride,
+            shortcut_stride,
             momentum,
             eps,
             c_int::from(use_graph),

@@ -1,7 +1,8 @@
-//! The bottleneck whose body (conv1 to conv3) has bn1 and bn2 folded into its convolutions (`crates/shim/cpp/fused_block.cpp`),
-//! followed by the block's tail (bn3, the shortcut, add, ReLU), against PyTorch autograd of the plain block (conv →
-//! batch_norm(training) → ReLU ×3, the shortcut, add, ReLU) on the same inputs: output, the input gradient, every
-//! parameter gradient and the running statistics.
+//! The bottleneck with its batch norms folded into its convolutions (`crates/shim/cpp/fused_block.cpp`): its body
+//! (conv1 to conv3, bn1 and bn2) followed by the tail in PyTorch's ops, and the whole block (the tail, bn3 and the
+//! projection's batch norm, folded too), against PyTorch autograd of the plain block (conv → batch_norm(training) →
+//! ReLU ×3, the shortcut, add, ReLU) on the same inputs: output, the input gradient, every parameter gradient and
+//! the running statistics.
 //!
 //! On the CPU the body runs its stages as ATen ops (the decomposition: statistics from the convolution's output,
 //! batch norm finalized into a scale and bias, the activation recomputed from the raw convolution output in the
@@ -12,7 +13,7 @@ mod common;
 
 use common::{assert_as_close_as_peer, l2_rel_err};
 use rn50::model::{fused, memory_format, Arch, Model, ResNetConfig};
-use rn50::shim::{self, Fused};
+use rn50::shim::{self, BlockReach, Fused};
 use tch::{Device, Kind, Reduction, Tensor};
 
 const MOMENTUM: f64 = 0.1;
@@ -24,6 +25,8 @@ struct Block {
     params: Vec<Tensor>,
     stride: i64,
     downsample: bool,
+    /// ResNet-D's shortcut: a 2x2 average pool (ceil mode, padding not counted), then the conv at stride 1.
+    avg_down: bool,
 }
 
 impl Block {
@@ -56,7 +59,34 @@ impl Block {
             params,
             stride,
             downsample,
+            avg_down: false,
         }
+    }
+
+    /// What the shortcut's conv reads, and at which stride.
+    fn shortcut_input(&self, x: &Tensor) -> (Tensor, i64) {
+        if self.avg_down && self.stride != 1 {
+            let pooled = x.avg_pool2d([2, 2], [2, 2], [0, 0], true, false, None::<i64>);
+            return (pooled, 1);
+        }
+        (x.shallow_clone(), self.stride)
+    }
+
+    /// The shortcut branch in PyTorch ops, in `kind`: the input, or bn(conv(input)).
+    fn shortcut(&self, x: &Tensor, buffers: &[Tensor], kind: Kind) -> Tensor {
+        if !self.downsample {
+            return x.shallow_clone();
+        }
+        let (input, stride) = self.shortcut_input(x);
+        let y = input.conv2d(
+            &self.params[3].to_kind(kind),
+            None::<Tensor>,
+            [stride; 2],
+            [0, 0],
+            [1, 1],
+            1,
+        );
+        self.batch_norm(&y, buffers, 3).to_kind(kind)
     }
 
     fn convs(&self) -> usize {
@@ -113,12 +143,7 @@ impl Block {
         let a1 = bn(&conv(x, 0, 1, 0), 0).relu();
         let a2 = bn(&conv(&a1, 1, self.stride, 1), 1).relu();
         let y3 = bn(&conv(&a2, 2, 1, 0), 2);
-        let shortcut = if self.downsample {
-            bn(&conv(x, 3, self.stride, 0), 3)
-        } else {
-            x.shallow_clone()
-        };
-        (y3 + shortcut).relu()
+        (y3 + self.shortcut(x, buffers, kind)).relu()
     }
 
     /// The fused body's output (`shim::bottleneck`, given conv1 to conv3, bn1 and bn2 as the ResNet hands them).
@@ -131,6 +156,7 @@ impl Block {
             .collect();
         shim::bottleneck(
             x,
+            BlockReach::Body,
             &body,
             &buffers[..4],
             self.stride,
@@ -144,27 +170,45 @@ impl Block {
     /// The block with its body fused (`shim::bottleneck`: conv1 to conv3, bn1 and bn2, as the ResNet hands it over)
     /// and the tail in PyTorch's ops, in the body's output type.
     fn fused(&self, x: &Tensor, buffers: &[Tensor], use_graph: bool, momentum: f64) -> Tensor {
-        let p = &self.params;
         let y3 = match self.body(x, buffers, use_graph, momentum) {
             Fused::Done(y) => y,
             Fused::NotApplicable(why) => panic!("the fused body declined: {why}"),
         };
         let kind = y3.kind();
-        let bn = |y: &Tensor, i: usize| self.batch_norm(y, buffers, i).to_kind(kind);
-        let shortcut = if self.downsample {
-            let yd = x.conv2d(
-                &p[3].to_kind(kind),
-                None::<Tensor>,
-                [self.stride; 2],
-                [0, 0],
-                [1, 1],
-                1,
-            );
-            bn(&yd, 3)
+        let y3 = self.batch_norm(&y3, buffers, 2).to_kind(kind);
+        (y3 + self.shortcut(x, buffers, kind)).relu()
+    }
+
+    /// The whole block through `shim::bottleneck`, its tail (bn3, the projection's batch norm, add, ReLU) folded
+    /// too, given every tensor as the ResNet hands them over.
+    fn whole(&self, x: &Tensor, buffers: &[Tensor], use_graph: bool, momentum: f64) -> Fused {
+        let (input, stride) = self.shortcut_input(x);
+        let reach = if self.downsample {
+            BlockReach::Projection {
+                input: &input,
+                stride,
+            }
         } else {
-            x.shallow_clone()
+            BlockReach::Identity(x)
         };
-        (bn(&y3, 2) + shortcut).relu()
+        shim::bottleneck(
+            x,
+            reach,
+            &self.params,
+            buffers,
+            self.stride,
+            momentum,
+            EPS,
+            use_graph,
+        )
+        .unwrap()
+    }
+
+    fn folded(&self, x: &Tensor, buffers: &[Tensor], use_graph: bool, momentum: f64) -> Tensor {
+        match self.whole(x, buffers, use_graph, momentum) {
+            Fused::Done(y) => y,
+            Fused::NotApplicable(why) => panic!("the fused block declined: {why}"),
+        }
     }
 }
 
@@ -227,22 +271,27 @@ fn compare(case: &str, got: &Outcome, want: &Outcome, peer: Option<&Outcome>, to
     }
 }
 
-/// The decomposition in ATen ops equals the plain block on the CPU in fp32: with and without a downsample,
-/// stride 1 and 2 (odd sides, where the strided convolution drops a row), NCHW and channels_last.
+/// The decomposition in ATen ops equals the plain block on the CPU in fp32, the body alone (the tail in PyTorch's
+/// ops) and the whole block (the tail folded too): with and without a downsample, stride 1 and 2 (odd sides, where
+/// the strided convolution drops a row), ResNet-D's average-pooled shortcut, NCHW and channels_last.
 #[test]
 fn decomposition_matches_pytorch_autograd_of_the_plain_block() {
     let cases = [
-        // (cin, planes, stride, side)
-        (16, 4, 1, 8), // identity shortcut
-        (8, 4, 1, 8),  // downsample at stride 1 (the first block of layer1)
-        (16, 8, 2, 9), // downsample at stride 2, odd side
-        (32, 8, 1, 5), // identity, odd side
+        // (cin, planes, stride, side, avg_down)
+        (16, 4, 1, 8, false), // identity shortcut
+        (8, 4, 1, 8, false),  // downsample at stride 1 (the first block of layer1)
+        (16, 8, 2, 9, false), // downsample at stride 2, odd side
+        (32, 8, 1, 5, false), // identity, odd side
+        (16, 8, 2, 9, true),  // ResNet-D's shortcut, odd side (the pool's ceil mode)
     ];
-    for (cin, planes, stride, side) in cases {
+    for (cin, planes, stride, side, avg_down) in cases {
         for channels_last in [false, true] {
             tch::manual_seed(3);
-            let case = format!("cin {cin} planes {planes} stride {stride} side {side} channels_last {channels_last}");
-            let block = Block::new(cin, planes, stride, Device::Cpu);
+            let case = format!(
+                "cin {cin} planes {planes} stride {stride} side {side} avg_down {avg_down} channels_last {channels_last}"
+            );
+            let mut block = Block::new(cin, planes, stride, Device::Cpu);
+            block.avg_down = avg_down;
             let mut x = Tensor::randn([4, cin, side, side], (Kind::Float, Device::Cpu)).relu();
             if channels_last {
                 x = memory_format::channels_last(&x);
@@ -255,15 +304,29 @@ fn decomposition_matches_pytorch_autograd_of_the_plain_block() {
             let want = outcome(&block, &x, &weight, |x, b| {
                 block.reference(x, b, Kind::Float)
             });
-            let got = outcome(&block, &x, &weight, |x, b| {
-                block.fused(x, b, false, MOMENTUM)
-            });
-            compare(&case, &got, &want, None, 1e-5);
             // The CPU has no cuDNN graphs: asking for them runs the same ATen stages.
-            let graph = outcome(&block, &x, &weight, |x, b| {
-                block.fused(x, b, true, MOMENTUM)
-            });
-            compare(&format!("{case} (graphs asked)"), &graph, &want, None, 1e-5);
+            for use_graph in [false, true] {
+                let body = outcome(&block, &x, &weight, |x, b| {
+                    block.fused(x, b, use_graph, MOMENTUM)
+                });
+                compare(
+                    &format!("{case} body, graphs asked {use_graph}"),
+                    &body,
+                    &want,
+                    None,
+                    1e-5,
+                );
+                let whole = outcome(&block, &x, &weight, |x, b| {
+                    block.folded(x, b, use_graph, MOMENTUM)
+                });
+                compare(
+                    &format!("{case} whole block, graphs asked {use_graph}"),
+                    &whole,
+                    &want,
+                    None,
+                    1e-5,
+                );
+            }
         }
     }
 }
@@ -279,35 +342,54 @@ fn the_comparison_catches_a_stage_that_is_off() {
     let want = outcome(&block, &x, &weight, |x, b| {
         block.reference(x, b, Kind::Float)
     });
-    let off = outcome(&block, &x, &weight, |x, b| block.fused(x, b, false, 0.2));
-    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        compare("momentum 0.2", &off, &want, None, 1e-5)
-    }));
-    assert!(
-        caught.is_err(),
-        "a block whose running statistics are off passed"
-    );
+    for whole in [false, true] {
+        let off = outcome(&block, &x, &weight, |x, b| {
+            if whole {
+                block.folded(x, b, false, 0.2)
+            } else {
+                block.fused(x, b, false, 0.2)
+            }
+        });
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            compare("momentum 0.2", &off, &want, None, 1e-5)
+        }));
+        assert!(
+            caught.is_err(),
+            "a block whose running statistics are off passed (whole block: {whole})"
+        );
+    }
 }
 
-/// The body declines what is not a bottleneck body's set of tensors, leaving the caller to run the separate ops.
+/// The block declines what is not a bottleneck's set of tensors, leaving the caller to run the separate ops, and
+/// refuses a shortcut whose shape is not the body's output's.
 #[test]
-fn the_body_declines_what_it_does_not_apply_to() {
+fn the_block_declines_what_it_does_not_apply_to() {
     let block = Block::new(16, 4, 1, Device::Cpu);
     let x = Tensor::randn([2, 16, 4, 4], (Kind::Float, Device::Cpu));
     let buffers = block.buffers();
-    let r = shim::bottleneck(
-        &x,
-        &block.params[..5],
-        &buffers[..4],
-        1,
-        MOMENTUM,
-        EPS,
-        false,
-    )
-    .unwrap();
-    assert!(matches!(r, Fused::NotApplicable(ref why) if why.contains("body's parameters")));
-    let r = shim::bottleneck(&x, &block.params[..7], &buffers, 1, MOMENTUM, EPS, false).unwrap();
-    assert!(matches!(r, Fused::NotApplicable(ref why) if why.contains("running statistics")));
+    let call = |reach, params: &[Tensor], buffers: &[Tensor]| {
+        shim::bottleneck(&x, reach, params, buffers, 1, MOMENTUM, EPS, false)
+    };
+    let declined = |r: anyhow::Result<Fused>, what: &str| {
+        assert!(matches!(r.unwrap(), Fused::NotApplicable(ref why) if why.contains(what)))
+    };
+    declined(
+        call(BlockReach::Body, &block.params[..5], &buffers[..4]),
+        "bottleneck's parameters",
+    );
+    declined(
+        call(BlockReach::Body, &block.params[..7], &buffers),
+        "running statistics",
+    );
+    declined(
+        call(BlockReach::Identity(&x), &block.params, &buffers[..4]),
+        "running statistics",
+    );
+    let half = x.slice(2, 0, 2, 1);
+    let err = call(BlockReach::Identity(&half), &block.params, &buffers)
+        .err()
+        .expect("a shortcut of another shape was taken");
+    assert!(err.to_string().contains("the shortcut gives"), "{err:#}");
 }
 
 /// The GPU of a test marked `#[ignore]` (GPU only): asked to run without one, it fails rather than pass unrun.
@@ -331,20 +413,25 @@ fn gpu() -> Device {
 #[ignore = "needs a CUDA GPU (and rn50 built against a CUDA libtorch): run with --include-ignored there"]
 fn cudnn_graph_stages_match_the_plain_block_on_a_gpu() {
     let dev = gpu();
-    // (cin, planes, stride, side): layer1.0, layer1.1, layer2.0, layer3.1, layer4.0 of ResNet-50.
+    // (cin, planes, stride, side, avg_down): layer1.0, layer1.1, layer2.0, layer3.1, layer4.0 of ResNet-50, and
+    // layer2.0 of ResNet-D.
     let cases = [
-        (64, 64, 1, 56),
-        (256, 64, 1, 56),
-        (256, 128, 2, 56),
-        (1024, 256, 1, 14),
-        (1024, 512, 2, 14),
+        (64, 64, 1, 56, false),
+        (256, 64, 1, 56, false),
+        (256, 128, 2, 56, false),
+        (1024, 256, 1, 14, false),
+        (1024, 512, 2, 14, false),
+        (256, 128, 2, 56, true),
     ];
     for kind in [Kind::Half, Kind::BFloat16] {
         let tol = if kind == Kind::Half { 5e-3 } else { 4e-2 };
-        for (cin, planes, stride, side) in cases {
+        for (cin, planes, stride, side, avg_down) in cases {
             tch::manual_seed(11);
-            let case = format!("{kind:?} cin {cin} planes {planes} stride {stride} side {side}");
-            let block = Block::new(cin, planes, stride, dev);
+            let case = format!(
+                "{kind:?} cin {cin} planes {planes} stride {stride} side {side} avg_down {avg_down}"
+            );
+            let mut block = Block::new(cin, planes, stride, dev);
+            block.avg_down = avg_down;
             let x = memory_format::channels_last(
                 &Tensor::randn([32, cin, side, side], (Kind::Float, dev))
                     .relu()
@@ -390,6 +477,42 @@ fn cudnn_graph_stages_match_the_plain_block_on_a_gpu() {
                 l2_rel_err(&graph.out, &want.out),
                 l2_rel_err(&aten.out, &want.out),
                 l2_rel_err(&peer.out, &want.out)
+            );
+            // The whole block, its tail folded too (bn3 and the projection's batch norm): the fp16 graphs are
+            // required, as the body's are.
+            if let Fused::NotApplicable(why) = block.whole(&x, &block.buffers(), true, MOMENTUM) {
+                assert_eq!(
+                    kind,
+                    Kind::BFloat16,
+                    "{case}: the fused block declined: {why}"
+                );
+                println!("{case}: the whole block declined ({why})");
+                continue;
+            }
+            let whole = outcome(&block, &x, &weight, |x, b| {
+                block.folded(x, b, true, MOMENTUM)
+            });
+            compare(
+                &format!("{case} (whole block)"),
+                &whole,
+                &want,
+                Some(&peer),
+                tol,
+            );
+            let whole_aten = outcome(&block, &x, &weight, |x, b| {
+                block.folded(x, b, false, MOMENTUM)
+            });
+            compare(
+                &format!("{case} (whole block, ATen stages)"),
+                &whole_aten,
+                &want,
+                Some(&peer),
+                tol,
+            );
+            println!(
+                "{case}: whole block's output off fp32 by {:.2e} (graphs), {:.2e} (ATen stages)",
+                l2_rel_err(&whole.out, &want.out),
+                l2_rel_err(&whole_aten.out, &want.out)
             );
         }
     }

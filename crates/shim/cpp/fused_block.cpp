@@ -1,15 +1,22 @@
-// The body of a ResNet bottleneck, conv1 → bn1 → ReLU → conv2 → bn2 → ReLU → conv3, with its two batch norms folded
-// into the convolutions as NVIDIA's MLPerf ResNet-50 runs them: one autograd function whose stages are the ones
-// cuDNN's graph API fuses. The block's tail (bn3 + shortcut + ReLU) stays cuDNN's fused batch norm + add + ReLU
-// (fused_bn.cpp), which computes bn3's statistics, adds and applies the ReLU in one call each way.
+// A ResNet bottleneck, conv1 → bn1 → ReLU → conv2 → bn2 → ReLU → conv3 → bn3 (+ shortcut) → ReLU, with its batch
+// norms folded into the convolutions as NVIDIA's MLPerf ResNet-50 runs them: one autograd function whose stages
+// are the ones cuDNN's graph API fuses. Two reaches: the body alone (conv1 to conv3, bn1 and bn2; the caller runs
+// the tail as cuDNN's per-layer fused batch norm + add + ReLU, fused_bn.cpp), or the whole block, whose tail folds
+// bn3 and the projection shortcut's batch norm too (the caller falls back to the body alone where cuDNN lacks the
+// tail's graphs).
 //
 // Forward, for conv i (y_i its raw output, a_i = relu(scale_i·y_i + bias_i) the activation the next conv reads,
 // never stored):
 //   conv_stats   y_i = conv(a_{i-1}) with a_{i-1} recomputed from y_{i-1} as the conv loads it (prologue), and
 //                the per-channel sum and sum of squares of y_i as it is written (epilogue, "genstats");
 //   finalize     mean, inverse std, the running statistics (unbiased variance, momentum), and the scale and bias
-//                that apply the batch norm: scale = γ·invstd, bias = β − mean·scale.
-// Backward, from dy_3:
+//                that apply the batch norm: scale = γ·invstd, bias = β − mean·scale;
+//   tail         out = relu(scale_3·y_3 + bias_3 + r), r the shortcut as it is, or the projection conv's raw output
+//                (conv_stats, finalize) times its own scale plus bias: one pass over both branches.
+// Backward, from dy_3 (the body alone) or from dout:
+//   tail         dz = dout·[out > 0] (the output is its own ReLU mask), then the batch-norm weight gradient of bn3
+//                and of the projection's batch norm, both from dz, in one pass; their input gradients (bn_input);
+//                the projection conv's wgrad and dgrad as PyTorch runs them;
 //   wgrad        dW_i from dy_i and a_{i-1} recomputed from y_{i-1} (prologue);
 //   dgrad_drelu  dz_{i-1} = dgrad(dy_i) · [scale_{i-1}·y_{i-1} + bias_{i-1} > 0], the mask recomputed from the raw
 //                input and the statistics, plus the batch-norm weight gradient dγ = Σ dz·x̂, dβ = Σ dz, and the
@@ -21,11 +28,11 @@
 //
 // Every stage has two implementations: ATen ops (any device and type: the decomposition's reference, tested on
 // the CPU against PyTorch autograd of the plain block) and, in a CUDA build with the cuDNN frontend's headers, a
-// cuDNN graph, built once per shape and cached. On CUDA every graph of a body's shape is built before its first
-// use; if cuDNN supports one of them not (GPU generation, cuDNN version, bf16), the body declines and the block
-// runs the per-layer path, said once (rn50_block_report).
+// cuDNN graph, built once per shape and cached. On CUDA every graph of a block's shape is built before its first
+// use; if cuDNN supports one of them not (GPU generation, cuDNN version, bf16), the block declines, said once
+// (rn50_block_report).
 //
-// rn50_bottleneck returns 0 on success, 1 on an error (message in rn50_block_last_error), 2 when the body does
+// rn50_bottleneck returns 0 on success, 1 on an error (message in rn50_block_last_error), 2 when the block does
 // not apply to these tensors (the caller runs the per-layer ops).
 #include "rn50_shim_common.h"
 
@@ -33,6 +40,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
+#include <array>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -170,22 +178,56 @@ struct BnBackward {
   InputCoefficients k;
 };
 
-// dz = dgrad(dy) masked by the ReLU of the activation recomputed from y_prev, the batch-norm weight gradient, and
-// the input gradient's coefficients derived from it.
+// The batch-norm backward from dz, the gradient at its output: its weight gradient and the coefficients that turn
+// dz into the gradient at its input (y its input, s its statistics).
+BnBackward bn_weight_aten(const Tensor& dz, const Tensor& y, const Stats& s, const Tensor& gamma) {
+  auto dzf = dz.to(at::kFloat);
+  auto dbeta = dzf.sum(kDims);
+  auto dgamma = (dzf * (y.to(at::kFloat) - ch(s.mean))).sum(kDims) * s.invstd;
+  double m = static_cast<double>(count(y));
+  auto a = gamma * s.invstd;
+  auto b = -a * s.invstd * dgamma / m;
+  auto c = a * (s.invstd * s.mean * dgamma - dbeta) / m;
+  return {dz, {dgamma, dbeta}, {a, b, c}};
+}
+
+// dz = dgrad(dy) masked by the ReLU of the activation recomputed from y_prev, then the batch norm's backward.
 BnBackward dgrad_drelu_aten(const Tensor& dy, const Tensor& w, Geometry g, const Tensor& y_prev, const Stats& s,
                             const Tensor& gamma) {
   auto da = std::get<0>(at::convolution_backward(dy, y_prev, w, std::nullopt, {g.stride, g.stride}, {g.pad, g.pad},
                                                  {1, 1}, false, {0, 0}, 1, {true, false, false}));
   auto pre = y_prev * ch(s.scale) + ch(s.bias);
   auto dz = at::threshold_backward(da, pre, 0).to(y_prev.scalar_type());
-  auto dzf = dz.to(at::kFloat);
-  auto dbeta = dzf.sum(kDims);
-  auto dgamma = (dzf * (y_prev.to(at::kFloat) - ch(s.mean))).sum(kDims) * s.invstd;
-  double m = static_cast<double>(count(y_prev));
-  auto a = gamma * s.invstd;
-  auto b = -a * s.invstd * dgamma / m;
-  auto c = a * (s.invstd * s.mean * dgamma - dbeta) / m;
-  return {dz, {dgamma, dbeta}, {a, b, c}};
+  return bn_weight_aten(dz, y_prev, s, gamma);
+}
+
+// The block's tail reads bn3's input y3 and the shortcut: the block's input itself (identity, `norm` null), or the
+// projection's raw output normalised by its own batch norm.
+struct Shortcut {
+  Tensor y;
+  const Stats* norm;
+};
+
+// relu(scale3·y3 + bias3 + shortcut), in y3's type.
+Tensor tail_aten(const Tensor& y3, const Stats& s3, const Shortcut& r) {
+  auto pre = y3 * ch(s3.scale) + ch(s3.bias);
+  pre = r.norm ? pre + r.y * ch(r.norm->scale) + ch(r.norm->bias) : pre + r.y;
+  return at::relu(pre).to(y3.scalar_type()).contiguous(y3.suggest_memory_format());
+}
+
+// The tail's backward up to the batch norms' inputs: dz = dout where the block's output is positive (out > 0
+// exactly where relu's input is), then bn3's backward and, for a projection, the shortcut batch norm's, both
+// from the same dz.
+struct TailBackward {
+  BnBackward main, shortcut;  // `shortcut` undefined for an identity shortcut
+};
+
+TailBackward tail_backward_aten(const Tensor& dout, const Tensor& out, const Tensor& y3, const Stats& s3,
+                                const Tensor& gamma3, const Shortcut& r, const Tensor& gamma_r) {
+  auto dz = at::threshold_backward(dout, out, 0);
+  TailBackward t{bn_weight_aten(dz, y3, s3, gamma3), {}};
+  if (r.norm) t.shortcut = bn_weight_aten(dz, r.y, *r.norm, gamma_r);
+  return t;
 }
 
 Tensor wgrad_aten(const Tensor& dy, const Tensor& input, const Tensor& w, Geometry g, const Stats* prologue) {
@@ -494,20 +536,101 @@ Plan* bn_input_plan(int64_t n, int64_t c, int64_t h, int64_t w, at::ScalarType t
   });
 }
 
+// The block's tail: out = relu(y3·scale3 + bias3 + r), r the shortcut as it is (identity) or, for a projection,
+// its raw output times its own scale plus bias: one pass over both branches. io: y3, scale3, bias3, r, [scale_r,
+// bias_r,] out.
+Plan* tail_plan(int64_t n, int64_t c, int64_t h, int64_t w, bool projection, at::ScalarType type) {
+  auto key = shape_key(projection ? "dual-scale-bias-add-relu" : "scale-bias-add-relu", {n, c, h, w}, type);
+  return plan(key, [&](Plan& pl, cudnnHandle_t hd) {
+    Builder b(fe_type(type), fe::DataType_t::FLOAT);
+    auto f = fe::DataType_t::FLOAT;
+    using M = fe::PointwiseMode_t;
+    auto Y = b.image("y3", n, c, h, w), R = b.image("shortcut", n, c, h, w);
+    auto S = b.channels("scale3", c, f), B = b.channels("bias3", c, f);
+    pl.io = {Y, S, B, R};
+    auto side = R;
+    if (projection) {
+      auto SR = b.channels("scale_r", c, f), BR = b.channels("bias_r", c, f);
+      side = b.pw(M::ADD, b.pw(M::MUL, R, SR), BR);
+      pl.io.insert(pl.io.end(), {SR, BR});
+    }
+    auto OUT = b.relu(b.pw(M::ADD, b.pw(M::ADD, b.pw(M::MUL, Y, S), B), side));
+    OUT->set_dim({n, c, h, w}).set_stride(nhwc(n, c, h, w));
+    b.out(OUT, b.io);
+    pl.io.push_back(OUT);
+    return b.finish(pl, hd);
+  });
+}
+
+// The tail's backward: dz = dReLU(dout, out), then the batch-norm weight gradient (with cuDNN's input-gradient
+// coefficients) of bn3 and, for a projection, of the shortcut's batch norm from the same dz. io: dout, out, y3,
+// mean3, invstd3, γ3, [y_r, mean_r, invstd_r, γ_r,] then dz, dγ3, dβ3, a3, b3, c3[, dγ_r, dβ_r, a_r, b_r, c_r].
+Plan* tail_backward_plan(int64_t n, int64_t c, int64_t h, int64_t w, bool projection, at::ScalarType type) {
+  auto key = shape_key(projection ? "drelu-dual-dbn-weight" : "drelu-dbn-weight", {n, c, h, w}, type);
+  return plan(key, [&](Plan& pl, cudnnHandle_t hd) {
+    Builder b(fe_type(type), fe::DataType_t::FLOAT);
+    auto f = fe::DataType_t::FLOAT;
+    auto DOUT = b.image("dout", n, c, h, w), OUT = b.image("out", n, c, h, w);
+    auto DZ = b.pw(fe::PointwiseMode_t::RELU_BWD, DOUT, OUT);
+    DZ->set_dim({n, c, h, w}).set_stride(nhwc(n, c, h, w));
+    b.out(DZ, b.io);
+    pl.io = {DOUT, OUT};
+    std::vector<Attr> outputs{DZ};
+    auto weight = [&](const char* y, const char* mean, const char* invstd, const char* gamma) {
+      auto X = b.image(y, n, c, h, w);
+      auto M = b.channels(mean, c, f), V = b.channels(invstd, c, f), G = b.channels(gamma, c, f);
+      auto [DGAMMA, DBETA, EQ_DY, EQ_X, EQ_B] = b.g->dbn_weight(DZ, X, M, V, G, fe::graph::DBN_weight_attributes());
+      for (auto& t : {DGAMMA, DBETA, EQ_DY, EQ_X, EQ_B}) b.out(t, f);
+      pl.io.insert(pl.io.end(), {X, M, V, G});
+      outputs.insert(outputs.end(), {DGAMMA, DBETA, EQ_DY, EQ_X, EQ_B});
+    };
+    weight("y3", "mean3", "invstd3", "gamma3");
+    if (projection) weight("y_r", "mean_r", "invstd_r", "gamma_r");
+    pl.io.insert(pl.io.end(), outputs.begin(), outputs.end());
+    return b.finish(pl, hd);
+  });
+}
+
+// The shapes of the body's three convolutions for input x, weights w1, w2, w3 and the stride on conv2.
+std::array<ConvShape, 3> body_shapes(const Tensor& x, at::TensorList w, int64_t stride) {
+  auto s1 = ConvShape::of(x, w[0], geometry(0, stride));
+  ConvShape s2{s1.n, s1.k, s1.p(), s1.q(), w[1].size(0), w[1].size(2), geometry(1, stride)};
+  ConvShape s3{s2.n, s2.k, s2.p(), s2.q(), w[2].size(0), w[2].size(2), geometry(2, stride)};
+  return {s1, s2, s3};
+}
+
+const Plan* first_error(std::initializer_list<const Plan*> plans) {
+  for (const Plan* p : plans)
+    if (!p->error.empty()) return p;
+  return nullptr;
+}
+
 // Every graph of a body whose input is x (weights w1, w2, w3, the stride on conv2), built (or found) now. The
 // first one cuDNN does not support, or null if it supports them all.
 const Plan* first_unsupported(const Tensor& x, at::TensorList w, int64_t stride, double momentum, double eps) {
   auto type = x.scalar_type();
-  auto s1 = ConvShape::of(x, w[0], geometry(0, stride));
-  ConvShape s2{s1.n, s1.k, s1.p(), s1.q(), w[1].size(0), w[1].size(2), geometry(1, stride)};
-  ConvShape s3{s2.n, s2.k, s2.p(), s2.q(), w[2].size(0), w[2].size(2), geometry(2, stride)};
-  for (const Plan* p : {conv_stats_plan(s1, false, type), finalize_plan(s1.k, s1.n * s1.p() * s1.q(), momentum, eps),
-                        conv_stats_plan(s2, true, type), finalize_plan(s2.k, s2.n * s2.p() * s2.q(), momentum, eps),
-                        conv_stats_plan(s3, true, type), wgrad_sbr_plan(s3, type), dgrad_drelu_plan(s3, type),
-                        bn_input_plan(s3.n, s3.c, s3.h, s3.w, type), wgrad_sbr_plan(s2, type),
-                        dgrad_drelu_plan(s2, type), bn_input_plan(s2.n, s2.c, s2.h, s2.w, type)})
-    if (!p->error.empty()) return p;
-  return nullptr;
+  auto [s1, s2, s3] = body_shapes(x, w, stride);
+  return first_error({conv_stats_plan(s1, false, type), finalize_plan(s1.k, s1.n * s1.p() * s1.q(), momentum, eps),
+                      conv_stats_plan(s2, true, type), finalize_plan(s2.k, s2.n * s2.p() * s2.q(), momentum, eps),
+                      conv_stats_plan(s3, true, type), wgrad_sbr_plan(s3, type), dgrad_drelu_plan(s3, type),
+                      bn_input_plan(s3.n, s3.c, s3.h, s3.w, type), wgrad_sbr_plan(s2, type),
+                      dgrad_drelu_plan(s2, type), bn_input_plan(s2.n, s2.c, s2.h, s2.w, type)});
+}
+
+// The graphs the tail adds to that body: bn3's finalize, the tail each way, bn3's input gradient, and for a
+// projection of `shortcut` (weight wd at `shortcut_stride`) its conv + genstats, finalize and input gradient.
+const Plan* first_unsupported_tail(const Tensor& x, at::TensorList w, int64_t stride, const Tensor& shortcut,
+                                   int64_t shortcut_stride, double momentum, double eps) {
+  auto type = x.scalar_type();
+  auto s3 = body_shapes(x, w, stride)[2];
+  int64_t n = s3.n, c = s3.k, h = s3.p(), wd = s3.q();
+  bool projection = w.size() == 4;
+  if (auto* p = first_error({finalize_plan(c, n * h * wd, momentum, eps), tail_plan(n, c, h, wd, projection, type),
+                             tail_backward_plan(n, c, h, wd, projection, type), bn_input_plan(n, c, h, wd, type)}))
+    return p;
+  if (!projection) return nullptr;
+  auto sr = ConvShape::of(shortcut, w[3], Geometry{shortcut_stride, 0});
+  return first_error({conv_stats_plan(sr, false, type)});
 }
 
 ConvOut conv_stats_graph(const Tensor& x, const Tensor& w, Geometry g, const Stats* prologue) {
@@ -563,6 +686,39 @@ Tensor bn_input_graph(const Tensor& dz, const Tensor& y, const InputCoefficients
   run(*pl, {&dz, &y, &kf.a, &kf.b, &kf.c, &dy});
   return dy;
 }
+
+Tensor tail_graph(const Tensor& y3, const Stats& s3, const Shortcut& r) {
+  auto* pl = tail_plan(y3.size(0), y3.size(1), y3.size(2), y3.size(3), r.norm != nullptr, y3.scalar_type());
+  auto out = at::empty_like(y3, at::MemoryFormat::ChannelsLast);
+  if (r.norm) {
+    run(*pl, {&y3, &s3.scale, &s3.bias, &r.y, &r.norm->scale, &r.norm->bias, &out});
+  } else {
+    run(*pl, {&y3, &s3.scale, &s3.bias, &r.y, &out});
+  }
+  return out;
+}
+
+TailBackward tail_backward_graph(const Tensor& dout, const Tensor& out, const Tensor& y3, const Stats& s3,
+                                 const Tensor& gamma3, const Shortcut& r, const Tensor& gamma_r) {
+  auto* pl = tail_backward_plan(y3.size(0), y3.size(1), y3.size(2), y3.size(3), r.norm != nullptr,
+                                y3.scalar_type());
+  auto e = [&] { return at::empty({y3.size(1)}, s3.mean.options()); };
+  auto dz = at::empty_like(y3, at::MemoryFormat::ChannelsLast);
+  TailBackward t{{dz, {e(), e()}, {e(), e(), e()}}, {}};
+  std::vector<const Tensor*> io{&dout, &out, &y3, &s3.mean, &s3.invstd, &gamma3};
+  if (r.norm) {
+    t.shortcut = {dz, {e(), e()}, {e(), e(), e()}};
+    io.insert(io.end(), {&r.y, &r.norm->mean, &r.norm->invstd, &gamma_r});
+  }
+  auto outputs = [&](BnBackward& b) {
+    io.insert(io.end(), {&b.grad.dgamma, &b.grad.dbeta, &b.k.a, &b.k.b, &b.k.c});
+  };
+  io.push_back(&dz);
+  outputs(t.main);
+  if (r.norm) outputs(t.shortcut);
+  run(*pl, io);
+  return t;
+}
 #endif  // RN50_CUDNN_GRAPH
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -602,15 +758,45 @@ Tensor bn_input(const Tensor& dz, const Tensor& y, const InputCoefficients& k, b
   return bn_input_aten(dz, y, k);
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-// The body: conv1 → bn1 → ReLU → conv2 → bn2 → ReLU → conv3, its output before bn3 (the block's tail, bn3 + shortcut
-// + ReLU, stays cuDNN's fused batch norm + add + ReLU, which computes bn3's statistics in the same kernel).
+Tensor tail(const Tensor& y3, const Stats& s3, const Shortcut& r, bool graph) {
+  RN50_STAGE(graph, tail_graph(y3, s3, r));
+  return tail_aten(y3, s3, r);
+}
 
-// Parameters in the order the caller passes them: the conv weights (fp32) of conv1, conv2, conv3, then γ, β of
-// bn1 and bn2. Buffers: the running mean and var of bn1 and bn2.
-constexpr size_t kParams = 7, kBuffers = 4;
-const Tensor& gamma_of(at::ArrayRef<Tensor> p, size_t bn) { return p[3 + 2 * bn]; }
-const Tensor& beta_of(at::ArrayRef<Tensor> p, size_t bn) { return p[4 + 2 * bn]; }
+TailBackward tail_backward(const Tensor& dout, const Tensor& out, const Tensor& y3, const Stats& s3,
+                           const Tensor& gamma3, const Shortcut& r, const Tensor& gamma_r, bool graph) {
+  RN50_STAGE(graph, tail_backward_graph(dout, out, y3, s3, gamma3, r, gamma_r));
+  return tail_backward_aten(dout, out, y3, s3, gamma3, r, gamma_r);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The block: conv1 → bn1 → ReLU → conv2 → bn2 → ReLU → conv3, then (with the tail) bn3 + shortcut + ReLU.
+
+// What the caller passes, told apart by the counts. Parameters: the conv weights (fp32) of conv1, conv2, conv3 and,
+// for a projection shortcut, its conv; then γ, β of each batch norm: bn1, bn2, [bn3, [the shortcut's]]. Buffers:
+// the running mean and var of the same batch norms.
+//   body        7 parameters, 4 buffers: returns conv3's raw output; the caller runs the tail;
+//   identity    9 parameters, 6 buffers: the whole block, its shortcut the `shortcut` tensor as it is;
+//   projection 12 parameters, 8 buffers: the whole block, its shortcut conv + batch norm of `shortcut` (the
+//               block's input, or ResNet-D's average-pooled input) at `shortcut_stride`.
+struct Form {
+  size_t convs, norms;
+  bool tail() const { return norms > 2; }
+  bool projection() const { return convs == 4; }
+  size_t params() const { return convs + 2 * norms; }
+  const Tensor& gamma(at::ArrayRef<Tensor> p, size_t bn) const { return p[gamma_index(bn)]; }
+  const Tensor& beta(at::ArrayRef<Tensor> p, size_t bn) const { return p[gamma_index(bn) + 1]; }
+  size_t gamma_index(size_t bn) const { return convs + 2 * bn; }
+};
+constexpr Form kForms[] = {{3, 2}, {3, 3}, {4, 4}};
+// Indices of the batch norms and convs past the body's.
+constexpr size_t kBn3 = 2, kShortcut = 3;
+
+const Form* form_of(size_t nparams) {
+  for (const auto& f : kForms)
+    if (f.params() == nparams) return &f;
+  return nullptr;
+}
 
 // Stats in the saved-tensor list, kStats tensors each.
 constexpr size_t kStats = 6;
@@ -620,6 +806,9 @@ void save(std::vector<Tensor>& saved, const Stats& s) {
 Stats load(const std::vector<Tensor>& saved, size_t o) {
   return {saved[o], saved[o + 1], saved[o + 2], saved[o + 3], saved[o + 4], saved[o + 5]};
 }
+// The saved list: x, y1, y2, w1, w2, w3, Stats of bn1 and bn2; with the tail then y3, the output, Stats of bn3;
+// with a projection then its input, its raw output, its weight, the Stats of its batch norm.
+constexpr size_t kSavedBody = 6 + 2 * kStats, kSavedTail = kSavedBody + 2 + kStats;
 
 // Autocast off inside the body: every stage runs in the types it is written for.
 struct NoAutocast {
@@ -627,16 +816,18 @@ struct NoAutocast {
 };
 
 struct Body : public torch::autograd::Function<Body> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& x, at::TensorList params, std::vector<Tensor> buffers,
-                        int64_t stride, double momentum, double eps, bool graph) {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& shortcut, at::TensorList params,
+                        std::vector<Tensor> buffers, int64_t stride, int64_t shortcut_stride, double momentum,
+                        double eps, bool graph) {
     NoAutocast no_autocast;
+    const Form& f = *form_of(params.size());
     auto type = x.scalar_type();
     auto fmt = x.suggest_memory_format();
     std::vector<Tensor> w;
-    for (size_t i = 0; i < 3; ++i) w.push_back(params[i].to(type).contiguous(fmt));
+    for (size_t i = 0; i < f.convs; ++i) w.push_back(params[i].to(type).contiguous(fmt));
     auto bn = [&](size_t i, const ConvOut& c) {
-      auto s = finalize(c, gamma_of(params, i), beta_of(params, i), buffers[2 * i], buffers[2 * i + 1], momentum,
-                        eps, graph);
+      auto s = finalize(c, f.gamma(params, i), f.beta(params, i), buffers[2 * i], buffers[2 * i + 1], momentum, eps,
+                        graph);
       s.io_scale = s.scale.to(type);
       s.io_bias = s.bias.to(type);
       return s;
@@ -645,43 +836,94 @@ struct Body : public torch::autograd::Function<Body> {
     auto s1 = bn(0, c1);
     auto c2 = conv_stats(c1.y, w[1], geometry(1, stride), &s1, graph);
     auto s2 = bn(1, c2);
-    // conv3's statistics go unused (the tail computes bn3's): the graph is the one verified with them.
-    auto y3 = conv_stats(c2.y, w[2], geometry(2, stride), &s2, graph).y;
-    // Saved: x, y1, y2, the weights in x's type, the Stats of bn1 and bn2.
+    // Without the tail conv3's statistics go unused (the caller's fused batch norm computes bn3's): the graph is
+    // the one verified with them.
+    auto c3 = conv_stats(c2.y, w[2], geometry(2, stride), &s2, graph);
     std::vector<Tensor> saved{x, c1.y, c2.y, w[0], w[1], w[2]};
     save(saved, s1);
     save(saved, s2);
+    auto result = c3.y;
+    if (f.tail()) {
+      auto s3 = bn(kBn3, c3);
+      auto input = shortcut.to(type).contiguous(fmt);
+      Stats sr;
+      Shortcut r{input, nullptr};
+      if (f.projection()) {
+        auto cr = conv_stats(input, w[kShortcut], Geometry{shortcut_stride, 0}, nullptr, graph);
+        sr = bn(kShortcut, cr);
+        r = {cr.y, &sr};
+      }
+      result = tail(c3.y, s3, r, graph);
+      saved.insert(saved.end(), {c3.y, result});
+      save(saved, s3);
+      if (f.projection()) {
+        saved.insert(saved.end(), {input, r.y, w[kShortcut]});
+        save(saved, sr);
+      }
+    }
     ctx->save_for_backward(saved);
     ctx->saved_data["stride"] = stride;
+    ctx->saved_data["shortcut_stride"] = shortcut_stride;
     ctx->saved_data["graph"] = graph;
     // γ and β are read again in backward: parameters, unchanged until the optimizer steps after it.
     ctx->saved_data["params"] = c10::List<Tensor>(std::vector<Tensor>(params.begin(), params.end()));
-    return y3;
+    return result;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     NoAutocast no_autocast;
     auto saved = ctx->get_saved_variables();
     int64_t stride = ctx->saved_data["stride"].toInt();
+    int64_t shortcut_stride = ctx->saved_data["shortcut_stride"].toInt();
     bool graph = ctx->saved_data["graph"].toBool();
     auto list = ctx->saved_data["params"].toTensorList();
     std::vector<Tensor> params(list.begin(), list.end());
+    const Form& f = *form_of(params.size());
     const auto &x = saved[0], &y1 = saved[1], &y2 = saved[2];
     std::vector<Tensor> w{saved[3], saved[4], saved[5]};
     Stats s1 = load(saved, 6), s2 = load(saved, 6 + kStats);
-    auto dy3 = grads[0].to(x.scalar_type()).contiguous(x.suggest_memory_format());
+    auto dresult = grads[0].to(x.scalar_type()).contiguous(x.suggest_memory_format());
 
-    std::vector<Tensor> dparams(kParams);
+    std::vector<Tensor> dparams(f.params());
+    auto set_bn_grad = [&](size_t bn, const BnGrad& g) {
+      dparams[f.gamma_index(bn)] = g.dgamma;
+      dparams[f.gamma_index(bn) + 1] = g.dbeta;
+    };
+    // The gradient at conv3's output: the caller's, or through the tail, which also gives the shortcut's.
+    Tensor dy3 = dresult, dshortcut;
+    if (f.tail()) {
+      const auto &y3 = saved[kSavedBody], &out = saved[kSavedBody + 1];
+      Stats s3 = load(saved, kSavedBody + 2), sr;
+      Shortcut r{Tensor(), nullptr};
+      if (f.projection()) {
+        sr = load(saved, kSavedTail + 3);
+        r = {saved[kSavedTail + 1], &sr};
+      }
+      const auto& gamma_r = f.projection() ? f.gamma(params, kShortcut) : Tensor();
+      auto t = tail_backward(dresult, out, y3, s3, f.gamma(params, kBn3), r, gamma_r, graph);
+      set_bn_grad(kBn3, t.main.grad);
+      dy3 = bn_input(t.main.dz, y3, t.main.k, graph);
+      if (f.projection()) {
+        set_bn_grad(kShortcut, t.shortcut.grad);
+        auto dyr = bn_input(t.shortcut.dz, r.y, t.shortcut.k, graph);
+        const auto &input = saved[kSavedTail], &wr = saved[kSavedTail + 2];
+        auto d = at::convolution_backward(dyr, input, wr, std::nullopt, {shortcut_stride, shortcut_stride}, {0, 0},
+                                          {1, 1}, false, {0, 0}, 1, {true, true, false});
+        dshortcut = std::get<0>(d);
+        dparams[kShortcut] = std::get<1>(d);
+      } else {
+        dshortcut = t.main.dz;
+      }
+    }
+
     // conv i and the batch norm before it: wgrad with the prologue; dgrad + ReLU backward + dγ, dβ; the batch
     // norm's input gradient.
     auto inner = [&](size_t conv, const Tensor& dy, const Tensor& y_prev, const Stats& s) {
       size_t bn = conv - 1;
       auto g = geometry(conv, stride);
       dparams[conv] = wgrad(dy, y_prev, w[conv], g, s, graph);
-      const auto& gamma = gamma_of(params, bn);
-      auto b = dgrad_drelu(dy, w[conv], g, y_prev, s, gamma, beta_of(params, bn), graph);
-      dparams[3 + 2 * bn] = b.grad.dgamma;
-      dparams[4 + 2 * bn] = b.grad.dbeta;
+      auto b = dgrad_drelu(dy, w[conv], g, y_prev, s, f.gamma(params, bn), f.beta(params, bn), graph);
+      set_bn_grad(bn, b.grad);
       return bn_input(b.dz, y_prev, b.k, graph);
     };
     auto dy2 = inner(2, dy3, y2, s2);
@@ -692,28 +934,47 @@ struct Body : public torch::autograd::Function<Body> {
                                        false, {0, 0}, 1, {true, true, false});
     dparams[0] = std::get<1>(r1);
 
-    // One gradient per forward input: x, each parameter (in its own type), then none for buffers, stride,
-    // momentum, eps, graph.
-    variable_list result{std::get<0>(r1)};
-    for (size_t i = 0; i < kParams; ++i) result.push_back(dparams[i].to(params[i].scalar_type()));
-    result.resize(1 + kParams + 5);
+    // One gradient per forward input: x, the shortcut (none without the tail), each parameter (in its own type),
+    // then none for buffers, stride, shortcut_stride, momentum, eps, graph.
+    variable_list result{std::get<0>(r1), dshortcut};
+    for (size_t i = 0; i < dparams.size(); ++i) result.push_back(dparams[i].to(params[i].scalar_type()));
+    result.resize(2 + dparams.size() + 6);
     return result;
   }
 };
 
-// Why the body does not apply to these tensors, or empty if it does.
-std::string not_applicable(const Tensor& x, size_t nparams, size_t nbuffers, bool use_graph, int64_t stride,
-                           at::TensorList params, double momentum, double eps) {
-  if (nparams != kParams) return "not a bottleneck body's parameters";
-  if (nbuffers != kBuffers) return "running statistics do not match the parameters";
+// Why the block does not apply to these tensors (2), or empty if it does; throws (1) for tensors that cannot be
+// one block's.
+std::string not_applicable(const Tensor& x, const Tensor& shortcut, at::TensorList params, size_t nbuffers,
+                           int64_t stride, int64_t shortcut_stride, double momentum, double eps, bool use_graph) {
+  const Form* f = form_of(params.size());
+  if (!f) return "not a bottleneck's parameters";
+  if (nbuffers != 2 * f->norms) return "running statistics do not match the parameters";
   if (x.dim() != 4) return "input not NCHW";
+  if (f->tail()) {
+    auto s3 = body_shapes(x, params.slice(0, 3), stride)[2];
+    std::vector<int64_t> want{s3.n, s3.k, s3.p(), s3.q()};
+    auto got = f->projection() ? std::vector<int64_t>{shortcut.size(0), params[kShortcut].size(0),
+                                                      (shortcut.size(2) - 1) / shortcut_stride + 1,
+                                                      (shortcut.size(3) - 1) / shortcut_stride + 1}
+                               : shortcut.sizes().vec();
+    TORCH_CHECK(got == want, "the shortcut gives ", at::IntArrayRef(got), ", the body ", at::IntArrayRef(want));
+  }
   if (!use_graph || !x.is_cuda()) return {};
 #ifdef RN50_CUDNN_GRAPH
   if (!graph_input(x)) return "not fp16/bf16";
   if (!x.is_contiguous(at::MemoryFormat::ChannelsLast)) return "not NHWC-contiguous";
-  if (auto* p = first_unsupported(x, params.slice(0, 3), stride, momentum, eps)) {
+  auto w = params.slice(0, f->convs);
+  if (auto* p = first_unsupported(x, w.slice(0, 3), stride, momentum, eps)) {
     report_once(p->error + " is not supported by this cuDNN: these blocks run the per-layer fused batch norm");
     return p->error;
+  }
+  if (f->tail()) {
+    if (auto* p = first_unsupported_tail(x, w, stride, shortcut, shortcut_stride, momentum, eps)) {
+      report_once(p->error + " is not supported by this cuDNN: these blocks' tails run the fused batch norm + add + "
+                  "ReLU");
+      return p->error;
+    }
   }
   return {};
 #else
@@ -729,18 +990,21 @@ extern "C" {
 
 const char* rn50_block_last_error() { return last_error.c_str(); }
 
-// conv3(relu(bn2(conv2(relu(bn1(conv1(x))))))) in training, as one autograd function of the stages above.
-// params/buffers as in kParams/kBuffers; use_graph: cuDNN graphs (on CUDA: if cuDNN lacks one, the body declines
-// with 2), else the ATen stages.
-int rn50_bottleneck(at::Tensor* x, at::Tensor** params, size_t nparams, at::Tensor** buffers, size_t nbuffers,
-                    int64_t stride, double momentum, double eps, int use_graph, at::Tensor** out) {
+// A bottleneck in training as one autograd function of the stages above: its body
+// conv3(relu(bn2(conv2(relu(bn1(conv1(x))))))), and with the tail relu(bn3(that) + shortcut branch). params and
+// buffers as Form says; use_graph: cuDNN graphs (on CUDA: if cuDNN lacks one, the block declines with 2), else
+// the ATen stages.
+int rn50_bottleneck(at::Tensor* x, at::Tensor* shortcut, at::Tensor** params, size_t nparams, at::Tensor** buffers,
+                    size_t nbuffers, int64_t stride, int64_t shortcut_stride, double momentum, double eps,
+                    int use_graph, at::Tensor** out) {
   return guarded_applicable([&]() -> std::string {
     auto p = gather(params, nparams);
     auto b = gather(buffers, nbuffers);
-    auto why = not_applicable(*x, nparams, nbuffers, use_graph != 0, stride, p, momentum, eps);
+    auto why = not_applicable(*x, *shortcut, p, nbuffers, stride, shortcut_stride, momentum, eps, use_graph != 0);
     if (!why.empty()) return why;
     bool graph = use_graph != 0 && graph_input(*x);
-    *out = new at::Tensor(Body::apply(*x, at::TensorList(p), b, stride, momentum, eps, graph));
+    *out = new at::Tensor(
+        Body::apply(*x, *shortcut, at::TensorList(p), b, stride, shortcut_stride, momentum, eps, graph));
     return {};
   });
 }

@@ -3,9 +3,10 @@
 //! `--no-fused-bn` says otherwise. Where the fused op does not apply (CPU, fp32, NCHW, evaluation) the network runs
 //! PyTorch's separate batch norm, add and ReLU, as it always does with the switch off.
 //!
-//! A second switch folds bn1 and bn2 of each bottleneck into its convolutions (`crates/shim/cpp/fused_block.cpp`:
-//! statistics in the convolution's epilogue, normalisation and ReLU in the next one's prologue, as NVIDIA's MLPerf
-//! ResNet-50 runs); the block's tail stays the fused batch norm + add + ReLU.
+//! A second switch folds every batch norm of each bottleneck into its convolutions (`crates/shim/cpp/fused_block.cpp`:
+//! statistics in the convolution's epilogue, normalisation and ReLU in the next one's prologue, bn3 and the
+//! projection shortcut's batch norm in one pass that adds the branches, as NVIDIA's MLPerf ResNet-50 runs); where
+//! cuDNN lacks the tail's graphs, the tail stays the fused batch norm + add + ReLU.
 //!
 //! A third runs the stem's max-pool through cuDNN (`crates/shim/cpp/pool.cpp`), without the index tensor PyTorch's
 //! writes.
@@ -71,11 +72,12 @@ pub fn block_enabled() -> bool {
     BLOCK_ENABLED.load(Ordering::Relaxed)
 }
 
-/// A bottleneck's body in training, `conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))`, as one autograd function of
-/// cuDNN graphs ([`shim::bottleneck`]), or `None` where that is off or does not apply (CPU, fp32, NCHW, a cuDNN
-/// that lacks one of the graphs for this shape: said once in the log).
+/// A bottleneck in training as one autograd function of cuDNN graphs ([`shim::bottleneck`]): the whole block where
+/// `reach` says so, or its body, `conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))`; `None` where that is off or does not
+/// apply (CPU, fp32, NCHW, a cuDNN that lacks one of the graphs for this shape: said once in the log).
 pub fn bottleneck(
     x: &Tensor,
+    reach: shim::BlockReach,
     params: &[Tensor],
     buffers: &[Tensor],
     stride: i64,
@@ -88,7 +90,7 @@ pub fn bottleneck(
     {
         return None;
     }
-    let fused = shim::bottleneck(x, params, buffers, stride, momentum, eps, true);
+    let fused = shim::bottleneck(x, reach, params, buffers, stride, momentum, eps, true);
     for line in shim::block_report() {
         tracing::warn!("fused bottleneck: {line}");
     }

@@ -10,6 +10,7 @@ use tch::nn::{self, Init};
 use tch::Tensor;
 
 use super::{fused, memory_format, sync_bn};
+use crate::shim::BlockReach;
 
 /// The depth of a ResNet: torchvision's five, with their blocks per stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -428,12 +429,16 @@ struct Downsample {
 
 impl Downsample {
     fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        self.unit.forward(&self.conv_input(x), train)
+    }
+
+    /// What the conv reads: the block's input, or ResNet-D's average-pooled input.
+    fn conv_input(&self, x: &Tensor) -> Tensor {
         if self.avg_pool {
             // nn.AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False), as timm's downsample_avg.
-            let x = x.avg_pool2d([2, 2], [2, 2], [0, 0], true, false, None::<i64>);
-            return self.unit.forward(&x, train);
+            return x.avg_pool2d([2, 2], [2, 2], [0, 0], true, false, None::<i64>);
         }
-        self.unit.forward(x, train)
+        x.shallow_clone()
     }
 }
 
@@ -499,16 +504,21 @@ impl Block {
         }
     }
 
-    /// A bottleneck's body (conv1 to conv3, bn1 and bn2) as [`fused::bottleneck`] takes it: the three conv
-    /// weights, then γ and β of bn1 and bn2; and their running means and variances.
-    fn body_tensors(&self) -> (Vec<Tensor>, Vec<Tensor>) {
+    /// A bottleneck's tensors as [`fused::bottleneck`] takes them: the conv weights of conv1 to conv3 (and of the
+    /// projection shortcut), then γ and β of bn1 and bn2 (and bn3, and the projection's); and the same batch
+    /// norms' running means and variances. `whole`: the block's, else the body's (conv1 to conv3, bn1 and bn2).
+    fn fused_tensors(&self, whole: bool) -> (Vec<Tensor>, Vec<Tensor>) {
+        let shortcut = self.downsample.as_ref().filter(|_| whole).map(|d| &d.unit);
+        let norms = if whole { 3 } else { 2 };
+        let units: Vec<&ConvBn> = self.units[..norms].iter().chain(shortcut).collect();
         let mut params: Vec<Tensor> = self
             .units
             .iter()
+            .chain(shortcut)
             .map(|u| u.conv.weight.shallow_clone())
             .collect();
         let mut buffers = Vec::new();
-        for u in &self.units[..2] {
+        for u in units {
             let (Some(w), Some(b)) = (u.bn.ws.as_ref(), u.bn.bs.as_ref()) else {
                 unreachable!("rn50's batch norms are affine");
             };
@@ -521,23 +531,59 @@ impl Block {
         (params, buffers)
     }
 
-    fn forward(&self, x: &Tensor, train: bool) -> Tensor {
-        let identity = || match &self.downsample {
+    /// On a GPU in training, the bottleneck with its batch norms folded into its convolutions (cuDNN graphs): the
+    /// whole block, or where cuDNN lacks the tail's graphs its body, then the tail as below. `None` where neither
+    /// applies.
+    fn forward_fused(&self, x: &Tensor) -> Option<Tensor> {
+        let stride = self.units[1].conv.stride;
+        let pooled;
+        let reach = match &self.downsample {
+            None => BlockReach::Identity(x),
+            Some(d) => {
+                pooled = d.conv_input(x);
+                BlockReach::Projection {
+                    input: &pooled,
+                    stride: d.unit.conv.stride,
+                }
+            }
+        };
+        let (params, buffers) = self.fused_tensors(true);
+        if let Some(out) =
+            fused::bottleneck(x, reach, &params, &buffers, stride, BN_MOMENTUM, BN_EPS)
+        {
+            return Some(out);
+        }
+        let (params, buffers) = self.fused_tensors(false);
+        let y3 = fused::bottleneck(
+            x,
+            BlockReach::Body,
+            &params,
+            &buffers,
+            stride,
+            BN_MOMENTUM,
+            BN_EPS,
+        )?;
+        Some(self.units[2].bn_relu(&y3, true, Some(&self.shortcut(x, true))))
+    }
+
+    /// The shortcut branch: the input as it is, or its projection.
+    fn shortcut(&self, x: &Tensor, train: bool) -> Tensor {
+        match &self.downsample {
             Some(d) => d.forward(x, train),
             None => x.shallow_clone(),
-        };
-        // On a GPU in training, a bottleneck's body with bn1 and bn2 folded into its convolutions (cuDNN graphs),
-        // then the same tail as below. The blur sits between bn2 and conv3, where that fusion cannot.
+        }
+    }
+
+    fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        // The blur sits between bn2 and conv3, where the folded bottleneck cannot.
         if train
             && fused::block_enabled()
             && self.units.len() == 3
             && self.blur.is_none()
             && !sync_bn::enabled()
         {
-            let (params, buffers) = self.body_tensors();
-            let stride = self.units[1].conv.stride;
-            if let Some(y3) = fused::bottleneck(x, &params, &buffers, stride, BN_MOMENTUM, BN_EPS) {
-                return self.units[2].bn_relu(&y3, train, Some(&identity()));
+            if let Some(out) = self.forward_fused(x) {
+                return out;
             }
         }
         let (last, inner) = self.units.split_last().expect("a block has units");
@@ -548,7 +594,7 @@ impl Block {
                 y = blur.forward(&y);
             }
         }
-        last.forward_relu(&y, train, Some(&identity()))
+        last.forward_relu(&y, train, Some(&self.shortcut(x, train)))
     }
 }
 
