@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Issue 47 item 2 on one GPU, in one call: the training step captured as one CUDA graph (`rn50 bench --cuda-graph`,
-# src/step/graph.rs) checked and measured against the eager step.
+# Issue 47 items 2 and 3 on one GPU, in one call: the training step captured as one CUDA graph (`rn50 bench
+# --cuda-graph`, src/step/graph.rs) and the folded bottleneck (`--fused-block`, crates/shim/cpp/fused_block.cpp)
+# checked and measured against the eager per-layer step.
 #
 # 1. tests/cuda_fused.rs with its GPU tests (the graph's five among them: captured against eager over 12 steps,
 #    the rate read at each replay, an overflowing replay skipped inside the graph, train's warm-up on the run's own
 #    batches, and `rn50 train --cuda-graph` against the eager run and resumed, which runs $RN50), one test at a
 #    time, then tests/fused_block.rs's (the fused bottleneck's cuDNN graphs, issue 47 item 3);
-# 2. `rn50 bench` eager and with --cuda-graph, alternating, R rounds (ResNet-50, batch 256, fp16, synthetic batch on
-#    the device, defaults otherwise), then each once with --profile; prints every run, the medians and their ratio;
+# 2. `rn50 bench` eager, with --cuda-graph, with --fused-block and with --fused-block --fused-block-plans 1000
+#    (every plan cuDNN's heuristics know timed), alternating, R rounds (ResNet-50, batch 256, fp16, synthetic batch
+#    on the device, defaults otherwise), then each once with --profile; prints every run, the medians and their
+#    ratios to eager;
 # 3. `rn50 train --dummy` the same way, eager and with --cuda-graph, and the ratio of their second epochs' img/s.
 #
 #   benches/cuda_graph_check.sh [--rounds R] [--steps S] [--warmup W] [--batch-size B] [--precision P] [--no-tests]
@@ -70,12 +73,24 @@ run() { # NAME FLAGS...: one bench, its table printed, its JSON kept as OUT/NAME
     echo "=== rn50 bench ${common[*]} $*"
     timeout 300 "$RN50" bench "${common[@]}" "$@" --json "$OUT/$name.json" || status=1
 }
+modes=(eager graph block block-all)
+flags() { # the flags of a mode
+    case $1 in
+        graph) echo --cuda-graph ;;
+        block) echo --fused-block ;;
+        block-all) echo --fused-block --fused-block-plans 1000 ;;
+    esac
+}
 for r in $(seq 1 "$rounds"); do
-    run "eager.$r"
-    run "graph.$r" --cuda-graph
+    for m in "${modes[@]}"; do
+        # shellcheck disable=SC2046 # the flags split into words on purpose
+        run "$m.$r" $(flags "$m")
+    done
 done
-run eager.profile --profile
-run graph.profile --cuda-graph --profile
+for m in "${modes[@]}"; do
+    # shellcheck disable=SC2046
+    run "$m.profile" $(flags "$m") --profile
+done
 
 # 3. `rn50 train --dummy` eager and with --cuda-graph (the same network, batch and precision; 2 epochs of $steps
 #    steps, the second one's img/s from metrics.jsonl: the first holds cuDNN's autotuning and the capture).
@@ -90,15 +105,15 @@ train() { # NAME FLAGS...
 train eager
 train graph --cuda-graph
 
-"$PY" - "$OUT" "$rounds" <<'PY'
+"$PY" - "$OUT" "$rounds" "${modes[@]}" <<'PY'
 import json, os, statistics, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
+out, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def load(name):
     path = os.path.join(out, name + ".json")
     return json.load(open(path)) if os.path.exists(path) else None
 print(f"\n{'run':<14} {'img/s':>9} {'ms/step':>8}  CUDA graph")
 med = {}
-for mode in ["eager", "graph"]:
+for mode in modes:
     ips = []
     for r in list(range(1, rounds + 1)) + ["profile"]:
         j = load(f"{mode}.{r}")
@@ -111,8 +126,7 @@ for mode in ["eager", "graph"]:
         if r != "profile":
             ips.append(j["images_per_sec"])
     med[mode] = statistics.median(ips) if ips else float("nan")
-print(f"\nmedian img/s: eager {med['eager']:.1f}, --cuda-graph {med['graph']:.1f}: "
-      f"{med['graph'] / med['eager']:.3f}x")
+print("\nmedian img/s: " + ", ".join(f"{m} {med[m]:.1f} ({med[m] / med['eager']:.3f}x eager)" for m in modes))
 ips = {}
 for mode in ["eager", "graph"]:
     path = os.path.join(out, f"train-{mode}", "metrics.jsonl")

@@ -94,6 +94,10 @@ pub struct BenchConfig {
     /// Bottlenecks with batch norm folded into the convolutions through cuDNN graphs; absent in older results.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fused_block: Option<bool>,
+    /// With `fused_block`, the execution plans each of its cuDNN graphs timed on its first run; absent in older
+    /// results (4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fused_block_plans: Option<u64>,
     /// The stem's max-pool through cuDNN without an index tensor; absent in older results.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cudnn_pool: Option<bool>,

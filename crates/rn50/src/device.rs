@@ -9,6 +9,9 @@ use rn50_args::{usize_in, MAX_THREADS};
 use crate::model::memory_format;
 use crate::step::Precision;
 
+/// `--fused-block-plans`' default: the plans timed per cuDNN graph of the fused bottleneck.
+pub const DEFAULT_BLOCK_PLANS: usize = 4;
+
 /// Where and how the network computes: the flags `bench`, `train` and `eval` share (flattened into each), resolved
 /// by [`ComputeArgs::resolve`] the same way for all three.
 #[derive(Args, Debug, Clone, serde::Serialize)]
@@ -39,6 +42,12 @@ pub struct ComputeArgs {
     /// off by default. Where cuDNN lacks a graph (bf16 there), the block runs without it and says so once.
     #[arg(long)]
     pub fused_block: bool,
+    /// With --fused-block, how many of cuDNN's execution plans each of its graphs builds and times on its first run,
+    /// the fastest kept for the run: cuDNN's heuristics in their order (mode A, past the default also mode B,
+    /// then the fallback list), 1 to 1000; 1000 times every plan they know. More can find faster plans at the
+    /// cost of a longer first step.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_BLOCK_PLANS, value_parser = usize_in(1..=1000))]
+    pub fused_block_plans: usize,
     /// On CUDA, run the stem's max-pool as PyTorch's kernel (which writes an int64 index per output and reads it
     /// back in backward) instead of cuDNN's NHWC pooling, which keeps no index and finds each window's maximum
     /// again in backward: the same output and input gradient, 2% less step time and 0.4 GiB less GPU memory on
@@ -64,6 +73,8 @@ pub struct Compute {
     pub fused_bn: bool,
     /// Bottlenecks with batch norm folded into the convolutions (see [`DeviceSettings::fused_block`]).
     pub fused_block: bool,
+    /// See [`DeviceSettings::fused_block_plans`].
+    pub fused_block_plans: usize,
     /// The max-pool through cuDNN where it applies (see [`DeviceSettings::cudnn_pool`]).
     pub cudnn_pool: bool,
     pub cpu: crate::machine::CpuInfo,
@@ -93,6 +104,7 @@ impl ComputeArgs {
             channels_last: memory_format::resolve(requested, device, narrowest_conv)?,
             fused_bn: !self.no_fused_bn,
             fused_block: !self.no_fused_bn && self.fused_block,
+            fused_block_plans: self.fused_block_plans,
             cudnn_pool: !self.no_cudnn_pool,
             cpu,
         })
@@ -148,6 +160,9 @@ pub struct DeviceSettings {
     /// Each bottleneck in training as one autograd function with its batch norms folded into the convolutions
     /// through cuDNN graphs ([`crate::model::fused::bottleneck`]); same reach as `fused_bn`.
     pub fused_block: bool,
+    /// How many of cuDNN's execution plans each of the fused bottleneck's graphs times on its first run
+    /// (`--fused-block-plans`).
+    pub fused_block_plans: usize,
     /// The stem's max-pool through cuDNN's NHWC pooling, without PyTorch's index tensor
     /// ([`crate::model::fused::max_pool`]); it applies to channels_last CUDA tensors.
     pub cudnn_pool: bool,
@@ -158,10 +173,13 @@ impl DeviceSettings {
     /// separate kernels, `fused_block` (`--fused-block`) folds bottlenecks' batch norms into their convolutions,
     /// `cudnn_pool: false` (`--no-cudnn-pool`) keeps PyTorch's max-pool.
     pub fn for_device(device: Device, c: &Compute) -> Self {
-        Self::new(device, c.fused_bn, c.fused_block, c.cudnn_pool)
+        Self {
+            fused_block_plans: c.fused_block_plans,
+            ..Self::new(device, c.fused_bn, c.fused_block, c.cudnn_pool)
+        }
     }
 
-    /// The same from each switch (a recorded bench configuration's).
+    /// The same from each switch (a recorded bench configuration's), with the default plans per graph.
     pub fn new(device: Device, fused_bn: bool, fused_block: bool, cudnn_pool: bool) -> Self {
         let gpu = device.is_cuda();
         Self {
@@ -169,6 +187,7 @@ impl DeviceSettings {
             cudnn_benchmark: gpu,
             fused_bn: gpu && fused_bn,
             fused_block: gpu && fused_bn && fused_block,
+            fused_block_plans: DEFAULT_BLOCK_PLANS,
             cudnn_pool: gpu && cudnn_pool,
         }
     }
@@ -179,8 +198,13 @@ impl DeviceSettings {
         let on = |b: bool| if b { "on" } else { "off" };
         // TF32 is on exactly on GPUs.
         self.tf32.then(|| {
+            let plans = if self.fused_block {
+                format!(" ({} plans per graph)", self.fused_block_plans)
+            } else {
+                String::new()
+            };
             format!(
-                "fused BN+ReLU {}, folded block {}, cuDNN max-pool {}",
+                "fused BN+ReLU {}, folded block {}{plans}, cuDNN max-pool {}",
                 on(self.fused_bn),
                 on(self.fused_block),
                 on(self.cudnn_pool)
@@ -193,6 +217,7 @@ impl DeviceSettings {
         tch::Cuda::cudnn_set_benchmark(self.cudnn_benchmark);
         crate::model::fused::set_enabled(self.fused_bn);
         crate::model::fused::set_block_enabled(self.fused_block);
+        crate::shim::set_block_plans(self.fused_block_plans)?;
         crate::model::fused::set_pool_enabled(self.cudnn_pool);
         Ok(())
     }
@@ -297,6 +322,12 @@ mod tests {
             gpu.cudnn_pool,
             "the cuDNN max-pool is on by default on a GPU"
         );
+        assert_eq!(
+            gpu.gpu_paths().as_deref(),
+            Some("fused BN+ReLU on, folded block on (4 plans per graph), cuDNN max-pool on")
+        );
+        let e = crate::shim::set_block_plans(0).unwrap_err().to_string();
+        assert!(e.contains("at least 1"), "{e}");
         gpu.apply().unwrap();
         assert!(crate::shim::tf32() && crate::shim::cudnn_benchmark());
         assert!(crate::model::fused::enabled() && crate::model::fused::block_enabled());
@@ -313,6 +344,7 @@ mod tests {
                 cudnn_benchmark: false,
                 fused_bn: false,
                 fused_block: false,
+                fused_block_plans: DEFAULT_BLOCK_PLANS,
                 cudnn_pool: false
             }
         );

@@ -96,6 +96,7 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         no_channels_last: true,
         no_fused_bn: true,
         fused_block: false,
+        fused_block_plans: crate::device::DEFAULT_BLOCK_PLANS,
         no_cudnn_pool: true,
         threads: None,
     };

@@ -132,6 +132,7 @@ mod ffi {
             out: *mut *mut C_tensor,
         ) -> c_int;
         pub fn rn50_block_graphs_compiled() -> c_int;
+        pub fn rn50_block_set_plans(n: i64) -> c_int;
         pub fn rn50_block_report() -> *mut c_char;
         pub fn rn50_profile_last_error() -> *const c_char;
         pub fn rn50_profile_start(cuda: c_int) -> c_int;
@@ -502,6 +503,18 @@ pub fn bottleneck(
         2 => Ok(Fused::NotApplicable(ffi::block_last_error())),
         _ => bail!("fused bottleneck: {}", ffi::block_last_error()),
     }
+}
+
+/// How many of cuDNN's execution plans each of the fused bottleneck's graphs built from now on times on its first
+/// run, the fastest kept for the run (`--fused-block-plans`): cuDNN's heuristics in order, mode A, then past the
+/// default of 4 mode B's too, then the fallback list.
+pub fn set_block_plans(n: usize) -> Result<()> {
+    let n = i64::try_from(n)?;
+    // SAFETY: no pointers; sets a counter.
+    check(
+        unsafe { ffi::rn50_block_set_plans(n) },
+        "the fused block's plans per graph",
+    )
 }
 
 /// Whether this build has the fused bottleneck body's cuDNN graphs (a `cuda` build with the cuDNN frontend headers).

@@ -41,6 +41,7 @@
 #include <torch/autograd.h>
 
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -130,6 +131,10 @@ int64_t count(const Tensor& y) { return y.size(0) * y.size(2) * y.size(3); }
 
 // The conv geometry of conv i of the body: conv1 1x1, conv2 3x3 with the block's stride (v1.5), conv3 1x1.
 Geometry geometry(size_t i, int64_t stride) { return i == 1 ? Geometry{stride, 1} : Geometry{1, 0}; }
+
+// How many execution plans each cuDNN graph builds and times on its first run (rn50_block_set_plans).
+constexpr int64_t kDefaultPlans = 4;
+std::atomic<int64_t> max_plans{kDefaultPlans};
 
 // Whether the stages of a body whose input is t would be cuDNN graphs: fp16/bf16 on CUDA.
 bool graph_input(const Tensor& t) {
@@ -248,9 +253,8 @@ namespace fe = cudnn_frontend;
 using Attr = std::shared_ptr<fe::graph::Tensor_attributes>;
 
 // A built graph and its tensors in the order `run` binds pointers to them, or why it could not be built. Its
-// execution plans: the first kCandidates that cuDNN's heuristics propose and that build; the first run
-// times each and keeps the fastest, as cudnn.benchmark does for PyTorch's convolutions.
-constexpr int64_t kCandidates = 4;
+// execution plans: the first max_plans that cuDNN's heuristics propose and that build; the first run times
+// each and keeps the fastest, as cudnn.benchmark does for PyTorch's convolutions.
 struct Plan {
   std::shared_ptr<fe::graph::Graph> graph;
   std::vector<Attr> io;
@@ -308,11 +312,19 @@ struct Builder {
   std::string finish(Plan& p, cudnnHandle_t h) {
     auto st = g->validate();
     if (st.is_good()) st = g->build_operation_graph(h);
-    if (st.is_good()) st = g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+    int64_t wanted = max_plans.load();
+    using H = fe::HeurMode_t;
+    if (st.is_good()) {
+      // Past the default, heuristics mode B's engine configurations too (every one cuDNN's heuristics know); where
+      // cuDNN has no mode B list for the graph, mode A's and the fallback list, as by default.
+      if (wanted > kDefaultPlans) st = g->create_execution_plans({H::A, H::B, H::FALLBACK});
+      if (wanted <= kDefaultPlans || !st.is_good()) st = g->create_execution_plans({H::A, H::FALLBACK});
+    }
     if (st.is_good()) st = g->check_support(h);
     if (!st.is_good()) return st.get_message().empty() ? std::string("not supported") : st.get_message();
     std::string why;
-    for (int64_t i = 0; i < std::min(g->get_execution_plan_count(), kCandidates); ++i) {
+    for (int64_t i = 0; i < g->get_execution_plan_count() && static_cast<int64_t>(p.candidates.size()) < wanted;
+         ++i) {
       int64_t ws = 0;
       auto built = g->build_plan_at_index(h, i);
       if (built.is_good()) built = g->get_workspace_size_plan_at_index(i, ws);
@@ -366,13 +378,18 @@ void check(fe::error_t st) {
 }
 
 // Times each candidate plan on these buffers (every graph here writes only its outputs, so running it again is
-// harmless) and keeps the fastest.
+// harmless) and keeps the fastest; a plan that fails to run is passed over, unless every one does.
 void choose(Plan& p, cudnnHandle_t h, std::unordered_map<Attr, void*>& pack, void* ws) {
   std::lock_guard<std::mutex> lock(plans_mutex);
   if (p.chosen >= 0) return;
   double best = 0;
+  fe::error_t failed;
   for (auto i : p.candidates) {
-    check(p.graph->execute_plan_at_index(h, pack, ws, i));
+    auto st = p.graph->execute_plan_at_index(h, pack, ws, i);
+    if (!st.is_good()) {
+      failed = st;
+      continue;
+    }
     c10::cuda::device_synchronize();
     auto start = std::chrono::steady_clock::now();
     for (int k = 0; k < 3; ++k) check(p.graph->execute_plan_at_index(h, pack, ws, i));
@@ -380,6 +397,7 @@ void choose(Plan& p, cudnnHandle_t h, std::unordered_map<Attr, void*>& pack, voi
     double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (p.chosen < 0 || t < best) best = t, p.chosen = i;
   }
+  if (p.chosen < 0) check(failed);
 }
 
 void run(Plan& p, const std::vector<const Tensor*>& ts) {
@@ -1006,6 +1024,15 @@ int rn50_bottleneck(at::Tensor* x, at::Tensor* shortcut, at::Tensor** params, si
     *out = new at::Tensor(
         Body::apply(*x, *shortcut, at::TensorList(p), b, stride, shortcut_stride, momentum, eps, graph));
     return {};
+  });
+}
+
+// How many of cuDNN's execution plans each graph built from now on times on its first run, the fastest kept:
+// cuDNN's heuristics in order, mode A, then past the default of 4 mode B, then the fallback list.
+int rn50_block_set_plans(int64_t n) {
+  return guarded([&] {
+    TORCH_CHECK(n >= 1, "the fused block's plans per graph: at least 1, not ", n);
+    max_plans = n;
   });
 }
 

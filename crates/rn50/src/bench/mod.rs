@@ -190,6 +190,9 @@ impl BenchArgs {
                 tf32: Some(settings.tf32),
                 fused_bn: Some(settings.fused_bn),
                 fused_block: Some(settings.fused_block),
+                fused_block_plans: settings
+                    .fused_block
+                    .then_some(settings.fused_block_plans as u64),
                 cudnn_pool: Some(settings.cudnn_pool),
                 // Asked for here; `measure` records whether the graph ran.
                 cuda_graph: self.cuda_graph.then_some(true),
@@ -377,14 +380,20 @@ pub fn measure(
     if let Some(t) = cfg.threads {
         tch::set_num_threads(t as i32);
     }
+    let settings = DeviceSettings::new(
+        device,
+        cfg.fused_bn.unwrap_or(false),
+        cfg.fused_block.unwrap_or(false),
+        cfg.cudnn_pool.unwrap_or(false),
+    );
     crate::device::setup(
         device,
-        DeviceSettings::new(
-            device,
-            cfg.fused_bn.unwrap_or(false),
-            cfg.fused_block.unwrap_or(false),
-            cfg.cudnn_pool.unwrap_or(false),
-        ),
+        DeviceSettings {
+            fused_block_plans: cfg
+                .fused_block_plans
+                .map_or(settings.fused_block_plans, |n| n as usize),
+            ..settings
+        },
     )?;
     tch::manual_seed(cfg.seed.unwrap_or(0) as i64);
     let model = Model::new(network(plan.arch, plan.width), device);
