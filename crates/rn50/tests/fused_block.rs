@@ -204,6 +204,7 @@ impl Block {
         .unwrap()
     }
 
+    /// [`Block::whole`]'s output, which must not decline.
     fn folded(&self, x: &Tensor, buffers: &[Tensor], use_graph: bool, momentum: f64) -> Tensor {
         match self.whole(x, buffers, use_graph, momentum) {
             Fused::Done(y) => y,

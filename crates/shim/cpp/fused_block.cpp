@@ -136,6 +136,25 @@ Geometry geometry(size_t i, int64_t stride) { return i == 1 ? Geometry{stride, 1
 constexpr int64_t kDefaultPlans = 4;
 std::atomic<int64_t> max_plans{kDefaultPlans};
 
+// The shape of one convolution of the body: input [n, c, h, w], filter [k, c, r, r].
+struct ConvShape {
+  int64_t n, c, h, w, k, r;
+  Geometry g;
+  int64_t p() const { return (h + 2 * g.pad - r) / g.stride + 1; }
+  int64_t q() const { return (w + 2 * g.pad - r) / g.stride + 1; }
+  static ConvShape of(const Tensor& x, const Tensor& w, Geometry g) {
+    return {x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), g};
+  }
+};
+
+// The shapes of the body's three convolutions for input x, weights w1, w2, w3 and the stride on conv2.
+std::array<ConvShape, 3> body_shapes(const Tensor& x, at::TensorList w, int64_t stride) {
+  auto s1 = ConvShape::of(x, w[0], geometry(0, stride));
+  ConvShape s2{s1.n, s1.k, s1.p(), s1.q(), w[1].size(0), w[1].size(2), geometry(1, stride)};
+  ConvShape s3{s2.n, s2.k, s2.p(), s2.q(), w[2].size(0), w[2].size(2), geometry(2, stride)};
+  return {s1, s2, s3};
+}
+
 // Whether the stages of a body whose input is t would be cuDNN graphs: fp16/bf16 on CUDA.
 bool graph_input(const Tensor& t) {
   return t.is_cuda() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16);
@@ -419,17 +438,6 @@ std::string shape_key(const char* stage, std::initializer_list<int64_t> v, at::S
   return s.str();
 }
 
-// The shape of one convolution of the body: input [n, c, h, w], filter [k, c, r, r].
-struct ConvShape {
-  int64_t n, c, h, w, k, r;
-  Geometry g;
-  int64_t p() const { return (h + 2 * g.pad - r) / g.stride + 1; }
-  int64_t q() const { return (w + 2 * g.pad - r) / g.stride + 1; }
-  static ConvShape of(const Tensor& x, const Tensor& w, Geometry g) {
-    return {x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), g};
-  }
-};
-
 std::string shape_key(const char* stage, const ConvShape& s, at::ScalarType t) {
   return shape_key(stage, {s.n, s.c, s.h, s.w, s.k, s.r, s.g.stride, s.g.pad}, t);
 }
@@ -607,14 +615,6 @@ Plan* tail_backward_plan(int64_t n, int64_t c, int64_t h, int64_t w, bool projec
     pl.io.insert(pl.io.end(), outputs.begin(), outputs.end());
     return b.finish(pl, hd);
   });
-}
-
-// The shapes of the body's three convolutions for input x, weights w1, w2, w3 and the stride on conv2.
-std::array<ConvShape, 3> body_shapes(const Tensor& x, at::TensorList w, int64_t stride) {
-  auto s1 = ConvShape::of(x, w[0], geometry(0, stride));
-  ConvShape s2{s1.n, s1.k, s1.p(), s1.q(), w[1].size(0), w[1].size(2), geometry(1, stride)};
-  ConvShape s3{s2.n, s2.k, s2.p(), s2.q(), w[2].size(0), w[2].size(2), geometry(2, stride)};
-  return {s1, s2, s3};
 }
 
 const Plan* first_error(std::initializer_list<const Plan*> plans) {
