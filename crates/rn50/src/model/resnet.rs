@@ -531,13 +531,17 @@ impl Block {
         (params, buffers)
     }
 
-    /// On a GPU in training, the bottleneck with its batch norms folded into its convolutions (cuDNN graphs): the
-    /// whole block, or where cuDNN lacks the tail's graphs its body, then the tail as below. `None` where neither
-    /// applies.
-    fn forward_fused(&self, x: &Tensor) -> Option<Tensor> {
-        let stride = self.units[1].conv.stride;
+    /// Calls `fold` with what [`fused::bottleneck`] takes for this block on input `x`: the reach (the whole block
+    /// with its shortcut, or with `whole` false its body), its tensors ([`Block::fused_tensors`]) and conv2's stride.
+    fn with_fused_args<R>(
+        &self,
+        x: &Tensor,
+        whole: bool,
+        fold: impl FnOnce(BlockReach, &[Tensor], &[Tensor], i64) -> R,
+    ) -> R {
         let pooled;
         let reach = match &self.downsample {
+            _ if !whole => BlockReach::Body,
             None => BlockReach::Identity(x),
             Some(d) => {
                 pooled = d.conv_input(x);
@@ -547,22 +551,21 @@ impl Block {
                 }
             }
         };
-        let (params, buffers) = self.fused_tensors(true);
-        if let Some(out) =
-            fused::bottleneck(x, reach, &params, &buffers, stride, BN_MOMENTUM, BN_EPS)
-        {
+        let (params, buffers) = self.fused_tensors(whole);
+        fold(reach, &params, &buffers, self.units[1].conv.stride)
+    }
+
+    /// On a GPU in training, the bottleneck with its batch norms folded into its convolutions (cuDNN graphs): the
+    /// whole block, or where cuDNN lacks the tail's graphs its body, then the tail as below. `None` where neither
+    /// applies.
+    fn forward_fused(&self, x: &Tensor) -> Option<Tensor> {
+        let fold = |reach: BlockReach<'_>, params: &[Tensor], buffers: &[Tensor], stride: i64| {
+            fused::bottleneck(x, reach, params, buffers, stride, BN_MOMENTUM, BN_EPS)
+        };
+        if let Some(out) = self.with_fused_args(x, true, fold) {
             return Some(out);
         }
-        let (params, buffers) = self.fused_tensors(false);
-        let y3 = fused::bottleneck(
-            x,
-            BlockReach::Body,
-            &params,
-            &buffers,
-            stride,
-            BN_MOMENTUM,
-            BN_EPS,
-        )?;
+        let y3 = self.with_fused_args(x, false, fold)?;
         Some(self.units[2].bn_relu(&y3, true, Some(&self.shortcut(x, true))))
     }
 
@@ -752,6 +755,76 @@ mod tests {
                 }
                 let got = cfg.last_stage_side(side) as i64;
                 assert_eq!(y.size()[2..], [got, got], "{arch} {stem:?} at {side} px");
+            }
+        }
+    }
+
+    /// The folded bottleneck gets this network's tensors in the order it reads them: each bottleneck of ResNet-50
+    /// and ResNet-D (identity, projection, ResNet-D's pooled projection) through the shim's ATen stages, whole and
+    /// body alone (then the tail as `forward` runs it), gives the output, input gradient and running statistics of
+    /// the block's plain forward in training.
+    #[test]
+    fn the_folded_bottleneck_gets_the_tensors_in_its_order() {
+        for arch in [Arch::ResNet50, "resnet50d".parse().unwrap()] {
+            let mut cfg = ResNetConfig::new(arch);
+            cfg.width = 4;
+            let vs = nn::VarStore::new(tch::Device::Cpu);
+            let net = ResNet::new(&vs.root(), cfg);
+            for (i, block) in net.layers.iter().enumerate() {
+                let cin = block.units[0].conv.weight.size()[1];
+                tch::manual_seed(i as i64);
+                let x = Tensor::randn([2, cin, 9, 9], tch::kind::FLOAT_CPU).relu();
+                let buffers = block.fused_tensors(true).1;
+                let start: Vec<Tensor> = buffers.iter().map(Tensor::copy).collect();
+                let run = |forward: &dyn Fn(&Tensor) -> Tensor| {
+                    tch::no_grad(|| {
+                        for (mut b, s) in buffers.iter().map(Tensor::shallow_clone).zip(&start) {
+                            b.copy_(s);
+                        }
+                    });
+                    let x = x.copy().set_requires_grad(true);
+                    let out = forward(&x);
+                    out.sum(tch::Kind::Float).backward();
+                    let running: Vec<Tensor> = buffers.iter().map(Tensor::copy).collect();
+                    (out.detach(), x.grad(), running)
+                };
+                let fold = |x: &Tensor, whole| {
+                    block.with_fused_args(x, whole, |reach, params, buffers, stride| {
+                        match crate::shim::bottleneck(
+                            x,
+                            reach,
+                            params,
+                            buffers,
+                            stride,
+                            BN_MOMENTUM,
+                            BN_EPS,
+                            false,
+                        )
+                        .unwrap()
+                        {
+                            crate::shim::Fused::Done(y) => y,
+                            crate::shim::Fused::NotApplicable(why) => {
+                                panic!("{arch} block {i}: {why}")
+                            }
+                        }
+                    })
+                };
+                let want = run(&|x| block.forward(x, true));
+                let whole = run(&|x| fold(x, true));
+                let body = run(&|x| {
+                    block.units[2].bn_relu(&fold(x, false), true, Some(&block.shortcut(x, true)))
+                });
+                for (what, got) in [("whole", whole), ("body", body)] {
+                    let close = |a: &Tensor, b: &Tensor| a.allclose(b, 1e-4, 1e-5, false);
+                    assert!(close(&got.0, &want.0), "{arch} block {i} ({what}): output");
+                    assert!(
+                        close(&got.1, &want.1),
+                        "{arch} block {i} ({what}): input gradient"
+                    );
+                    for (g, w) in got.2.iter().zip(&want.2) {
+                        assert!(close(g, w), "{arch} block {i} ({what}): running statistics");
+                    }
+                }
             }
         }
     }
