@@ -15,7 +15,10 @@ What it does, step for step as rn50:
     names for timm's variants (resnet50d, resnetblur50, resnetblur50d, ...) as timm's ResNet with the same
     stem_type, avg_down and aa_layer (timm_resnet below), zero_init_last = --zero-init-residual;
   - torch.optim.SGD(momentum, nesterov, weight decay; --no-bn-wd: none on 1-D parameters, batch-norm and biases,
-    as rn50 and torchvision's --norm-weight-decay 0 with --bias-weight-decay 0);
+    as rn50 and torchvision's --norm-weight-decay 0 with --bias-weight-decay 0); --optimizer adamw or radam:
+    torch.optim.AdamW or torch.optim.RAdam(decoupled_weight_decay=True), betas (--momentum, --beta2), eps
+    --opt-eps, foreach; --lookahead: fast.ai's Lookahead around it (slow weights from the first step's, every
+    --lookahead-k steps slow += --lookahead-alpha·(fast - slow), fast = slow): fast.ai's Ranger with radam;
   - the rate of each step from rn50's schedule (crates/rn50/src/train/schedule.rs): linear warmup from 0 over
     --warmup-epochs, then step/cosine/linear/flat-cos, or one-cycle (a cosine up from peak / --div-factor over
     --warmup-epochs, then one down; the momentum cycled from --momentum to --base-momentum and back), evaluated
@@ -63,6 +66,12 @@ DEFAULTS = {
     "wd": 1e-4,
     "no-bn-wd": False,
     "nesterov": False,
+    "optimizer": "sgd",
+    "beta2": None,
+    "opt-eps": None,
+    "lookahead": False,
+    "lookahead-k": None,
+    "lookahead-alpha": None,
     "label-smoothing": 0.0,
     "zero-init-residual": False,
     "image-size": 224,
@@ -105,6 +114,12 @@ def parse():
     p.add_argument("--wd", type=float)
     p.add_argument("--no-bn-wd", action="store_const", const=True)
     p.add_argument("--nesterov", action="store_const", const=True)
+    p.add_argument("--optimizer", choices=["sgd", "adamw", "radam"])
+    p.add_argument("--beta2", type=float)
+    p.add_argument("--opt-eps", type=float)
+    p.add_argument("--lookahead", action="store_const", const=True)
+    p.add_argument("--lookahead-k", type=int)
+    p.add_argument("--lookahead-alpha", type=float)
     p.add_argument("--label-smoothing", type=float)
     p.add_argument("--zero-init-residual", action="store_const", const=True)
     p.add_argument("--image-size", type=int)
@@ -220,6 +235,42 @@ def timm_resnet(arch, num_classes, zero_init_last):
     )
 
 
+def optimizer(r, groups, peak):
+    """rn50's --optimizer: torch.optim's, with --momentum as Adam's β1 and its weight decay decoupled."""
+    if r["optimizer"] not in ("sgd", "adamw", "radam"):
+        sys.exit(f"reference_train.py: --optimizer {r['optimizer']} is not implemented by this reference")
+    if r["optimizer"] == "sgd":
+        return torch.optim.SGD(groups, lr=peak, momentum=r["momentum"], nesterov=r["nesterov"])
+    if r["nesterov"]:
+        sys.exit("reference_train.py: --nesterov is SGD's")
+    betas = (r["momentum"], 0.999 if r["beta2"] is None else r["beta2"])
+    eps = 1e-8 if r["opt-eps"] is None else r["opt-eps"]
+    if r["optimizer"] == "adamw":
+        return torch.optim.AdamW(groups, lr=peak, betas=betas, eps=eps, foreach=True)
+    return torch.optim.RAdam(groups, lr=peak, betas=betas, eps=eps, decoupled_weight_decay=True, foreach=True)
+
+
+class Lookahead:
+    """fast.ai's Lookahead (timm's too, but for when the slow weights start): the slow weights are the ones before
+    the first step; every k steps taken (an fp16 step skipped on overflow is not one) slow += α·(fast - slow) and
+    fast = slow."""
+
+    def __init__(self, model, r):
+        self.params = list(model.parameters())
+        self.slow = [p.detach().clone() for p in self.params]
+        self.k = r["lookahead-k"] or 6
+        self.alpha = 0.5 if r["lookahead-alpha"] is None else r["lookahead-alpha"]
+        self.steps = 0
+
+    @torch.no_grad()
+    def after_step(self, stepped):
+        self.steps += stepped
+        if stepped and self.steps % self.k == 0:
+            for slow, fast in zip(self.slow, self.params):
+                slow.add_(fast - slow, alpha=self.alpha)
+                fast.copy_(slow)
+
+
 def transforms(r):
     """The training transform (RandomResizedCrop with the recipe's scale and ratio, flip) and the evaluation one."""
     normalize = [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]
@@ -297,7 +348,8 @@ def main():
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
     peak = r["lr"] if r["lr"] is not None else (r["lr-base"] or 0.1) * b / r["lr-base-size"]
-    opt = torch.optim.SGD(groups, lr=peak, momentum=r["momentum"], nesterov=r["nesterov"])
+    opt = optimizer(r, groups, peak)
+    lookahead = Lookahead(model, r) if r["lookahead"] else None
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=r["label-smoothing"])
     steps = len(train_loader)
     if r["max-steps-per-epoch"]:
@@ -321,14 +373,24 @@ def main():
             t = epoch + (i + 1) / steps
             last_lr, momentum = lr_at(r, peak, t), momentum_at(r, t)
             for group in opt.param_groups:
-                group["lr"], group["momentum"] = last_lr, momentum
+                group["lr"] = last_lr
+                if r["optimizer"] == "sgd":
+                    group["momentum"] = momentum
+                else:
+                    group["betas"] = (momentum, group["betas"][1])
             with torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
                 out = model(images)
                 loss = criterion(out.float(), labels)
             opt.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(opt)
-            scaler.update()
+            if lookahead:
+                # GradScaler halves its scale exactly when it skipped the step for an overflow.
+                before = scaler.get_scale()
+                scaler.update()
+                lookahead.after_step(scaler.get_scale() >= before)
+            else:
+                scaler.update()
             loss_sum += loss.detach()
             logged += 1
             hits += (out.argmax(1) == labels).sum()

@@ -106,7 +106,7 @@ pub struct BenchConfig {
     /// the configuration `bench` resolves: `--cuda-graph` was given.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda_graph: Option<bool>,
-    pub optimizer: Option<SgdConfig>,
+    pub optimizer: Option<OptimizerConfig>,
     /// Effective learning rate (after linear scaling).
     pub lr: Option<f64>,
     /// Data-parallel processes; absent in older single-process results: 1.
@@ -142,9 +142,11 @@ impl BenchConfig {
     }
 }
 
-/// SGD's settings: what `rn50 train` and `bench` step with, as results and checkpoints record them.
+/// The optimizer's settings: what `rn50 train` and `bench` step with, as results and checkpoints record them.
+/// SGD with momentum unless `lars_eta` or `adam` says otherwise; `lookahead` wraps any of them.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct SgdConfig {
+pub struct OptimizerConfig {
+    /// SGD's momentum; with `adam`, its β1 (the first moment's decay, fast.ai's `mom`).
     pub momentum: f64,
     pub weight_decay: f64,
     pub nesterov: bool,
@@ -154,9 +156,42 @@ pub struct SgdConfig {
     /// lr·η·‖w‖/(‖g‖ + wd·‖w‖) (1-D parameters keep plain SGD, as in MLPerf's LARS).
     #[serde(default)]
     pub lars_eta: Option<f64>,
+    /// An Adam-family update in place of SGD's; absent in older results and checkpoints: SGD.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adam: Option<AdamConfig>,
+    /// Lookahead (Zhang et al. 2019) around the update; absent in older results and checkpoints: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lookahead: Option<LookaheadConfig>,
 }
 
-impl Default for SgdConfig {
+/// Which Adam: AdamW (Loshchilov & Hutter 2019) or RAdam (Liu et al. 2020: the second moment's variance
+/// rectified, so no warmup is needed), both with decoupled weight decay (p ← p·(1 - lr·wd)), as
+/// `torch.optim.AdamW` and `torch.optim.RAdam(decoupled_weight_decay=True)` (fast.ai's `true_wd`).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum AdamKind {
+    Adamw,
+    Radam,
+}
+
+/// The Adam family's settings besides β1 ([`OptimizerConfig::momentum`]) and the weight decay.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AdamConfig {
+    pub kind: AdamKind,
+    /// β2, the second moment's decay (fast.ai's `sqr_mom`).
+    pub beta2: f64,
+    /// ε, added to the second moment's square root.
+    pub eps: f64,
+}
+
+/// Lookahead: every `k` updates the slow weights move `alpha` of the way to the fast ones, which restart there.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+pub struct LookaheadConfig {
+    pub k: u64,
+    pub alpha: f64,
+}
+
+impl Default for OptimizerConfig {
     fn default() -> Self {
         Self {
             momentum: 0.9,
@@ -164,6 +199,8 @@ impl Default for SgdConfig {
             nesterov: false,
             no_bn_bias_decay: false,
             lars_eta: None,
+            adam: None,
+            lookahead: None,
         }
     }
 }

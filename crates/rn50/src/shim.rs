@@ -72,6 +72,26 @@ mod ffi {
             nesterov: c_int,
             found_inf: *const C_tensor,
         ) -> c_int;
+        pub fn rn50_adam_foreach(
+            params: *const *const C_tensor,
+            grads: *const *const C_tensor,
+            exp_avgs: *const *const C_tensor,
+            exp_avg_sqs: *const *const C_tensor,
+            n: usize,
+            lr: f64,
+            beta1: f64,
+            beta2: f64,
+            eps: f64,
+            weight_decay: f64,
+            step: f64,
+            rectified: c_int,
+        ) -> c_int;
+        pub fn rn50_lookahead_sync(
+            slow: *const *const C_tensor,
+            fast: *const *const C_tensor,
+            n: usize,
+            alpha: f64,
+        ) -> c_int;
         pub fn rn50_amp_unscale(
             grads: *const *const C_tensor,
             n: usize,
@@ -624,6 +644,71 @@ fn check_sgd_lists(
         );
     }
     Ok(())
+}
+
+/// One Adam-family update of `params`: torch.optim.AdamW's multi-tensor path, or with `rectified`
+/// torch.optim.RAdam(decoupled_weight_decay=True)'s. `exp_avgs` and `exp_avg_sqs` are the moments, zero-initialised;
+/// `step` counts updates from 1.
+#[allow(clippy::too_many_arguments)]
+pub fn adam_foreach(
+    params: &[Tensor],
+    grads: &[Tensor],
+    exp_avgs: &[Tensor],
+    exp_avg_sqs: &[Tensor],
+    lr: f64,
+    (beta1, beta2, eps): (f64, f64, f64),
+    weight_decay: f64,
+    step: u64,
+    rectified: bool,
+) -> Result<()> {
+    let n = params.len();
+    if grads.len() != n || exp_avgs.len() != n || exp_avg_sqs.len() != n || step == 0 {
+        bail!(
+            "Adam: {n} params, {} grads, {} and {} moments, step {step} (counted from 1)",
+            grads.len(),
+            exp_avgs.len(),
+            exp_avg_sqs.len()
+        );
+    }
+    let (p, g, m, v) = (
+        ffi::handles(params),
+        ffi::handles(grads),
+        ffi::handles(exp_avgs),
+        ffi::handles(exp_avg_sqs),
+    );
+    // SAFETY: arrays of live tensor handles of the stated length.
+    let rc = unsafe {
+        ffi::rn50_adam_foreach(
+            p.as_ptr(),
+            g.as_ptr(),
+            m.as_ptr(),
+            v.as_ptr(),
+            n,
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            step as f64,
+            rectified as c_int,
+        )
+    };
+    check(rc, "Adam step")
+}
+
+/// Lookahead's synchronisation: `slow` += `alpha`·(`fast` - `slow`), then `fast` = `slow`.
+pub fn lookahead_sync(slow: &[Tensor], fast: &[Tensor], alpha: f64) -> Result<()> {
+    if slow.len() != fast.len() {
+        bail!(
+            "Lookahead: {} slow and {} fast tensors",
+            slow.len(),
+            fast.len()
+        );
+    }
+    let (s, f) = (ffi::handles(slow), ffi::handles(fast));
+    // SAFETY: arrays of live tensor handles of the stated length.
+    let rc = unsafe { ffi::rn50_lookahead_sync(s.as_ptr(), f.as_ptr(), s.len(), alpha) };
+    check(rc, "Lookahead")
 }
 
 /// GradScaler.unscale_: multiply grads by `inv_scale`; set `found_inf` to 1 if any is inf/NaN.

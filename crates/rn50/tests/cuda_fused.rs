@@ -17,7 +17,7 @@ use rn50::device::DeviceSettings;
 use rn50::model::{fused, memory_format, Arch, Model, ResNetConfig, Stem};
 use rn50::shim::{self, Fused};
 use rn50::step::graph::{GraphStatus, LoopNeeds, WARMUP_STEPS};
-use rn50::step::{GradScaler, Precision, SgdConfig, StepConfig, TrainStep};
+use rn50::step::{GradScaler, OptimizerConfig, Precision, StepConfig, TrainStep};
 use tch::{Device, Kind, Reduction, Tensor};
 
 /// The GPU of a test marked `#[ignore]` (GPU only): asked to run without one, it fails rather than pass unrun.
@@ -418,7 +418,7 @@ fn an_overflowing_fp16_step_is_skipped_without_a_host_check() {
             precision: Precision::Fp16,
             channels_last: true,
             label_smoothing: 0.0,
-            sgd: SgdConfig::default(),
+            optimizer: OptimizerConfig::default(),
         },
     );
     step.scaler = Some(GradScaler::with_scale(dev, 1024.0));
@@ -462,7 +462,7 @@ fn graph_test_step(dev: Device, like: Option<&TrainStep>) -> TrainStep {
             precision: Precision::Fp16,
             channels_last: true,
             label_smoothing: 0.0,
-            sgd: SgdConfig::default(),
+            optimizer: OptimizerConfig::default(),
         },
     );
     // GradScaler's 2^16 would skip the first steps of a fresh network; 2^10 does not (the comparisons want updates).

@@ -170,6 +170,66 @@ int rn50_sgd_fused(at::Tensor** params, at::Tensor** grads, at::Tensor** bufs, s
   });
 }
 
+// AdamW, or RAdam where `rectified` is 1, each with decoupled weight decay, exactly torch.optim.AdamW's and
+// torch.optim.RAdam(decoupled_weight_decay=True)'s multi-tensor paths (foreach=True; amsgrad, maximize and
+// capturable off). `step` is the update's number, from 1: every tensor of a group steps together, so one count
+// serves them all (PyTorch keeps one per tensor, all equal). `exp_avgs` and `exp_avg_sqs` start as zeros, as in
+// PyTorch.
+//   p *= 1 - lr·wd;  m = lerp(m, g, 1 - β1);  v = β2·v + (1 - β2)·g²
+//   AdamW: p -= lr/(1 - β1^t) · m / (sqrt(v)/sqrt(1 - β2^t) + ε)
+//   RAdam: ρ∞ = 2/(1 - β2) - 1, ρt = ρ∞ - 2t·β2^t/(1 - β2^t); while ρt ≤ 5 p -= lr/(1 - β1^t) · m, after it
+//          p -= r·lr/(1 - β1^t) · sqrt(1 - β2^t) · m / (sqrt(v) + ε), r = sqrt((ρt-4)(ρt-2)ρ∞ / ((ρ∞-4)(ρ∞-2)ρt)).
+int rn50_adam_foreach(at::Tensor** params, at::Tensor** grads, at::Tensor** exp_avgs, at::Tensor** exp_avg_sqs,
+                      size_t n, double lr, double beta1, double beta2, double eps, double weight_decay, double step,
+                      int rectified) {
+  return guarded([&] {
+    if (n == 0) return;
+    at::NoGradGuard no_grad;
+    auto p = gather(params, n);
+    auto g = gather(grads, n);
+    auto m = gather(exp_avgs, n);
+    auto v = gather(exp_avg_sqs, n);
+    if (weight_decay != 0.0) at::_foreach_mul_(p, 1.0 - lr * weight_decay);
+    at::_foreach_lerp_(m, g, 1.0 - beta1);
+    at::_foreach_mul_(v, beta2);
+    at::_foreach_addcmul_(v, g, g, 1.0 - beta2);
+    double bias_correction1 = 1.0 - std::pow(beta1, step);
+    double bias_correction2 = 1.0 - std::pow(beta2, step);
+    if (rectified == 0) {
+      auto denom = at::_foreach_sqrt(v);
+      at::_foreach_div_(denom, std::sqrt(bias_correction2));
+      at::_foreach_add_(denom, eps);
+      at::_foreach_addcdiv_(p, m, denom, -(lr / bias_correction1));
+      return;
+    }
+    double rho_inf = 2.0 / (1.0 - beta2) - 1.0;
+    double rho_t = rho_inf - 2.0 * step * std::pow(beta2, step) / bias_correction2;
+    if (rho_t <= 5.0) {
+      // PyTorch's buffer is then 0·… + step size: the same update as adding m times it.
+      at::_foreach_add_(p, m, -(lr / bias_correction1));
+      return;
+    }
+    double rect = std::sqrt((rho_t - 4.0) * (rho_t - 2.0) * rho_inf / ((rho_inf - 4.0) * (rho_inf - 2.0) * rho_t));
+    auto buffer = at::_foreach_sqrt(v);
+    at::_foreach_add_(buffer, eps);
+    at::_foreach_div_(buffer, std::sqrt(bias_correction2) * (lr * rect / bias_correction1) * -1.0);
+    at::_foreach_reciprocal_(buffer);
+    at::_foreach_addcmul_(p, m, buffer);
+  });
+}
+
+// Lookahead's synchronisation, as timm's and fast.ai's: slow += α·(fast - slow); fast = slow.
+int rn50_lookahead_sync(at::Tensor** slow, at::Tensor** fast, size_t n, double alpha) {
+  return guarded([&] {
+    if (n == 0) return;
+    at::NoGradGuard no_grad;
+    auto s = gather(slow, n);
+    auto f = gather(fast, n);
+    at::_foreach_add_(s, at::_foreach_sub(f, s), alpha);
+    at::_foreach_copy_(f, s);
+  });
+}
+
 // GradScaler.unscale_: grads *= inv_scale, found_inf := 1 if any grad holds inf/NaN.
 int rn50_amp_unscale(at::Tensor** grads, size_t n, at::Tensor* found_inf, at::Tensor* inv_scale) {
   return guarded([&] {

@@ -32,7 +32,7 @@ use crate::input::{BatchSource, DeviceBatch};
 use crate::machine::{self, MachineInfo};
 use crate::model::{Arch, Model, ResNetConfig};
 use crate::step::graph::{GraphStatus, LoopNeeds, WARMUP_STEPS};
-use crate::step::{Precision, SgdConfig, StepConfig, TrainStep};
+use crate::step::{OptimizerConfig, Precision, StepConfig, TrainStep};
 use crate::train::args::{DEFAULT_LR_BASE, DEFAULT_LR_BASE_SIZE};
 use crate::train::schedule::scaled_lr;
 pub use rn50_report::schema::{BenchConfig, BenchResult, Machine};
@@ -196,7 +196,7 @@ impl BenchArgs {
                 cudnn_pool: Some(settings.cudnn_pool),
                 // Asked for here; `measure` records whether the graph ran.
                 cuda_graph: self.cuda_graph.then_some(true),
-                optimizer: Some(SgdConfig::default()),
+                optimizer: Some(OptimizerConfig::default()),
                 // train's default rate (--lr-base 0.1 per 256 images) at this global batch.
                 lr: Some(scaled_lr(
                     DEFAULT_LR_BASE,
@@ -401,7 +401,7 @@ pub fn measure(
         precision: plan.precision,
         channels_last: cfg.channels_last.unwrap_or(true),
         label_smoothing: 0.0,
-        sgd: cfg.optimizer.clone().unwrap_or_default(),
+        optimizer: cfg.optimizer.clone().unwrap_or_default(),
     };
     let mut step = TrainStep::new(model, step_cfg);
     step.sync_gradients(dist, &Default::default())?;

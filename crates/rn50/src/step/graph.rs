@@ -99,6 +99,10 @@ pub fn declined(step: &TrainStep, needs: LoopNeeds) -> Option<String> {
         "random erasing: each batch's boxes are zeroed by ops of their own size"
     } else if step.opt.config.lars_eta.is_some() {
         "LARS: its update takes the learning rate as a number, not from the device"
+    } else if step.opt.config.adam.is_some() {
+        "--optimizer adamw/radam: their bias corrections change every step and are computed on the host"
+    } else if step.opt.config.lookahead.is_some() {
+        "--lookahead: every k-th update, counted on the host, also moves the slow weights"
     } else if step.grad_sync.is_some() {
         "gradients are averaged across ranks: DDP's all-reduce runs from the Reducer's hooks, outside a graph"
     } else if crate::model::sync_bn::enabled() {
@@ -235,9 +239,7 @@ impl TrainStep {
         drop(side);
         let mut used: Vec<Tensor> = self.opt.params().map(Tensor::shallow_clone).collect();
         used.extend(self.opt.grads());
-        for g in &self.opt.groups {
-            used.extend(g.momentum_buffers.iter().map(Tensor::shallow_clone));
-        }
+        used.extend(self.opt.state().into_iter().map(|(_, t)| t));
         used.extend(self.model.buffers());
         if let Some(s) = &self.scaler {
             used.extend(s.state());
@@ -295,6 +297,7 @@ impl TrainStep {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::step::optim::{AdamConfig, AdamKind, LookaheadConfig};
     use crate::step::tests::small_step;
     use crate::step::Precision;
 
@@ -332,6 +335,14 @@ mod tests {
     #[test]
     fn each_reason_is_named() {
         let (plain, lars) = (cpu_step(false), cpu_step(true));
+        let mut adam = cpu_step(false);
+        adam.opt.config.adam = Some(AdamConfig {
+            kind: AdamKind::Radam,
+            beta2: 0.99,
+            eps: 1e-6,
+        });
+        let mut lookahead = cpu_step(false);
+        lookahead.opt.config.lookahead = Some(LookaheadConfig { k: 6, alpha: 0.5 });
         let none = LoopNeeds::default();
         let accum = LoopNeeds {
             micro_batches: 2,
@@ -361,6 +372,8 @@ mod tests {
             (&plain, accum, "gradient accumulation"),
             (&plain, cycle, "one-cycle"),
             (&lars, none, "LARS"),
+            (&adam, none, "--optimizer adamw/radam"),
+            (&lookahead, none, "--lookahead"),
         ] {
             let why = declined(step, needs).expect("a CPU step is always declined");
             assert!(why.contains(want), "{needs:?}: {why}");

@@ -17,7 +17,10 @@ use crate::input::DeviceBatch;
 use crate::model::Model;
 use mix::BatchMix;
 pub use normalize::Normalizer;
-pub use optim::{Rate, Sgd, SgdConfig};
+pub use optim::{
+    describe as describe_optimizer, AdamConfig, AdamKind, LookaheadConfig, Optimizer,
+    OptimizerConfig, Rate,
+};
 pub use precision::Precision;
 use rn50_distributed::{DdpOptions, DistContext, GradSync, StepComm};
 pub use scaler::{GradScaler, Skipped};
@@ -27,7 +30,7 @@ pub struct StepConfig {
     pub precision: Precision,
     pub channels_last: bool,
     pub label_smoothing: f64,
-    pub sgd: SgdConfig,
+    pub optimizer: OptimizerConfig,
 }
 
 /// What a step returns. `loss` stays on the device (reading it syncs): fetch it only when logging.
@@ -46,7 +49,7 @@ pub struct Forward {
 
 pub struct TrainStep {
     pub model: Model,
-    pub opt: Sgd,
+    pub opt: Optimizer,
     pub scaler: Option<GradScaler>,
     pub input: Normalizer,
     pub config: StepConfig,
@@ -69,7 +72,7 @@ impl TrainStep {
             model.to_channels_last();
         }
         let device = model.device();
-        let opt = Sgd::new(model.parameters(), config.sgd.clone());
+        let opt = Optimizer::new(model.parameters(), config.optimizer.clone());
         let scaler = config
             .precision
             .needs_loss_scaling()
@@ -252,7 +255,7 @@ mod tests {
                 precision,
                 channels_last,
                 label_smoothing: 0.0,
-                sgd: SgdConfig::default(),
+                optimizer: OptimizerConfig::default(),
             },
         )
     }

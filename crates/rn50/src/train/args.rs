@@ -13,6 +13,7 @@ use rn50_report::table::fmt_decimals;
 use crate::device::ComputeArgs;
 use crate::model::{Arch, ResNetConfig, Stem, Variant};
 use crate::step::mix::MAX_MIX_ALPHA;
+use crate::step::{AdamConfig, AdamKind, LookaheadConfig, OptimizerConfig};
 use crate::train::foreign::ForeignFlags;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -40,6 +41,11 @@ pub enum OptimizerKind {
     Sgd,
     /// SGD with layer-wise adaptive rate scaling (You et al. 2017) for large global batches.
     Lars,
+    /// AdamW (torch.optim.AdamW): Adam with decoupled weight decay.
+    Adamw,
+    /// RAdam (torch.optim.RAdam(decoupled_weight_decay=True)): Adam whose early steps need no warmup; with
+    /// --lookahead, fast.ai's Ranger.
+    Radam,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -103,17 +109,39 @@ pub struct TrainArgs {
     /// The batch size --lr-base is given for, 1 to 1048576.
     #[arg(long, default_value_t = DEFAULT_LR_BASE_SIZE, value_parser = usize_in(1..=1 << 20))]
     pub lr_base_size: usize,
-    /// Momentum, 0 or more (torch.optim.SGD's range).
+    /// Momentum, 0 or more (torch.optim.SGD's range); with --optimizer adamw or radam, β1, the first moment's
+    /// decay, below 1 (fast.ai's mom; PyTorch's betas[0]).
     #[arg(long, default_value_t = 0.9, value_parser = finite_in(0.0..))]
     pub momentum: f64,
     /// Weight decay, 0 or more.
     #[arg(long = "wd", alias = "weight-decay", default_value_t = 1e-4, value_parser = finite_in(0.0..))]
     pub wd: f64,
+    /// The update. With adamw and radam --momentum is β1 and --wd is decoupled (p ← p·(1 - lr·wd) before the
+    /// step: fast.ai's true weight decay), and --beta2 and --opt-eps apply; their rates are Adam's, around 1e-3.
     #[arg(long, value_enum, default_value_t = OptimizerKind::Sgd)]
     pub optimizer: OptimizerKind,
     /// LARS trust coefficient η, above 0.
     #[arg(long, default_value_t = 0.001, value_parser = positive())]
     pub lars_eta: f64,
+    /// --optimizer adamw or radam: β2, the second moment's decay, 0 to below 1 [default: 0.999, PyTorch's;
+    /// fast.ai's sqr_mom is 0.99].
+    #[arg(long, value_parser = finite_in(0.0..1.0))]
+    pub beta2: Option<f64>,
+    /// --optimizer adamw or radam: ε, added to the second moment's square root, above 0 [default: 1e-8,
+    /// PyTorch's; fast.ai's is 1e-6] (timm's --opt-eps).
+    #[arg(long, value_parser = positive())]
+    pub opt_eps: Option<f64>,
+    /// Lookahead (Zhang et al. 2019) around the update: every --lookahead-k updates the slow weights (those
+    /// training started from) move --lookahead-alpha of the way to the trained ones, and training goes on from
+    /// there. --optimizer radam --lookahead is fast.ai's Ranger (timm's lookahead_radam).
+    #[arg(long)]
+    pub lookahead: bool,
+    /// --lookahead's period in updates, 1 to 1000 [default: 6, fast.ai's and timm's].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub lookahead_k: Option<u64>,
+    /// --lookahead's step, above 0 to 1 [default: 0.5, fast.ai's and timm's].
+    #[arg(long, value_parser = finite_in((Bound::Excluded(0.0), Bound::Included(1.0))))]
+    pub lookahead_alpha: Option<f64>,
     /// Linear warmup from 0 to the peak LR over this many epochs (fractions allowed), 0 to below --epochs; for
     /// --lr-schedule one-cycle, above 0: its rise (PyTorch's pct_start x --epochs).
     #[arg(long, alias = "lr-warmup-epochs", default_value_t = 0.0, value_parser = finite_in(0.0..))]
@@ -428,6 +456,34 @@ impl TrainArgs {
                 ));
             }
         }
+        let adam = matches!(self.optimizer, OptimizerKind::Adamw | OptimizerKind::Radam);
+        if adam && self.nesterov {
+            return usage(
+                "--nesterov is SGD's momentum: --optimizer adamw and radam have none".into(),
+            );
+        }
+        if adam && self.momentum >= 1.0 {
+            return usage(
+                format!(
+                    "--momentum {} is --optimizer {:?}'s β1: it must be below 1",
+                    self.momentum, self.optimizer
+                )
+                .to_lowercase(),
+            );
+        }
+        if !adam && (self.beta2.is_some() || self.opt_eps.is_some()) {
+            return usage("--beta2 and --opt-eps are for --optimizer adamw or radam".into());
+        }
+        if !self.lookahead && (self.lookahead_k.is_some() || self.lookahead_alpha.is_some()) {
+            return usage("--lookahead-k and --lookahead-alpha are for --lookahead".into());
+        }
+        if self.mllog.is_some() && (adam || self.lookahead) {
+            return usage(
+                "--mllog logs MLPerf's ResNet-50 optimizers, SGD or LARS: not with --optimizer adamw, radam or \
+                 --lookahead"
+                    .into(),
+            );
+        }
         self.crop.check()?;
         if self.augment == Augment::Cifar && !self.crop.is_default() {
             return usage(
@@ -517,6 +573,32 @@ impl TrainArgs {
             "--val-crop",
             self.val_sizes().1 .0 as u64,
         )
+    }
+
+    /// The optimizer the flags ask for, with PyTorch's defaults for what they leave out (β2 0.999, ε 1e-8) and
+    /// fast.ai's and timm's for Lookahead (k 6, α 0.5).
+    pub fn optimizer_config(&self) -> OptimizerConfig {
+        let kind = match self.optimizer {
+            OptimizerKind::Adamw => Some(AdamKind::Adamw),
+            OptimizerKind::Radam => Some(AdamKind::Radam),
+            OptimizerKind::Sgd | OptimizerKind::Lars => None,
+        };
+        OptimizerConfig {
+            momentum: self.momentum,
+            weight_decay: self.wd,
+            nesterov: self.nesterov,
+            no_bn_bias_decay: self.no_bn_wd,
+            lars_eta: (self.optimizer == OptimizerKind::Lars).then_some(self.lars_eta),
+            adam: kind.map(|kind| AdamConfig {
+                kind,
+                beta2: self.beta2.unwrap_or(0.999),
+                eps: self.opt_eps.unwrap_or(1e-8),
+            }),
+            lookahead: self.lookahead.then(|| LookaheadConfig {
+                k: self.lookahead_k.unwrap_or(6),
+                alpha: self.lookahead_alpha.unwrap_or(0.5),
+            }),
+        }
     }
 
     /// The resize and center crop the run evaluates with (and records with its weights), and where each came

@@ -1,6 +1,6 @@
 //! Training checkpoints: one safetensors file holding the model state (torchvision keys under `model.`, which
-//! `rn50 eval`, `classify`, `export` and `train --init-weights` read as weights), the SGD momentum buffers
-//! (`optim.<param>`), the loss scaler (`scaler.*`), the weight EMA (`ema.*`, when kept), and in the header's
+//! `rn50 eval`, `classify`, `export` and `train --init-weights` read as weights), the optimizer's state
+//! (SGD's momentum buffers `optim.<param>`, and Adam's moments and Lookahead's slow weights: `Optimizer::state`), the loss scaler (`scaler.*`), the weight EMA (`ema.*`, when kept), and in the header's
 //! metadata the position (epoch, batch within epoch) and the run's configuration as JSON, beside what weights
 //! files record ([`Recorded`]: the class names, which a resume must train on again; the network; the training and
 //! evaluation sizes). Written atomically (temporary file, fsync, rename): a crash mid-write leaves the previous
@@ -110,11 +110,7 @@ fn state_tensors(step: &TrainStep) -> Vec<(String, Tensor)> {
         .into_iter()
         .map(|(k, t)| (format!("{CHECKPOINT_MODEL_PREFIX}{k}"), t))
         .collect();
-    for g in &step.opt.groups {
-        for (name, buf) in g.names.iter().zip(&g.momentum_buffers) {
-            out.push((format!("optim.{name}"), buf.shallow_clone()));
-        }
-    }
+    out.extend(step.opt.state());
     if let Some(s) = &step.scaler {
         out.push(("scaler.scale".into(), s.scale.shallow_clone()));
         out.push((
@@ -228,7 +224,7 @@ pub fn load(
 mod tests {
     use super::*;
     use crate::model::{Arch, Model, ResNetConfig, Stem};
-    use crate::step::{Precision, SgdConfig, StepConfig};
+    use crate::step::{OptimizerConfig, Precision, StepConfig};
     use anyhow::bail;
     use tch::{Device, Kind};
 
@@ -237,16 +233,16 @@ mod tests {
         let mut model = ResNetConfig::new(Arch::ResNet18);
         model.stem = Stem::Cifar;
         model.num_classes = 10;
-        let sgd = SgdConfig {
+        let optimizer = OptimizerConfig {
             nesterov: true,
             no_bn_bias_decay: true,
-            ..SgdConfig::default()
+            ..OptimizerConfig::default()
         };
         let cfg = StepConfig {
             precision: Precision::Fp32,
             channels_last: true,
             label_smoothing: 0.1,
-            sgd,
+            optimizer,
         };
         TrainStep::new(Model::new(model, Device::Cpu), cfg)
     }

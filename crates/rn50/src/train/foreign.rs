@@ -72,8 +72,9 @@ const FOREIGN: &[Foreign] = &[
     foreign(
         "opt",
         true,
-        "use --optimizer sgd or lars, and --nesterov for Nesterov momentum (timm's `--opt sgd` is Nesterov SGD, \
-         rn50's --optimizer sgd is plain momentum SGD as in main.py)",
+        "use --optimizer sgd, lars, adamw or radam, --nesterov for Nesterov momentum (timm's `--opt sgd` is \
+         Nesterov SGD, rn50's --optimizer sgd is plain momentum SGD as in main.py) and --lookahead for timm's \
+         lookahead_ prefix",
     ),
     foreign(
         "decay-epochs",

@@ -183,7 +183,7 @@ pub fn resolve_resume(arg: &Path, out: &Path) -> Result<Option<Resume>> {
 mod tests {
     use super::*;
     use crate::model::{Arch, Model, ResNetConfig, Stem};
-    use crate::step::{Precision, SgdConfig, StepConfig};
+    use crate::step::{OptimizerConfig, Precision, StepConfig};
     use tch::Device;
 
     fn tiny_step() -> TrainStep {
@@ -197,7 +197,7 @@ mod tests {
                 precision: Precision::Fp32,
                 channels_last: false,
                 label_smoothing: 0.0,
-                sgd: SgdConfig::default(),
+                optimizer: OptimizerConfig::default(),
             },
         )
     }

@@ -22,8 +22,8 @@ use crate::model::weights::{self, Recorded};
 use crate::model::{Model, ResNetConfig, Stem};
 use crate::step::graph::{self, LoopNeeds, WARMUP_STEPS};
 use crate::step::mix::BatchMix;
-use crate::step::{SgdConfig, Skipped, StepConfig, TrainStep};
-use crate::train::args::{Augment, OptimizerKind, TrainArgs};
+use crate::step::{Skipped, StepConfig, TrainStep};
+use crate::train::args::{Augment, TrainArgs};
 use crate::train::checkpoint::{self, EpochSoFar, Position};
 use crate::train::data::{self, RealData};
 use crate::train::ema::{self, Ema, EmaModel};
@@ -205,13 +205,7 @@ impl<'a> RunState<'a> {
             precision: compute.precision,
             channels_last: compute.channels_last,
             label_smoothing: args.label_smoothing,
-            sgd: SgdConfig {
-                momentum: args.momentum,
-                weight_decay: args.wd,
-                nesterov: args.nesterov,
-                no_bn_bias_decay: args.no_bn_wd,
-                lars_eta: (args.optimizer == OptimizerKind::Lars).then_some(args.lars_eta),
-            },
+            optimizer: args.optimizer_config(),
         };
         // The random draws come in this order (weights, dummy batch, EMA model's initial weights, overwritten),
         // so that a --dummy batch is the same with and without --ema.
@@ -315,9 +309,10 @@ impl<'a> RunState<'a> {
                 ),
                 false => tracing::info!(
                     "rn50 train: {on}, global batch {global_batch} ({} x {} accum x {world} procs), \
-                     {lr_line}; {schedule}; {}",
+                     {}, {lr_line}; {schedule}; {}",
                     args.batch_size,
                     args.accum_steps,
+                    crate::step::describe_optimizer(&step.opt.config),
                     match data {
                         Some(_) => args.val_sizes_line(),
                         None => "no evaluation (--dummy)".into(),

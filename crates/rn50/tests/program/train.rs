@@ -151,6 +151,16 @@ fn resuming_reproduces_the_losses_with_the_recipe_augmentations() {
     );
 }
 
+/// RAdam's moments and step count and Lookahead's slow weights are in the checkpoint: a run stopped after a
+/// Lookahead synchronisation (every 2 steps here) resumes to the same losses.
+#[test]
+fn resuming_reproduces_the_losses_with_radam_and_lookahead() {
+    resume_reproduces_losses(
+        2,
+        "-b 1 --optimizer radam --beta2 0.99 --lookahead --lookahead-k 2 --lr 0.001",
+    );
+}
+
 /// `train DATA --out RUN` for 2 epochs of 6 steps of ResNet-18 at 64 px on the CPU, every step logged, with `extra`
 /// flags: the run the resume tests stop and resume.
 fn six_step_run(data: &Path, run: &Path, extra: &str) -> TinyTrain {
@@ -472,7 +482,7 @@ fn recipe_options_train_and_checkpoint() {
 #[test]
 fn kill_9_during_checkpoint_writes_leaves_a_loadable_checkpoint() {
     use rn50::model::{Arch, Model, ResNetConfig, Stem};
-    use rn50::step::{Precision, SgdConfig, StepConfig, TrainStep};
+    use rn50::step::{OptimizerConfig, Precision, StepConfig, TrainStep};
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     let mut torn_seen = 0;
@@ -510,7 +520,7 @@ fn kill_9_during_checkpoint_writes_leaves_a_loadable_checkpoint() {
             precision: Precision::Fp32,
             channels_last: true,
             label_smoothing: 0.0,
-            sgd: SgdConfig::default(),
+            optimizer: OptimizerConfig::default(),
         };
         let mut step = TrainStep::new(Model::new(cfg, tch::Device::Cpu), step_cfg);
         let header = rn50::train::checkpoint::load(&latest, &mut step, None, None)
