@@ -62,13 +62,12 @@ impl Optimizer {
             }
         }
         let zeros = |ps: &[(String, Tensor)], keep: bool| -> Vec<Tensor> {
-            match keep {
-                true => ps
-                    .iter()
-                    .map(|(_, t)| tch::no_grad(|| t.zeros_like()))
-                    .collect(),
-                false => Vec::new(),
+            if !keep {
+                return Vec::new();
             }
+            ps.iter()
+                .map(|(_, t)| tch::no_grad(|| t.zeros_like()))
+                .collect()
         };
         let adam = config.adam.is_some();
         let group = |ps: Vec<(String, Tensor)>, weight_decay: f64| {
@@ -212,16 +211,17 @@ impl Optimizer {
         found_inf: Option<&Tensor>,
     ) -> Result<()> {
         let c = &self.config;
+        // Each parameter's gradient once; the state of parameters without one is left out with them.
+        let grads: Vec<Tensor> = g.params.iter().map(Tensor::grad).collect();
         let with_grad = |list: &[Tensor]| -> Vec<Tensor> {
-            g.params
-                .iter()
-                .zip(list)
-                .filter(|(p, _)| p.grad().defined())
-                .map(|(_, t)| t.shallow_clone())
+            list.iter()
+                .zip(&grads)
+                .filter(|(_, grad)| grad.defined())
+                .map(|(t, _)| t.shallow_clone())
                 .collect()
         };
         let params = with_grad(&g.params);
-        let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
+        let grads = with_grad(&grads);
         let wd = g.weight_decay;
         if let Some(a) = c.adam {
             let rectified = a.kind == AdamKind::Radam;

@@ -463,13 +463,14 @@ impl TrainArgs {
             );
         }
         if adam && self.momentum >= 1.0 {
-            return usage(
-                format!(
-                    "--momentum {} is --optimizer {:?}'s β1: it must be below 1",
-                    self.momentum, self.optimizer
-                )
-                .to_lowercase(),
-            );
+            return usage(format!(
+                "--momentum {} is --optimizer {}'s β1: it must be below 1",
+                self.momentum,
+                self.optimizer
+                    .to_possible_value()
+                    .expect("no variant is skipped")
+                    .get_name()
+            ));
         }
         if !adam && (self.beta2.is_some() || self.opt_eps.is_some()) {
             return usage("--beta2 and --opt-eps are for --optimizer adamw or radam".into());
