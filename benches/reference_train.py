@@ -4,7 +4,8 @@ pytorch/examples' main.py write it, to measure rn50's accuracy per epoch (and it
     reference_train.py DATA --config recipes/imagenette-5ep.toml --seed 1 --out runs/ref-s1 [flags]
 
 DATA holds train/ and val/ ImageFolder trees. The recipe comes from the same TOML file `rn50 train --config`
-reads (keys are rn50's long flag names) and the same flags override it; a key this reference does not implement
+reads (keys are rn50's long flag names) and the same flags override it (`--no-nesterov`, `--bn-wd`, ... turn off a
+switch the file turns on, as in rn50); a key this reference does not implement
 (Mixup, CutMix, AutoAugment, EMA, LARS, ...) is refused rather than silently ignored.
 
 What it does, step for step as rn50:
@@ -113,15 +114,19 @@ def parse():
     p.add_argument("--momentum", type=float)
     p.add_argument("--wd", type=float)
     p.add_argument("--no-bn-wd", action="store_const", const=True)
+    p.add_argument("--bn-wd", dest="no_bn_wd", action="store_const", const=False)
     p.add_argument("--nesterov", action="store_const", const=True)
+    p.add_argument("--no-nesterov", dest="nesterov", action="store_const", const=False)
     p.add_argument("--optimizer", choices=["sgd", "adamw", "radam"])
     p.add_argument("--beta2", type=float)
     p.add_argument("--opt-eps", type=float)
     p.add_argument("--lookahead", action="store_const", const=True)
+    p.add_argument("--no-lookahead", dest="lookahead", action="store_const", const=False)
     p.add_argument("--lookahead-k", type=int)
     p.add_argument("--lookahead-alpha", type=float)
     p.add_argument("--label-smoothing", type=float)
     p.add_argument("--zero-init-residual", action="store_const", const=True)
+    p.add_argument("--no-zero-init-residual", dest="zero_init_residual", action="store_const", const=False)
     p.add_argument("--image-size", type=int)
     p.add_argument("--scale", nargs="+", type=min_max, help="RandomResizedCrop's area range: MIN,MAX or MIN MAX")
     p.add_argument("--ratio", nargs="+", type=min_max, help="RandomResizedCrop's aspect-ratio range, as --scale")

@@ -62,12 +62,15 @@ pub enum Refused {
 }
 
 /// `argv` (the program's name first) as the binary parses it: the flags of `train --config FILE.toml` before the
-/// command line's, which override them (a flag given twice takes its last value), negative numbers as values, and
+/// command line's, which override them (a flag given twice takes its last value; `--no-SWITCH` turns a switch off:
+/// [`crate::train::config::with_negations`]), negative numbers as values, and
 /// train's resolved flags (what its run directory's config.toml records) kept in [`crate::train::TrainArgs`].
 pub fn parse(argv: Vec<OsString>) -> Result<Cli, Refused> {
     let argv = crate::train::config::expand(argv).map_err(Refused::Config)?;
     let matches = negative_numbers_are_values(Cli::command())
-        .mut_subcommand("train", |c| c.args_override_self(true))
+        .mut_subcommand("train", |c| {
+            crate::train::config::with_negations(c.args_override_self(true))
+        })
         .try_get_matches_from(argv)
         .map_err(Refused::Clap)?;
     let mut cli = Cli::from_arg_matches(&matches).map_err(Refused::Clap)?;

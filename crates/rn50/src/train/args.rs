@@ -347,7 +347,8 @@ pub struct TrainArgs {
     #[arg(short = 'p', long = "print-freq", alias = "log-interval", default_value_t = 10, value_parser = usize_in(1..))]
     pub print_freq: usize,
     /// Take flags from this TOML file, its keys the long flag names (`batch-size = 256`, `no-bn-wd = true`,
-    /// `data = "/path"`); flags on the command line override it. See recipes/ and the run directory's config.toml.
+    /// `data = "/path"`); flags on the command line override it, and turn off a switch it sets with the switch's
+    /// `no-` form (`--no-nesterov`; `--bn-wd` for `no-bn-wd`). See recipes/ and the run directory's config.toml.
     #[arg(long, value_name = "FILE.toml")]
     #[serde(skip)]
     pub config: Option<PathBuf>,

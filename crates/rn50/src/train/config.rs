@@ -1,7 +1,8 @@
 //! `rn50 train --config FILE.toml`: a recipe as a file whose keys are train's long flag names (`batch-size = 256`,
 //! `no-bn-wd = true`, `lr-milestones = [30, 60]`, `data = "/path"` for DATA). The file becomes command-line flags
 //! put before the user's own, then clap parses everything once: the values go through the flags' own parsers and
-//! ranges, and a flag given on the command line wins over the file's ([`expand`]). A value is passed as
+//! ranges, and a flag given on the command line wins over the file's ([`expand`]); a switch the file turns on is
+//! turned off by its negation on the command line ([`with_negations`]: `--no-nesterov`). A value is passed as
 //! `--flag=VALUE`, and DATA after `--`, so that no string from the file is read as a flag (`data = "--nesterov"` is
 //! the folder `--nesterov`). `overwrite` is refused in a file: replacing a run directory is decided on the command
 //! line, each time.
@@ -206,6 +207,45 @@ pub fn expand(argv: Vec<OsString>) -> Result<Vec<OsString>, UsageError> {
         out.push(data);
     }
     Ok(out)
+}
+
+/// The name that turns switch `long` off: `no-nesterov` for `nesterov`, `bn-wd` for `no-bn-wd`.
+fn negation(long: &str) -> String {
+    match long.strip_prefix("no-") {
+        Some(rest) => rest.to_string(),
+        None => format!("no-{long}"),
+    }
+}
+
+/// `train` with a hidden switch that turns off each of its switches (`--no-nesterov`, `--bn-wd` for `--no-bn-wd`),
+/// the last of the two given winning: how the command line turns off a switch that a `--config` file turns on
+/// ([`expand`] puts the file's flags first). A switch that already has its opposite (`--channels-last` and
+/// `--no-channels-last`) and the command-line-only `--overwrite` get none. The negations are no flags of their own:
+/// config.toml records the switch as false.
+pub fn with_negations(cmd: Command) -> Command {
+    let negations: Vec<Arg> = cmd
+        .get_arguments()
+        .filter(|a| {
+            matches!(a.get_action(), clap::ArgAction::SetTrue)
+                && !a.is_hide_set()
+                && !COMMAND_LINE_ONLY.contains(&a.get_id().as_str())
+        })
+        .filter_map(|a| {
+            let long = a.get_long()?;
+            let name = negation(long);
+            if find(&cmd, &name).is_some() {
+                return None;
+            }
+            Some(
+                Arg::new(name.clone())
+                    .long(name)
+                    .action(clap::ArgAction::SetTrue)
+                    .overrides_with(a.get_id())
+                    .hide(true),
+            )
+        })
+        .collect();
+    cmd.args(negations)
 }
 
 fn scalar(v: &toml::Value) -> Option<String> {

@@ -180,6 +180,99 @@ fn bad_files_and_values_are_usage_errors() {
 }
 
 #[test]
+fn the_command_line_turns_off_a_switch_the_file_turns_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "r.toml",
+        "nesterov = true\nno-bn-wd = true\nzero-init-residual = true\n",
+    );
+    let on = resolved(&["--dummy", "--config", &file]);
+    for key in ["nesterov", "no-bn-wd", "zero-init-residual"] {
+        assert_eq!(on[key].as_bool(), Some(true), "{key}");
+    }
+    // The last of a switch and its negation wins, wherever --config is; config.toml records the switch only.
+    for (args, key, want) in [
+        (vec!["--no-nesterov"], "nesterov", false),
+        (vec!["--bn-wd"], "no-bn-wd", false),
+        (vec!["--no-zero-init-residual"], "zero-init-residual", false),
+        (vec!["--no-nesterov", "--nesterov"], "nesterov", true),
+        (vec!["--nesterov", "--no-nesterov"], "nesterov", false),
+    ] {
+        for before in [false, true] {
+            let mut all = vec!["--dummy"];
+            if before {
+                all.extend(&args);
+                all.extend(["--config", &file]);
+            } else {
+                all.extend(["--config", &file]);
+                all.extend(&args);
+            }
+            let r = resolved(&all);
+            assert_eq!(r[key].as_bool(), Some(want), "{all:?}");
+            assert!(
+                !r.contains_key("no-nesterov") && !r.contains_key("bn-wd"),
+                "{all:?}: a negation is no key of config.toml"
+            );
+            let other = if key == "nesterov" {
+                "no-bn-wd"
+            } else {
+                "nesterov"
+            };
+            assert_eq!(
+                r[other].as_bool(),
+                Some(true),
+                "{all:?}: the file's other switches stay"
+            );
+        }
+    }
+    // What it is for: a recipe with SGD's Nesterov, trained with Adam (which refuses Nesterov).
+    let recipe =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../recipes/imagenette-5ep.toml");
+    let recipe = recipe.to_str().unwrap();
+    refused(
+        &["--config", recipe, "/d", "--optimizer", "radam"],
+        &["--nesterov"],
+    );
+    let r = resolved(&[
+        "--config",
+        recipe,
+        "/d",
+        "--optimizer",
+        "radam",
+        "--no-nesterov",
+    ]);
+    assert_eq!(r["optimizer"].as_str(), Some("radam"));
+    assert_eq!(r["nesterov"].as_bool(), Some(false));
+
+    // Every switch of `train --help` has its negation; --overwrite, decided on each command line, has none.
+    let help = text(&rn50_parse_only(&["train", "--help"]).stdout);
+    let switches: Vec<&str> = help
+        .lines()
+        .filter_map(|l| {
+            let flag = l.trim().rsplit(", ").next()?.strip_prefix("--")?;
+            flag.chars()
+                .all(|c| c.is_ascii_lowercase() || c == '-')
+                .then_some(flag)
+        })
+        .filter(|f| !["help", "version", "overwrite"].contains(f))
+        .collect();
+    assert!(
+        switches.len() >= 10,
+        "train --help's switches: {switches:?}"
+    );
+    for switch in switches {
+        let negation = match switch.strip_prefix("no-") {
+            Some(rest) => rest.to_string(),
+            None => format!("no-{switch}"),
+        };
+        let out = rn50_parse_only(&["train", "/d", &format!("--{negation}")]);
+        assert!(out.status.success(), "--{negation}: {}", text(&out.stderr));
+    }
+    refused(&["--dummy", "--no-overwrite"], &["--no-overwrite"]);
+}
+
+#[test]
 fn lr_milestones_are_increasing_epochs_of_the_run() {
     for m in ["30,20", "0,10", "30,91", "-5"] {
         refused(&["--dummy", "--lr-milestones", m], &["--lr-milestones"]);

@@ -363,6 +363,64 @@ fn the_reference_trainer_crops_with_the_recipe_s_scale_and_ratio() {
     }
 }
 
+/// The reference trainer turns a recipe's switches off as rn50 does (`--no-nesterov`, `--bn-wd`, ...; the last of
+/// a switch and its negation wins): for each command line, its four switches equal rn50's resolved flags.
+#[test]
+fn the_reference_trainer_turns_off_a_recipe_s_switches_as_rn50_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("recipe.toml");
+    std::fs::write(
+        &recipe,
+        "nesterov = true\nno-bn-wd = true\nzero-init-residual = true\nlookahead = true\n",
+    )
+    .unwrap();
+    let recipe = recipe.to_str().unwrap();
+    let switches = ["nesterov", "no-bn-wd", "zero-init-residual", "lookahead"];
+    let script = "import json, sys; sys.path.insert(0, 'benches'); import reference_train as ref\n\
+                  out, cases, keys = [], json.loads(sys.argv[1]), json.loads(sys.argv[2])\n\
+                  for flags in cases:\n\
+                  \x20   sys.argv = ['reference_train.py', 'DATA', '--out', 'OUT'] + flags\n\
+                  \x20   r = ref.parse()[1]\n\
+                  \x20   out.append([r[k] for k in keys])\n\
+                  print(json.dumps(out))";
+    let cases: [&[&str]; 6] = [
+        &[],
+        &["--no-nesterov"],
+        &["--bn-wd", "--no-lookahead"],
+        &["--no-zero-init-residual", "--zero-init-residual"],
+        &["--no-nesterov", "--nesterov", "--no-nesterov"],
+        &["--no-bn-wd", "--bn-wd", "--no-lookahead", "--lookahead"],
+    ];
+    let flags: Vec<Vec<&str>> = cases
+        .iter()
+        .map(|c| [&["--config", recipe][..], c].concat())
+        .collect();
+    let theirs: Vec<Vec<bool>> = python_from_the_repo(&[
+        "-c",
+        script,
+        &serde_json::to_string(&flags).unwrap(),
+        &serde_json::to_string(&switches).unwrap(),
+    ]);
+    for (flags, theirs) in flags.iter().zip(theirs) {
+        let argv = [&["train", "/d"][..], flags].concat();
+        let out = common::rn50_parse_only(&argv);
+        assert!(
+            out.status.success(),
+            "{argv:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ours: toml::Table = String::from_utf8_lossy(&out.stdout).parse().unwrap();
+        let ours: Vec<bool> = switches
+            .iter()
+            .map(|k| ours[*k].as_bool().unwrap())
+            .collect();
+        assert_eq!(
+            ours, theirs,
+            "{flags:?}: rn50's {switches:?}, then the reference's"
+        );
+    }
+}
+
 /// `--lr-schedule one-cycle` is PyTorch's `OneCycleLR(anneal_strategy="cos", cycle_momentum=True)` for the same
 /// peak, rise, divisors and momenta: from the peak on, step for step to rounding (both count the fall from the
 /// peak's step to the last); during the rise within one step's change of it, since OneCycleLR's step i is at
