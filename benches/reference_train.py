@@ -163,6 +163,9 @@ def parse():
         recipe[key] = value
     if recipe["lr"] is not None and recipe["lr-base"] is not None:
         sys.exit("reference_train.py: --lr and --lr-base together")
+    if recipe["warmup-epochs"] >= recipe["epochs"]:
+        w, e = recipe["warmup-epochs"], recipe["epochs"]
+        sys.exit(f"reference_train.py: --warmup-epochs {w:g} must be below --epochs {e}")
     if recipe["val-crop"] is None:
         recipe["val-crop"] = recipe["image-size"]
     if recipe["val-resize"] is None:

@@ -30,6 +30,8 @@ mod eval;
 mod export;
 #[path = "program/help_examples.rs"]
 mod help_examples;
+#[path = "program/imagenette_gpu.rs"]
+mod imagenette_gpu;
 #[path = "program/interrupt.rs"]
 mod interrupt;
 #[path = "program/launch_restart.rs"]

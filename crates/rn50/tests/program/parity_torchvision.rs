@@ -363,6 +363,51 @@ fn the_reference_trainer_crops_with_the_recipe_s_scale_and_ratio() {
     }
 }
 
+/// The reference trainer refuses a warmup as long as the run, or longer, as rn50 does (its schedule divides by
+/// what is left after the warmup), and accepts a shorter one: each command line accepted by both or by neither.
+#[test]
+fn the_reference_trainer_refuses_a_warmup_as_long_as_the_run_as_rn50_does() {
+    let script = "import json, sys; sys.path.insert(0, 'benches'); import reference_train as ref\n\
+                  out = []\n\
+                  for flags in json.loads(sys.argv[1]):\n\
+                  \x20   sys.argv = ['reference_train.py', 'DATA', '--out', 'OUT'] + flags\n\
+                  \x20   try:\n\
+                  \x20       ref.parse()\n\
+                  \x20       out.append(None)\n\
+                  \x20   except SystemExit as e:\n\
+                  \x20       out.append(str(e.code))\n\
+                  print(json.dumps(out))";
+    let cases: [&[&str]; 4] = [
+        &["--epochs", "2", "--warmup-epochs", "1.5"],
+        &["--epochs", "1", "--warmup-epochs", "1"],
+        &["--epochs", "2", "--warmup-epochs", "2.5"],
+        &["--epochs", "5", "--warmup-epochs", "0"],
+    ];
+    let theirs: Vec<Option<String>> =
+        python_from_the_repo(&["-c", script, &serde_json::to_string(&cases).unwrap()]);
+    let refusals = theirs.iter().filter(|t| t.is_some()).count();
+    assert_eq!(refusals, 2, "{theirs:?}");
+    for (flags, theirs) in cases.iter().zip(theirs) {
+        let argv = [&["train", "/d"][..], flags].concat();
+        let ours = common::rn50_parse_only(&argv);
+        let ours_refused = !ours.status.success();
+        assert_eq!(
+            ours_refused,
+            theirs.is_some(),
+            "{flags:?}: rn50, then the reference: {theirs:?}"
+        );
+        if let Some(message) = theirs {
+            assert_eq!(ours.status.code(), Some(2), "{flags:?}");
+            let ours = String::from_utf8_lossy(&ours.stderr);
+            let rule = message.trim_start_matches("reference_train.py: ");
+            assert!(
+                ours.contains(rule),
+                "{flags:?}: rn50 says {ours:?}, the reference {message:?}"
+            );
+        }
+    }
+}
+
 /// The reference trainer turns a recipe's switches off as rn50 does (`--no-nesterov`, `--bn-wd`, ...; the last of
 /// a switch and its negation wins): for each command line, its four switches equal rn50's resolved flags.
 #[test]
