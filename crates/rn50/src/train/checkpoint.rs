@@ -62,7 +62,9 @@ pub struct EpochSoFar {
     /// Images trained on, and those of them ranked top-1 correctly (main.py's `top1` meter).
     pub images: u64,
     pub correct1: u64,
-    /// The logged steps' losses (averaged over ranks), summed, and how many: the epoch's loss is their mean.
+    /// Every trained step's loss (averaged over ranks), summed, and how many steps: the epoch's loss is their
+    /// mean (main.py's `losses` meter). Older checkpoints summed only the logged steps (every --print-freq); an
+    /// epoch resumed from one mixes the two.
     pub loss_sum: f64,
     pub loss_steps: u64,
     /// Seconds in the training loop (rank 0), which the img/s are over, and of them waiting for the loader.

@@ -85,11 +85,13 @@ pub struct EpochProgress {
     pub images: usize,
     world: usize,
     pub data_wait: Duration,
-    /// The last step read, and main.py's running means (AverageMeter) of the steps read this epoch, the
-    /// checkpoint's included after a resume.
+    /// The last step read, and main.py's running means (AverageMeter) of the steps read this epoch, each standing
+    /// for the steps since the one read before it (`weighed`: the steps the means cover), the checkpoint's steps
+    /// included after a resume.
     last: Option<Logged>,
     loss: Meter,
     acc1: Meter,
+    weighed: usize,
     later: Later,
 }
 
@@ -167,6 +169,7 @@ impl EpochProgress {
             last: None,
             loss,
             acc1,
+            weighed: start,
             later,
         }
     }
@@ -221,9 +224,11 @@ impl EpochProgress {
     /// and top-1 were read from the device and logged.
     pub fn step(&mut self, i: usize, start: usize, logged: Option<Logged>, lr: f64) {
         if let Some(l) = logged {
+            let steps = (i + 1).saturating_sub(self.weighed) as f64;
+            self.weighed = i + 1;
             self.last = Some(l);
-            self.loss.add(l.loss, 1.0);
-            self.acc1.add(l.acc1, 1.0);
+            self.loss.add(l.loss, steps);
+            self.acc1.add(l.acc1, steps);
         }
         let due = logged.is_some();
         if !self.shown.shows(due) {
@@ -316,7 +321,7 @@ mod tests {
     }
 
     /// main.py's meters from the first step: the first step read shows until a logged one; after a resume the
-    /// means start from the checkpoint's sums.
+    /// means start from the checkpoint's sums, each logged step weighing the steps since the one before.
     #[test]
     fn the_bar_shows_numbers_from_the_first_step_and_a_resumed_epochs_means() {
         let later = Later {
@@ -331,16 +336,20 @@ mod tests {
             acc1: 12.5,
         });
         assert_eq!(p.meters(), "loss 6.5000 (6.5000) Acc@1 12.50 (12.50)");
+        // Steps 0 to 5 at a mean loss of 2 and top-1 25%, then step 8 logged (standing for 6, 7 and 8).
         let carried = EpochSoFar {
-            loss_sum: 6.0,
-            loss_steps: 3,
-            images: 40,
-            correct1: 10,
+            loss_sum: 12.0,
+            loss_steps: 6,
+            images: 48,
+            correct1: 12,
             ..EpochSoFar::default()
         };
         let mut p = EpochProgress::new(0, 6, 10, 1, false, later, &carried);
+        for i in 6..8 {
+            p.step(i, 6, None, 0.1);
+        }
         p.step(
-            6,
+            8,
             6,
             Some(Logged {
                 loss: 1.0,
@@ -348,6 +357,6 @@ mod tests {
             }),
             0.1,
         );
-        assert_eq!(p.meters(), "loss 1.0000 (1.7500) Acc@1 45.00 (30.00)");
+        assert_eq!(p.meters(), "loss 1.0000 (1.6667) Acc@1 45.00 (31.67)");
     }
 }

@@ -476,15 +476,17 @@ struct Agreed {
     train: Vec<bool>,
 }
 
-/// An epoch's sums as this process trains it: the counts and logged losses go on from what the epoch carried
-/// (added in the straight run's order, so a resumed epoch's loss is its bits), this rank's top-1 hits are its own
-/// (on the device) until a checkpoint or the epoch's end sums them over ranks ([`Trainer::so_far`]).
+/// An epoch's sums as this process trains it: the counts go on from what the epoch carried; this rank's losses
+/// and top-1 hits are its own (on the device, no host sync per step) until a checkpoint or the epoch's end sums
+/// them over ranks ([`Trainer::so_far`]).
 struct EpochRun {
     /// All ranks' counts (agreed each step).
     bad_images: u64,
     skipped_batches: u64,
-    /// The logged steps' losses (the same on every rank), summed, and how many.
-    loss_sum: f64,
+    /// This rank's loss of every step trained, summed on the device in f64; rank 0's starts from the carried sum
+    /// times the ranks (so the sum over ranks, divided by them, goes on from it: on one process in the straight
+    /// run's order, so a resumed epoch's loss is its bits). And the steps trained, the same on every rank.
+    loss_sum: Tensor,
     loss_steps: u64,
     /// This rank's top-1 hits since this process began the epoch, on the device.
     correct1: Tensor,
@@ -651,18 +653,22 @@ impl<'a> Trainer<'a> {
     /// process's (`prog`): its images and hits summed over ranks (a collective: every rank calls it at the same
     /// step), its times rank 0's.
     fn so_far(&self, epoch: usize, run: &EpochRun, prog: &EpochProgress) -> Result<EpochSoFar> {
-        let mut top1 = [i64::try_from(&run.correct1)? as f64, prog.images as f64];
+        let mut sums = [
+            i64::try_from(&run.correct1)? as f64,
+            prog.images as f64,
+            f64::try_from(&run.loss_sum)?,
+        ];
         self.state
             .dist
-            .sum_f64(&mut top1, "summing the epoch's images and top-1")?;
+            .sum_f64(&mut sums, "summing the epoch's images, top-1 and loss")?;
         let carried = self.carried_into(epoch);
         let here = self.log.as_ref().map_or(0.0, |l| l.epoch_seconds_here());
         Ok(EpochSoFar {
             bad_images: run.bad_images,
             skipped_batches: run.skipped_batches,
-            images: carried.images + top1[1] as u64,
-            correct1: carried.correct1 + top1[0] as u64,
-            loss_sum: run.loss_sum,
+            images: carried.images + sums[1] as u64,
+            correct1: carried.correct1 + sums[0] as u64,
+            loss_sum: sums[2] / self.state.world as f64,
             loss_steps: run.loss_steps,
             train_seconds: carried.train_seconds + prog.elapsed(),
             data_wait_seconds: carried.data_wait_seconds + prog.data_wait.as_secs_f64(),
@@ -766,7 +772,14 @@ impl<'a> Trainer<'a> {
         let mut run = EpochRun {
             bad_images: carried.bad_images,
             skipped_batches: carried.skipped_batches,
-            loss_sum: carried.loss_sum,
+            loss_sum: Tensor::full(
+                [],
+                match self.state.rank0 {
+                    true => carried.loss_sum * self.state.world as f64,
+                    false => 0.0,
+                },
+                (Kind::Double, self.state.device),
+            ),
             loss_steps: carried.loss_steps,
             correct1: Tensor::zeros([], (Kind::Int64, self.state.device)),
         };
@@ -798,6 +811,8 @@ impl<'a> Trainer<'a> {
             } else {
                 let (stepped, skipped) = self.train_step(trained, epoch, s, t, lr, &mut prog)?;
                 let _ = run.correct1.g_add_(&stepped.correct1);
+                let _ = run.loss_sum.g_add_(&stepped.loss.to_kind(Kind::Double));
+                run.loss_steps += 1;
                 if let Some(l) = &mut self.log {
                     l.taken();
                 }
@@ -809,10 +824,7 @@ impl<'a> Trainer<'a> {
                 }
                 let due = (s + 1).is_multiple_of(args.print_freq) || s + 1 == per_epoch;
                 if due {
-                    let l = self.log_step(epoch, s, &stepped, &skipped, lr)?;
-                    run.loss_sum += l.loss;
-                    run.loss_steps += 1;
-                    Some(l)
+                    Some(self.log_step(epoch, s, &stepped, &skipped, lr)?)
                 } else {
                     if s == start {
                         // This process's first step of the epoch is read for the progress only (not logged, nor
@@ -851,7 +863,7 @@ impl<'a> Trainer<'a> {
         let train_secs = all.train_seconds.max(1e-9);
         Ok(Trained::Epoch(Box::new(EpochStats {
             io_start,
-            // main.py's meters at the epoch's end: the mean logged loss, the hits over the images trained.
+            // main.py's meters at the epoch's end: the mean loss of every step, the hits over the images trained.
             train_loss: all.loss_sum / all.loss_steps.max(1) as f64,
             train_acc1: 100.0 * all.correct1 as f64 / all.images as f64,
             lr,
