@@ -828,7 +828,7 @@ impl<'a> Trainer<'a> {
                 } else {
                     if s == start {
                         // This process's first step of the epoch is read for the progress only (not logged, nor
-                        // in the epoch's loss, which a straight run does not read there): the bar shows numbers
+                        // in the bar's means, which a straight run does not read there): the bar shows numbers
                         // from the first step on, not NaN until the first --print-freq step.
                         prog.first(self.read_step(&stepped)?);
                     }
