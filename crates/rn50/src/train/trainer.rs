@@ -811,7 +811,8 @@ impl<'a> Trainer<'a> {
             } else {
                 let (stepped, skipped) = self.train_step(trained, epoch, s, t, lr, &mut prog)?;
                 let _ = run.correct1.g_add_(&stepped.correct1);
-                let _ = run.loss_sum.g_add_(&stepped.loss.to_kind(Kind::Double));
+                // The f32 loss added into the f64 sum by one kernel (an in-place add keeps the sum's type).
+                let _ = run.loss_sum.g_add_(&stepped.loss);
                 run.loss_steps += 1;
                 if let Some(l) = &mut self.log {
                     l.taken();
