@@ -14,7 +14,8 @@ What it does, step for step as rn50:
     evaluation; ImageNet mean/std. val-resize/val-crop default to rn50's: crop = image-size, resize = round(crop/0.875);
   - torchvision.models.<arch>(num_classes = the class folders), --zero-init-residual as torchvision's; rn50's
     names for timm's variants (resnet50d, resnetblur50, resnetblur50d, ...) as timm's ResNet with the same
-    stem_type, avg_down and aa_layer (timm_resnet below), zero_init_last = --zero-init-residual;
+    stem_type, avg_down and aa_layer (timm_resnet below), zero_init_last = --zero-init-residual; the suffix _mish
+    (resnet50d_mish) makes every ReLU module a torch.nn.Mish (timm's act_layer="mish", fast.ai's xresnet's);
   - torch.optim.SGD(momentum, nesterov, weight decay; --no-bn-wd: none on 1-D parameters, batch-norm and biases,
     as rn50 and torchvision's --norm-weight-decay 0 with --bias-weight-decay 0); --optimizer adamw or radam:
     torch.optim.AdamW or torch.optim.RAdam(decoupled_weight_decay=True), betas (--momentum, --beta2), eps
@@ -243,6 +244,23 @@ def timm_resnet(arch, num_classes, zero_init_last):
     )
 
 
+def build_model(arch, num_classes, zero_init_residual):
+    """The network of rn50's name `arch`: torchvision's ResNets, timm's variants (timm_resnet); with the suffix _mish
+    every nn.ReLU module replaced by an nn.Mish (torchvision's bottleneck calls its one `relu` three times: all
+    three become Mish; timm's ResNet has one per place)."""
+    base = arch.removesuffix("_mish")
+    if base in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152"):
+        model = torchvision.models.__dict__[base](num_classes=num_classes, zero_init_residual=zero_init_residual)
+    else:
+        model = timm_resnet(base, num_classes, zero_init_residual)
+    if base != arch:
+        for parent in model.modules():
+            for name, child in parent.named_children():
+                if isinstance(child, torch.nn.ReLU):
+                    setattr(parent, name, torch.nn.Mish())
+    return model
+
+
 def optimizer(r, groups, peak):
     """rn50's --optimizer: torch.optim's, with --momentum as Adam's β1 and its weight decay decoupled."""
     if r["optimizer"] not in ("sgd", "adamw", "radam"):
@@ -342,13 +360,7 @@ def main():
         val_set, b, num_workers=r["workers"], persistent_workers=True, pin_memory=dev.type == "cuda"
     )
 
-    if r["arch"] in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152"):
-        model = torchvision.models.__dict__[r["arch"]](
-            num_classes=len(train_set.classes), zero_init_residual=r["zero-init-residual"]
-        )
-    else:
-        model = timm_resnet(r["arch"], len(train_set.classes), r["zero-init-residual"])
-    model = model.to(dev, memory_format=fmt)
+    model = build_model(r["arch"], len(train_set.classes), r["zero-init-residual"]).to(dev, memory_format=fmt)
     decay, no_decay = [], []
     for p in model.parameters():
         (no_decay if r["no-bn-wd"] and p.ndim <= 1 else decay).append(p)

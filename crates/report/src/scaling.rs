@@ -42,12 +42,13 @@ use crate::table::{fmt_pct, fmt_rate, Align, Cell, Column, Table};
 /// The parameters of `arch` with 1000 classes: torchvision's counts for its five ResNets, and timm's variants by
 /// rn50's names (`-a`): ResNet-C and -D (suffix c or d) have the deep stem's 19,232 more (three 3x3 convs and
 /// their batch norms for the 7x7 conv and its; -D's average pools have none), and the blur (prefix
-/// `resnetblur`) has none.
+/// `resnetblur`) and Mish (suffix `_mish`) have none.
 pub fn param_count(arch: &str) -> Option<u64> {
     let name = arch.replacen("resnetblur", "resnet", 1);
+    let name = name.strip_suffix("_mish").unwrap_or(&name);
     let (plain, deep_stem) = match name.strip_suffix(['c', 'd']) {
         Some(plain) => (plain, 19_232),
-        None => (name.as_str(), 0),
+        None => (name, 0),
     };
     let torchvision = match plain {
         "resnet18" => 11_689_512,

@@ -125,16 +125,17 @@ mod tests {
     }
 
     /// `rn50 scaling` sizes the gradients by name (rn50_report::scaling::param_count, built without libtorch):
-    /// every name of every depth, variant and blur counts what the network has.
+    /// every name of every depth, variant, blur and activation counts what the network has.
     #[test]
     fn the_scaling_model_counts_every_variant_s_parameters() {
         for depth in Depth::ALL {
             for variant in [Variant::B, Variant::C, Variant::D] {
-                for blur in [false, true] {
+                for (blur, mish) in [(false, false), (true, false), (false, true), (true, true)] {
                     let arch = Arch {
                         depth,
                         variant,
                         blur,
+                        mish,
                     };
                     let m = Model::new(ResNetConfig::new(arch), Device::Cpu);
                     let counted = rn50_report::scaling::param_count(&arch.name());

@@ -66,8 +66,8 @@ pub enum Variant {
 
 /// A network by the name torchvision or timm gives it: `resnet50` (torchvision's), `resnet50d` (timm's ResNet-D),
 /// `resnetblur50` (timm's anti-aliased ResNet), `resnetblur50d`, and every other depth of 18 to 152 with the
-/// suffix c or d and the prefix `resnetblur`. The state_dict keys are torchvision's or timm's, so that each
-/// loads the other's weights.
+/// suffix c or d and the prefix `resnetblur`; any of them with `_mish` (`resnet50d_mish`) has Mish for ReLU. The
+/// state_dict keys are torchvision's or timm's, so that each loads the other's weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Arch {
     pub depth: Depth,
@@ -77,6 +77,10 @@ pub struct Arch {
     /// binomial blur (`[1, 2, 1]` outer itself / 16, reflection padding 1) with stride 2 on each channel. The
     /// blur has no parameters; it is told apart only by the name recorded with the weights.
     pub blur: bool,
+    /// Mish (Misra 2019, `x·tanh(softplus(x))`) wherever torchvision has a ReLU: the activation of fast.ai's
+    /// xresnet, which its Imagenette leaderboard entries train; timm's `act_layer="mish"`. No parameters: told
+    /// apart only by the name recorded with the weights (suffix `_mish`). Initialisation stays torchvision's.
+    pub mish: bool,
 }
 
 #[allow(non_upper_case_globals)]
@@ -104,6 +108,7 @@ impl Arch {
             depth,
             variant: Variant::B,
             blur: false,
+            mish: false,
         }
     }
 
@@ -126,7 +131,7 @@ impl Arch {
         self.variant == Variant::D
     }
 
-    /// torchvision's or timm's name: `resnet50`, `resnet50d`, `resnetblur50d`.
+    /// torchvision's or timm's name: `resnet50`, `resnet50d`, `resnetblur50d`; `resnet50d_mish`.
     pub fn name(self) -> String {
         let suffix = match self.variant {
             Variant::B => "",
@@ -134,7 +139,8 @@ impl Arch {
             Variant::D => "d",
         };
         let blur = if self.blur { "blur" } else { "" };
-        format!("resnet{blur}{}{suffix}", self.depth.number())
+        let mish = if self.mish { "_mish" } else { "" };
+        format!("resnet{blur}{}{suffix}{mish}", self.depth.number())
     }
 }
 
@@ -150,6 +156,10 @@ impl FromStr for Arch {
         let want = s.to_ascii_lowercase().replace(['-', '_'], "");
         let parse = || -> Option<Arch> {
             let rest = want.strip_prefix("resnet")?;
+            let (mish, rest) = match rest.strip_suffix("mish") {
+                Some(r) => (true, r),
+                None => (false, rest),
+            };
             let (blur, rest) = match rest.strip_prefix("blur") {
                 Some(r) => (true, r),
                 None => (false, rest),
@@ -165,6 +175,7 @@ impl FromStr for Arch {
                 depth,
                 variant,
                 blur,
+                mish,
             })
         };
         match parse() {
@@ -172,7 +183,8 @@ impl FromStr for Arch {
             None => bail!(
                 "unknown architecture '{s}': choose one of {} (torchvision's), with the suffix c or d for \
                  ResNet-C or -D and the prefix resnetblur for anti-aliased downsampling, as timm names them \
-                 (resnet50d, resnetblur50, resnetblur50d)",
+                 (resnet50d, resnetblur50, resnetblur50d), and any of them with the suffix _mish for Mish in place \
+                 of ReLU (resnet50d_mish)",
                 Arch::ALL.map(|a| a.name()).join(", ")
             ),
         }
@@ -322,6 +334,8 @@ fn bn(p: nn::Path, c: i64, gamma: f64) -> nn::BatchNorm {
 struct ConvBn {
     conv: Conv,
     bn: nn::BatchNorm,
+    /// The activation after it, where there is one: Mish, else ReLU ([`Arch::mish`]).
+    mish: bool,
 }
 
 impl ConvBn {
@@ -330,15 +344,15 @@ impl ConvBn {
         self.bn(&y, train)
     }
 
-    /// `relu(bn(conv(x)) + residual)`: on a GPU in training one fused cuDNN op for BN, add and ReLU (see
-    /// [`super::fused`]), elsewhere (and with `--sync-bn`) the separate ops.
-    fn forward_relu(&self, x: &Tensor, train: bool, residual: Option<&Tensor>) -> Tensor {
-        self.bn_relu(&self.conv(x), train, residual)
+    /// `act(bn(conv(x)) + residual)`, the activation ReLU or Mish: on a GPU in training with ReLU one fused cuDNN
+    /// op for BN, add and ReLU (see [`super::fused`]), elsewhere (and with `--sync-bn`) the separate ops.
+    fn forward_act(&self, x: &Tensor, train: bool, residual: Option<&Tensor>) -> Tensor {
+        self.bn_act(&self.conv(x), train, residual)
     }
 
-    /// `relu(bn(y) + residual)` of this unit's conv output `y`.
-    fn bn_relu(&self, y: &Tensor, train: bool, residual: Option<&Tensor>) -> Tensor {
-        if train && !sync_bn::enabled() {
+    /// `act(bn(y) + residual)` of this unit's conv output `y`.
+    fn bn_act(&self, y: &Tensor, train: bool, residual: Option<&Tensor>) -> Tensor {
+        if train && !self.mish && !sync_bn::enabled() {
             if let Some(out) = fused::bn_relu(y, residual, &self.bn, BN_MOMENTUM, BN_EPS) {
                 return out;
             }
@@ -347,7 +361,13 @@ impl ConvBn {
         if let Some(r) = residual {
             y = y.g_add_(r);
         }
-        y.relu_()
+        // Mish's gradient needs its input, which an in-place Mish would overwrite: out of place, as
+        // torch.nn.Mish's default.
+        if self.mish {
+            y.mish()
+        } else {
+            y.relu_()
+        }
     }
 
     fn conv(&self, x: &Tensor) -> Tensor {
@@ -481,6 +501,7 @@ impl Block {
                 ConvBn {
                     conv: conv(p / format!("conv{n}"), ci, co, k, s),
                     bn: bn(p / format!("bn{n}"), co, gamma),
+                    mish: arch.mish,
                 }
             })
             .collect();
@@ -494,6 +515,7 @@ impl Block {
                 unit: ConvBn {
                     conv: conv(&d / first, cin, cout, 1, conv_stride),
                     bn: bn(&d / (first + 1), cout, 1.0),
+                    mish: arch.mish,
                 },
             }
         });
@@ -566,7 +588,7 @@ impl Block {
             return Some(out);
         }
         let y3 = self.with_fused_args(x, false, fold)?;
-        Some(self.units[2].bn_relu(&y3, true, Some(&self.shortcut(x, true))))
+        Some(self.units[2].bn_act(&y3, true, Some(&self.shortcut(x, true))))
     }
 
     /// The shortcut branch: the input as it is, or its projection.
@@ -578,11 +600,12 @@ impl Block {
     }
 
     fn forward(&self, x: &Tensor, train: bool) -> Tensor {
-        // The blur sits between bn2 and conv3, where the folded bottleneck cannot.
+        // The blur sits between bn2 and conv3, where the folded bottleneck cannot; its graphs apply ReLU.
         if train
             && fused::block_enabled()
             && self.units.len() == 3
             && self.blur.is_none()
+            && !self.units[0].mish
             && !sync_bn::enabled()
         {
             if let Some(out) = self.forward_fused(x) {
@@ -592,12 +615,12 @@ impl Block {
         let (last, inner) = self.units.split_last().expect("a block has units");
         let mut y = x.shallow_clone();
         for (i, u) in inner.iter().enumerate() {
-            y = u.forward_relu(&y, train, None);
+            y = u.forward_act(&y, train, None);
             if let Some((_, blur)) = self.blur.as_ref().filter(|(after, _)| *after == i) {
                 y = blur.forward(&y);
             }
         }
-        last.forward_relu(&y, train, Some(&self.shortcut(x, train)))
+        last.forward_act(&y, train, Some(&self.shortcut(x, train)))
     }
 }
 
@@ -629,20 +652,24 @@ impl ResNet {
                 ConvBn {
                     conv: conv(&p / 0, 3, c1, 3, 2),
                     bn: bn(&p / 1, c1, 1.0),
+                    mish: arch.mish,
                 },
                 ConvBn {
                     conv: conv(&p / 3, c1, c1, 3, 1),
                     bn: bn(&p / 4, c1, 1.0),
+                    mish: arch.mish,
                 },
                 ConvBn {
                     conv: conv(&p / 6, c1, w, 3, 1),
                     bn: bn(root / "bn1", w, 1.0),
+                    mish: arch.mish,
                 },
             ]
         } else {
             vec![ConvBn {
                 conv: conv(root / "conv1", 3, w, k, s),
                 bn: bn(root / "bn1", w, 1.0),
+                mish: arch.mish,
             }]
         };
         let stem_blur =
@@ -702,7 +729,7 @@ impl ResNet {
     fn stem_forward(&self, x: &Tensor, train: bool) -> Tensor {
         let mut y = x.shallow_clone();
         for u in &self.stem {
-            y = u.forward_relu(&y, train, None);
+            y = u.forward_act(&y, train, None);
         }
         if self.config.stem == Stem::Cifar {
             return y;
@@ -812,7 +839,7 @@ mod tests {
                 let want = run(&|x| block.forward(x, true));
                 let whole = run(&|x| fold(x, true));
                 let body = run(&|x| {
-                    block.units[2].bn_relu(&fold(x, false), true, Some(&block.shortcut(x, true)))
+                    block.units[2].bn_act(&fold(x, false), true, Some(&block.shortcut(x, true)))
                 });
                 for (what, got) in [("whole", whole), ("body", body)] {
                     let close = |a: &Tensor, b: &Tensor| a.allclose(b, 1e-4, 1e-5, false);
@@ -834,11 +861,12 @@ mod tests {
     fn names_of_the_variants() {
         for depth in Depth::ALL {
             for variant in [Variant::B, Variant::C, Variant::D] {
-                for blur in [false, true] {
+                for (blur, mish) in [(false, false), (true, false), (false, true), (true, true)] {
                     let a = Arch {
                         depth,
                         variant,
                         blur,
+                        mish,
                     };
                     assert_eq!(a.name().parse::<Arch>().unwrap(), a);
                     let json = serde_json::to_string(&a).unwrap();
@@ -853,7 +881,10 @@ mod tests {
         );
         assert!(d.deep_stem() && d.avg_down());
         let b: Arch = "resnetblur50".parse().unwrap();
-        assert_eq!((b.variant, b.blur), (Variant::B, true));
+        assert_eq!((b.variant, b.blur, b.mish), (Variant::B, true, false));
+        let m: Arch = "resnetblur50d_mish".parse().unwrap();
+        assert_eq!((m.variant, m.blur, m.mish), (Variant::D, true, true));
+        assert_eq!(m.name(), "resnetblur50d_mish");
         assert_eq!(
             serde_json::to_string(&Arch::ResNet50).unwrap(),
             r#""resnet50""#
@@ -865,6 +896,9 @@ mod tests {
             "resnet",
             "blur50",
             "resnet50dd",
+            "resnet50_mish_mish",
+            "resnetmish",
+            "resnet50mishd",
             "",
         ] {
             assert!(bad.parse::<Arch>().is_err(), "{bad}");

@@ -487,8 +487,8 @@ mod tests {
         file.load(&Model::new(cfg, Device::Cpu)).unwrap();
     }
 
-    /// The tensors tell ResNet-C's and -D's stem and shortcut from torchvision's; the blur, which has no tensors,
-    /// comes back from the recorded name, and a name the tensors contradict is refused.
+    /// The tensors tell ResNet-C's and -D's stem and shortcut from torchvision's; the blur and Mish, which have no
+    /// tensors, come back from the recorded name, and a name the tensors contradict is refused.
     #[test]
     fn the_variant_is_the_tensors_and_the_blur_the_recorded_name() {
         let dir = tempfile::tempdir().unwrap();
@@ -498,6 +498,8 @@ mod tests {
             "resnet18d",
             "resnetblur18d",
             "resnetblur50",
+            "resnet18d_mish",
+            "resnetblur18_mish",
         ] {
             let mut cfg = ResNetConfig::new(name.parse().unwrap());
             cfg.width = 8;

@@ -98,6 +98,13 @@ fn resnet50_matches_torchvision() {
     matches_torchvision("resnet50", &[]);
 }
 
+/// Mish traces as `aten::mish`: the module of `-a resnet18_mish` is timm's ResNet-18 with `act_layer="mish"`
+/// (torchvision's keys).
+#[test]
+fn resnet18_mish_matches_timm_s_mish_network() {
+    matches_torchvision("resnet18_mish", &[]);
+}
+
 #[test]
 fn existing_out_is_refused_without_overwrite() {
     let dir = tempfile::tempdir().unwrap();

@@ -152,6 +152,19 @@ fn resnetblur18d_matches_timm() {
     check_case("rblur18d_plain");
 }
 
+/// Mish for every ReLU (resnet50d_mish) against timm's `act_layer="mish"`: the same logits, losses and weights after
+/// two steps, in channels_last, where the block's ReLUs are also where the fused GPU ops would have been.
+#[test]
+fn resnet50d_mish_matches_timm() {
+    check_case("r50d_mish_nesterov_nobnwd_ls_cl");
+}
+
+/// timm's ResNet-18 with `act_layer="mish"` (torchvision's keys; basic blocks, the 7x7 stem).
+#[test]
+fn resnet18_mish_matches_timm() {
+    check_case("r18_mish_plain");
+}
+
 /// Every depth has exactly torchvision's state_dict keys and shapes, and timm's variants timm's
 /// (num_batches_tracked aside).
 #[test]
@@ -524,7 +537,8 @@ fn one_cycle_is_pytorch_s_one_cycle_lr() {
 }
 
 /// The reference trainer builds rn50's name of each of timm's variants as timm's network with rn50's state_dict
-/// keys and shapes, and with the blur in the same four places (the stem and the first block of stages 2 to 4).
+/// keys and shapes, with the blur in the same four places (the stem and the first block of stages 2 to 4), and
+/// with the suffix _mish a Mish wherever rn50 has one (no ReLU left).
 #[test]
 fn the_reference_trainer_builds_the_variants_rn50_names() {
     let names = [
@@ -533,16 +547,18 @@ fn the_reference_trainer_builds_the_variants_rn50_names() {
         "resnet50d",
         "resnetblur50",
         "resnetblur18d",
+        "resnet50_mish",
+        "resnetblur50d_mish",
     ];
     let script = "import json, sys; sys.path.insert(0, 'benches')\n\
-         import torchvision; from reference_train import timm_resnet; from timm.layers import BlurPool2d\n\
+         import torch; from reference_train import build_model; from timm.layers import BlurPool2d\n\
          out = {}\n\
          for name in sys.argv[1:]:\n\
-         \x20   m = torchvision.models.__dict__[name](num_classes=10) if name in torchvision.models.__dict__ \
-                 else timm_resnet(name, 10, False)\n\
+         \x20   m = build_model(name, 10, False)\n\
+         \x20   count = lambda kind: sum(isinstance(x, kind) for x in m.modules())\n\
          \x20   out[name] = {'keys': {k: list(v.shape) for k, v in m.state_dict().items() \
                  if not k.endswith('num_batches_tracked')},\n\
-         \x20                'blurs': sum(isinstance(x, BlurPool2d) for x in m.modules())}\n\
+         \x20                'blurs': count(BlurPool2d), 'mish': count(torch.nn.Mish), 'relu': count(torch.nn.ReLU)}\n\
          print(json.dumps(out))";
     let mut args = vec!["-c", script];
     args.extend(names);
@@ -561,6 +577,18 @@ fn the_reference_trainer_builds_the_variants_rn50_names() {
         assert_eq!(ours, want, "{name}");
         let blurs = if arch.blur { 4 } else { 0 };
         assert_eq!(theirs[name]["blurs"], blurs, "{name}");
+        let (mish, relu) = (&theirs[name]["mish"], &theirs[name]["relu"]);
+        if arch.mish {
+            assert!(
+                mish.as_u64() > Some(0) && relu == 0,
+                "{name}: {mish} Mish, {relu} ReLU"
+            );
+        } else {
+            assert!(
+                mish == 0 && relu.as_u64() > Some(0),
+                "{name}: {mish} Mish, {relu} ReLU"
+            );
+        }
     }
 }
 

@@ -29,13 +29,19 @@ CASES = [
     # the blur's reflection padding reach the edge.
     ("rblur50d_nesterov_nobnwd_ls_cl", "resnetblur50d", True, True, 0.1, True, 72),
     ("rblur18d_plain", "resnetblur18d", False, False, 0.0, False, 72),
+    # Mish for every ReLU: timm's own act_layer="mish", on ResNet-D and on the plain ResNet-18.
+    ("r50d_mish_nesterov_nobnwd_ls_cl", "resnet50d_mish", True, True, 0.1, True, 64),
+    ("r18_mish_plain", "resnet18_mish", False, False, 0.0, False, 64),
 ]
 # timm's names whose keys rn50's must be (resnetblur18d is not registered in timm: built as its resnetblur50d is).
 TIMM = ["resnet18d", "resnet50c", "resnet50d", "resnetblur50", "resnetblur50d", "resnet101d", "resnetblur18d"]
 
 
 def model(arch):
-    """torchvision's network of that name, else timm's."""
+    """torchvision's network of that name, else timm's; rn50's suffix _mish: timm's with act_layer="mish" (timm's
+    plain ResNets have torchvision's keys)."""
+    if arch.endswith("_mish"):
+        return timm.create_model(arch.removesuffix("_mish"), num_classes=1000, act_layer="mish")
     if arch in torchvision.models.__dict__:
         return torchvision.models.__dict__[arch](num_classes=1000)
     if arch == "resnetblur18d":
