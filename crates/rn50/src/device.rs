@@ -6,7 +6,7 @@ use tch::Device;
 
 use rn50_args::{usize_in, MAX_THREADS};
 
-use crate::model::memory_format;
+use crate::model::{memory_format, Arch};
 use crate::step::Precision;
 
 /// `--fused-block-plans`' default: the plans timed per cuDNN graph of the fused bottleneck.
@@ -192,6 +192,19 @@ impl DeviceSettings {
         }
     }
 
+    /// These settings for the network `arch`: the fused batch norm + ReLU and the folded block apply ReLU, so a
+    /// network with Mish ([`Arch::mish`]) runs neither, and the start line says so.
+    pub fn for_arch(self, arch: Arch) -> Self {
+        if !arch.mish {
+            return self;
+        }
+        Self {
+            fused_bn: false,
+            fused_block: false,
+            ..self
+        }
+    }
+
     /// What runs outside PyTorch's own kernels on a GPU, for start lines (`None` on a CPU, where nothing does):
     /// "fused BN+ReLU on, folded block off, cuDNN max-pool on".
     pub fn gpu_paths(&self) -> Option<String> {
@@ -326,6 +339,13 @@ mod tests {
             gpu.gpu_paths().as_deref(),
             Some("fused BN+ReLU on, folded block on (4 plans per graph), cuDNN max-pool on")
         );
+        let mish = gpu.for_arch("resnet50d_mish".parse().unwrap());
+        assert_eq!(
+            mish.gpu_paths().as_deref(),
+            Some("fused BN+ReLU off, folded block off, cuDNN max-pool on"),
+            "their kernels apply ReLU"
+        );
+        assert_eq!(gpu.for_arch("resnetblur50d".parse().unwrap()), gpu);
         let e = crate::shim::set_block_plans(0).unwrap_err().to_string();
         assert!(e.contains("at least 1"), "{e}");
         gpu.apply().unwrap();

@@ -147,7 +147,10 @@ impl<'a> RunState<'a> {
             .compute
             .resolve(world_info.local_rank, model_cfg.narrowest_conv())?;
         let device = compute.device;
-        let settings = crate::device::setup(device, DeviceSettings::for_device(device, &compute))?;
+        let settings = crate::device::setup(
+            device,
+            DeviceSettings::for_device(device, &compute).for_arch(args.arch),
+        )?;
         if let Some(paths) = settings.gpu_paths() {
             tracing::info!("{}: {paths}", device_name(device));
         }
