@@ -13,8 +13,9 @@ What it does, step for step as rn50:
     antialias) + RandomHorizontalFlip for training; Resize(val-resize, antialias) + CenterCrop(val-crop) for
     evaluation; ImageNet mean/std. val-resize/val-crop default to rn50's: crop = image-size, resize = round(crop/0.875);
   - torchvision.models.<arch>(num_classes = the class folders), --zero-init-residual as torchvision's; rn50's
-    names for timm's variants (resnet50d, resnetblur50, resnetblur50d, ...) as timm's ResNet with the same
-    stem_type, avg_down and aa_layer (timm_resnet below), zero_init_last = --zero-init-residual; the suffix _mish
+    names for timm's variants (resnet50d, resnetblur50, resnetblur50d, seresnext50d_32x4d, ...) as timm's ResNet
+    with the same stem_type, avg_down, aa_layer, cardinality, base_width and SE (timm_resnet below),
+    zero_init_last = --zero-init-residual; the suffix _mish
     (resnet50d_mish) makes every ReLU module a torch.nn.Mish (timm's act_layer="mish", fast.ai's xresnet's);
   - torch.optim.SGD(momentum, nesterov, weight decay; --no-bn-wd: none on 1-D parameters, batch-norm and biases,
     as rn50 and torchvision's --norm-weight-decay 0 with --bias-weight-decay 0); --optimizer adamw or radam:
@@ -226,35 +227,45 @@ def momentum_at(r, t):
 
 
 def timm_resnet(arch, num_classes, zero_init_last):
-    """timm's ResNet for rn50's name of a variant: resnet[blur]<depth>[c|d] (crates/rn50/src/model/resnet.rs)."""
+    """timm's ResNet for rn50's name of a variant: [se]res(net|next)[blur]<depth>[c|d][_<groups>x<width>d]
+    (crates/report/src/arch.rs): timm's stem_type, avg_down, aa_layer, cardinality, base_width and SE
+    (block_args attn_layer="se")."""
     import re
 
     from timm.layers import BlurPool2d
     from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
-    m = re.fullmatch(r"resnet(blur)?(18|34|50|101|152)([cd]?)", arch)
-    if not m:
+    m = re.fullmatch(r"(se)?res(net|next)(blur)?(18|34|50|101|152)([cd]?)(?:_(\d+)x(\d+)d)?", arch)
+    if not m or (m.group(2) == "next") != (m.group(6) is not None):
         sys.exit(f"reference_train.py: unknown architecture {arch}")
-    blur, depth, variant = m.group(1), int(m.group(2)), m.group(3)
+    se, blur, depth, variant = m.group(1), m.group(3), int(m.group(4)), m.group(5)
+    groups, width = (int(m.group(6)), int(m.group(7))) if m.group(6) else (1, 64)
     layers = {18: [2, 2, 2, 2], 34: [3, 4, 6, 3], 50: [3, 4, 6, 3], 101: [3, 4, 23, 3], 152: [3, 8, 36, 3]}[depth]
     return ResNet(
         BasicBlock if depth < 50 else Bottleneck, layers, num_classes=num_classes, zero_init_last=zero_init_last,
         stem_width=32, stem_type="deep" if variant else "", avg_down=variant == "d",
-        aa_layer=BlurPool2d if blur else None,
+        aa_layer=BlurPool2d if blur else None, cardinality=groups, base_width=width,
+        block_args=dict(attn_layer="se") if se else None,
     )
 
 
 def build_model(arch, num_classes, zero_init_residual):
-    """The network of rn50's name `arch`: torchvision's ResNets, timm's variants (timm_resnet); with the suffix _mish
-    every nn.ReLU module replaced by an nn.Mish (torchvision's bottleneck calls its one `relu` three times: all
-    three become Mish; timm's ResNet has one per place)."""
+    """The network of rn50's name `arch`: torchvision's ResNets and ResNeXts, timm's variants (timm_resnet); with
+    the suffix _mish every nn.ReLU module but squeeze-and-excitation's replaced by an nn.Mish (torchvision's
+    bottleneck calls its one `relu` three times: all three become Mish; timm's ResNet has one per place)."""
     base = arch.removesuffix("_mish")
-    if base in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152"):
+    if base in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnext50_32x4d", "resnext101_32x8d",
+                "resnext101_64x4d"):
         model = torchvision.models.__dict__[base](num_classes=num_classes, zero_init_residual=zero_init_residual)
     else:
         model = timm_resnet(base, num_classes, zero_init_residual)
     if base != arch:
+        from timm.layers.squeeze_excite import SEModule
+
+        # timm's act_layer leaves squeeze-and-excitation's ReLU (rn50 too).
         for parent in model.modules():
+            if isinstance(parent, SEModule):
+                continue
             for name, child in parent.named_children():
                 if isinstance(child, torch.nn.ReLU):
                     setattr(parent, name, torch.nn.Mish())

@@ -15,6 +15,7 @@
 
 use std::path::PathBuf;
 
+pub mod arch;
 pub mod efficiency;
 pub mod io_monitor;
 mod plot;

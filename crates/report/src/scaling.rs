@@ -39,26 +39,11 @@ use serde::Serialize;
 use crate::schema::{bench_hardware_label, read_json, BenchResult};
 use crate::table::{fmt_pct, fmt_rate, Align, Cell, Column, Table};
 
-/// The parameters of `arch` with 1000 classes: torchvision's counts for its five ResNets, and timm's variants by
-/// rn50's names (`-a`): ResNet-C and -D (suffix c or d) have the deep stem's 19,232 more (three 3x3 convs and
-/// their batch norms for the 7x7 conv and its; -D's average pools have none), and the blur (prefix
-/// `resnetblur`) and Mish (suffix `_mish`) have none.
+/// The parameters of `arch` with 1000 classes, by rn50's names (`-a`: torchvision's and timm's,
+/// [`crate::arch::Arch`]); None for a name rn50 does not build.
 pub fn param_count(arch: &str) -> Option<u64> {
-    let name = arch.replacen("resnetblur", "resnet", 1);
-    let name = name.strip_suffix("_mish").unwrap_or(&name);
-    let (plain, deep_stem) = match name.strip_suffix(['c', 'd']) {
-        Some(plain) => (plain, 19_232),
-        None => (name, 0),
-    };
-    let torchvision = match plain {
-        "resnet18" => 11_689_512,
-        "resnet34" => 21_797_672,
-        "resnet50" => 25_557_032,
-        "resnet101" => 44_549_160,
-        "resnet152" => 60_192_808,
-        _ => return None,
-    };
-    Some(torchvision + deep_stem)
+    let arch: crate::arch::Arch = arch.parse().ok()?;
+    Some(arch.param_count(1000))
 }
 
 /// Links with the all-reduce bus bandwidth a ring reaches on them and a per-step latency. Round figures from
@@ -674,7 +659,7 @@ pub fn model_from_args(a: &ScalingArgs) -> anyhow::Result<ScalingModel> {
         None => param_count(arch)
             .with_context(|| {
                 format!(
-                    "unknown arch {arch:?} (resnet18/34/50/101/152, resnet50d, resnetblur50d...): \
+                    "unknown arch {arch:?} (resnet18/34/50/101/152, resnet50d, seresnext50d_32x4d...): \
                      give --grad-bytes"
                 )
             })?

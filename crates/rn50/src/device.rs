@@ -193,14 +193,13 @@ impl DeviceSettings {
     }
 
     /// These settings for the network `arch`: the fused batch norm + ReLU and the folded block apply ReLU, so a
-    /// network with Mish ([`Arch::mish`]) runs neither, and the start line says so.
+    /// network with Mish ([`Arch::mish`]) runs neither; the folded block convolves in one group and has no room
+    /// for squeeze-and-excitation, so ResNeXt's and SE's networks do not fold it. The start line says so.
     pub fn for_arch(self, arch: Arch) -> Self {
-        if !arch.mish {
-            return self;
-        }
+        let folds = !arch.mish && !arch.se && arch.groups == 1;
         Self {
-            fused_bn: false,
-            fused_block: false,
+            fused_bn: self.fused_bn && !arch.mish,
+            fused_block: self.fused_block && folds,
             ..self
         }
     }
@@ -346,6 +345,15 @@ mod tests {
             "their kernels apply ReLU"
         );
         assert_eq!(gpu.for_arch("resnetblur50d".parse().unwrap()), gpu);
+        for grouped_or_se in ["resnext50_32x4d", "seresnet50"] {
+            assert_eq!(
+                gpu.for_arch(grouped_or_se.parse().unwrap())
+                    .gpu_paths()
+                    .as_deref(),
+                Some("fused BN+ReLU on, folded block off, cuDNN max-pool on"),
+                "{grouped_or_se}: the folded block convolves in one group, without SE"
+            );
+        }
         let e = crate::shim::set_block_plans(0).unwrap_err().to_string();
         assert!(e.contains("at least 1"), "{e}");
         gpu.apply().unwrap();

@@ -148,7 +148,7 @@ impl BenchArgs {
         for &b in &self.batch_sizes {
             check_batch_bytes("--batch-sizes", b as u64, "--image-size", side)?;
         }
-        Ok(())
+        self.network().check_width().map_err(UsageError)
     }
 
     /// Fills in the defaults that depend on the device, the CPU and this process's place in a data-parallel

@@ -47,9 +47,16 @@ pub fn resolve(requested: Option<bool>, device: Device, narrowest_conv: i64) -> 
     }
 }
 
-/// A copy of `t` with NHWC memory and NCHW shape (`t.contiguous(memory_format=torch.channels_last)`).
+/// A copy of `t` with NHWC memory and NCHW shape, and the strides PyTorch gives it (`t.to(memory_format=
+/// torch.channels_last)`, as `Module.to` does): `[C·H·W, 1, W·C, C]` also where H and W are 1. A 1x1 conv's weight
+/// and squeeze-and-excitation's pooled `[N, C, 1, 1]` are NCHW and NHWC at once in memory, and a convolution picks
+/// its kernels by these strides: with others than PyTorch's it computes (and rounds) otherwise.
 pub fn channels_last(t: &Tensor) -> Tensor {
-    t.permute([0, 2, 3, 1]).contiguous().permute([0, 3, 1, 2])
+    let s = t.size();
+    let strides = [s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]];
+    let mut out = Tensor::empty_strided(&s, strides, (t.kind(), t.device()));
+    out.copy_(t);
+    out
 }
 
 /// Re-stride a parameter in place, keeping its identity (autograd leaf, optimizer references).
@@ -80,6 +87,11 @@ mod tests {
         assert!(is_channels_last(&y));
         assert!(!is_channels_last(&x));
         assert_eq!(x, y);
+        // PyTorch's strides where H and W are 1 (`torch.randn(16, 256, 1, 1).to(memory_format=
+        // torch.channels_last).stride()`), where a plain permute and copy would keep (256, 1, 1, 1).
+        let w = channels_last(&Tensor::randn([16, 256, 1, 1], (Kind::Float, Device::Cpu)));
+        assert_eq!(w.stride(), [256, 1, 256, 256]);
+        assert!(is_channels_last(&w));
     }
 
     /// Narrow nets on a CPU: NCHW by default, an explicit --channels-last refused with the reason; 16+ channels,

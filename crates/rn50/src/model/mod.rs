@@ -125,18 +125,31 @@ mod tests {
     }
 
     /// `rn50 scaling` sizes the gradients by name (rn50_report::scaling::param_count, built without libtorch):
-    /// every name of every depth, variant, blur and activation counts what the network has.
+    /// every depth and variant, with the blur, Mish, squeeze-and-excitation and ResNeXt's groups, counts what the
+    /// network has.
     #[test]
     fn the_scaling_model_counts_every_variant_s_parameters() {
         for depth in Depth::ALL {
             for variant in [Variant::B, Variant::C, Variant::D] {
-                for (blur, mish) in [(false, false), (true, false), (false, true), (true, true)] {
+                for (blur, mish, se, (groups, width_per_group)) in [
+                    (false, false, false, (1, 64)),
+                    (true, true, false, (1, 64)),
+                    (false, false, true, (1, 64)),
+                    (false, false, false, (32, 4)),
+                    (true, false, true, (64, 4)),
+                ] {
                     let arch = Arch {
                         depth,
                         variant,
                         blur,
                         mish,
+                        groups,
+                        width_per_group,
+                        se,
                     };
+                    if arch.resnext() && !arch.bottleneck() {
+                        continue;
+                    }
                     let m = Model::new(ResNetConfig::new(arch), Device::Cpu);
                     let counted = rn50_report::scaling::param_count(&arch.name());
                     assert_eq!(counted, Some(m.num_parameters() as u64), "{arch}");

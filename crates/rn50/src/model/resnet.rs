@@ -1,10 +1,8 @@
 //! ResNet-18/34/50/101/152, v1.5 (the stride sits on the 3x3 conv of a bottleneck), exactly torchvision's
 //! `torchvision.models.resnet`: same modules, same state_dict keys, same initialisation; and timm's ResNet-C/D
-//! and anti-aliased variants of them ([`Arch`]), with timm's keys and torchvision's initialisation.
-use std::fmt;
-use std::str::FromStr;
-
-use anyhow::{bail, Result};
+//! and anti-aliased variants of them, ResNeXt and squeeze-and-excitation ([`Arch`]), with timm's keys and
+//! torchvision's (timm's) initialisation.
+use anyhow::Result;
 use tch::nn::init::{FanInOut, NonLinearity, NormalOrUniform};
 use tch::nn::{self, Init};
 use tch::Tensor;
@@ -12,197 +10,7 @@ use tch::Tensor;
 use super::{fused, memory_format, sync_bn};
 use crate::shim::BlockReach;
 
-/// The depth of a ResNet: torchvision's five, with their blocks per stage.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Depth {
-    D18,
-    D34,
-    D50,
-    D101,
-    D152,
-}
-
-impl Depth {
-    pub const ALL: [Depth; 5] = [Depth::D18, Depth::D34, Depth::D50, Depth::D101, Depth::D152];
-
-    /// Blocks per stage.
-    pub fn layers(self) -> [usize; 4] {
-        match self {
-            Depth::D18 => [2, 2, 2, 2],
-            Depth::D34 => [3, 4, 6, 3],
-            Depth::D50 => [3, 4, 6, 3],
-            Depth::D101 => [3, 4, 23, 3],
-            Depth::D152 => [3, 8, 36, 3],
-        }
-    }
-
-    pub fn number(self) -> u32 {
-        match self {
-            Depth::D18 => 18,
-            Depth::D34 => 34,
-            Depth::D50 => 50,
-            Depth::D101 => 101,
-            Depth::D152 => 152,
-        }
-    }
-}
-
-/// How the network downsamples, by the letters of He et al. 2019 ("Bag of Tricks for Image Classification",
-/// section 4.1) that timm's model names use.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Variant {
-    /// ResNet-B, torchvision's "v1.5": the stride on a bottleneck's 3x3 conv, the 7x7 stem.
-    #[default]
-    B,
-    /// ResNet-C: the 7x7 stem conv replaced by three 3x3 convs (width/2, width/2, width channels; timm's
-    /// `stem_type="deep", stem_width=32`), `conv1.0`, `conv1.3`, `conv1.6` with batch norms `conv1.1` and
-    /// `conv1.4` between them.
-    C,
-    /// ResNet-D: ResNet-C, and each strided shortcut a 2x2 average pool (stride 2, ceil mode, padding not
-    /// counted) then its 1x1 conv at stride 1 (timm's `avg_down=True`: `downsample.1` is the conv,
-    /// `downsample.2` its batch norm).
-    D,
-}
-
-/// A network by the name torchvision or timm gives it: `resnet50` (torchvision's), `resnet50d` (timm's ResNet-D),
-/// `resnetblur50` (timm's anti-aliased ResNet), `resnetblur50d`, and every other depth of 18 to 152 with the
-/// suffix c or d and the prefix `resnetblur`; any of them with `_mish` (`resnet50d_mish`) has Mish for ReLU. The
-/// state_dict keys are torchvision's or timm's, so that each loads the other's weights.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Arch {
-    pub depth: Depth,
-    pub variant: Variant,
-    /// Anti-aliased downsampling (Zhang 2019, "Making Convolutional Networks Shift-Invariant Again"; timm's
-    /// `aa_layer=BlurPool2d`): the stem's max-pool and each block's strided 3x3 conv run at stride 1, then a 3x3
-    /// binomial blur (`[1, 2, 1]` outer itself / 16, reflection padding 1) with stride 2 on each channel. The
-    /// blur has no parameters; it is told apart only by the name recorded with the weights.
-    pub blur: bool,
-    /// Mish (Misra 2019, `x·tanh(softplus(x))`) wherever torchvision has a ReLU: the activation of fast.ai's
-    /// xresnet, which its Imagenette leaderboard entries train; timm's `act_layer="mish"`. No parameters: told
-    /// apart only by the name recorded with the weights (suffix `_mish`). Initialisation stays torchvision's.
-    pub mish: bool,
-}
-
-#[allow(non_upper_case_globals)]
-impl Arch {
-    pub const ResNet18: Arch = Arch::plain(Depth::D18);
-    pub const ResNet34: Arch = Arch::plain(Depth::D34);
-    pub const ResNet50: Arch = Arch::plain(Depth::D50);
-    pub const ResNet101: Arch = Arch::plain(Depth::D101);
-    pub const ResNet152: Arch = Arch::plain(Depth::D152);
-}
-
-impl Arch {
-    /// torchvision's five ResNets.
-    pub const ALL: [Arch; 5] = [
-        Arch::ResNet18,
-        Arch::ResNet34,
-        Arch::ResNet50,
-        Arch::ResNet101,
-        Arch::ResNet152,
-    ];
-
-    /// torchvision's ResNet of `depth`.
-    pub const fn plain(depth: Depth) -> Self {
-        Self {
-            depth,
-            variant: Variant::B,
-            blur: false,
-            mish: false,
-        }
-    }
-
-    /// Blocks per stage.
-    pub fn layers(self) -> [usize; 4] {
-        self.depth.layers()
-    }
-
-    pub fn bottleneck(self) -> bool {
-        !matches!(self.depth, Depth::D18 | Depth::D34)
-    }
-
-    /// The three-conv stem of ResNet-C and -D.
-    pub fn deep_stem(self) -> bool {
-        matches!(self.variant, Variant::C | Variant::D)
-    }
-
-    /// ResNet-D's average-pool shortcut.
-    pub fn avg_down(self) -> bool {
-        self.variant == Variant::D
-    }
-
-    /// torchvision's or timm's name: `resnet50`, `resnet50d`, `resnetblur50d`; `resnet50d_mish`.
-    pub fn name(self) -> String {
-        let suffix = match self.variant {
-            Variant::B => "",
-            Variant::C => "c",
-            Variant::D => "d",
-        };
-        let blur = if self.blur { "blur" } else { "" };
-        let mish = if self.mish { "_mish" } else { "" };
-        format!("resnet{blur}{}{suffix}{mish}", self.depth.number())
-    }
-}
-
-impl fmt::Display for Arch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.name())
-    }
-}
-
-impl FromStr for Arch {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        let want = s.to_ascii_lowercase().replace(['-', '_'], "");
-        let parse = || -> Option<Arch> {
-            let rest = want.strip_prefix("resnet")?;
-            let (mish, rest) = match rest.strip_suffix("mish") {
-                Some(r) => (true, r),
-                None => (false, rest),
-            };
-            let (blur, rest) = match rest.strip_prefix("blur") {
-                Some(r) => (true, r),
-                None => (false, rest),
-            };
-            let (digits, variant) = match rest.as_bytes().last()? {
-                b'c' => (&rest[..rest.len() - 1], Variant::C),
-                b'd' => (&rest[..rest.len() - 1], Variant::D),
-                _ => (rest, Variant::B),
-            };
-            let n: u32 = digits.parse().ok()?;
-            let depth = Depth::ALL.into_iter().find(|d| d.number() == n)?;
-            Some(Arch {
-                depth,
-                variant,
-                blur,
-                mish,
-            })
-        };
-        match parse() {
-            Some(a) => Ok(a),
-            None => bail!(
-                "unknown architecture '{s}': choose one of {} (torchvision's), with the suffix c or d for \
-                 ResNet-C or -D and the prefix resnetblur for anti-aliased downsampling, as timm names them \
-                 (resnet50d, resnetblur50, resnetblur50d), and any of them with the suffix _mish for Mish in place \
-                 of ReLU (resnet50d_mish)",
-                Arch::ALL.map(|a| a.name()).join(", ")
-            ),
-        }
-    }
-}
-
-impl serde::Serialize for Arch {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_str(&self.name())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Arch {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let name = String::deserialize(d)?;
-        name.parse().map_err(serde::de::Error::custom)
-    }
-}
+pub use rn50_report::arch::{Arch, Depth, Variant};
 
 /// The first layers: ImageNet's 7x7/2 conv + 3x3/2 max-pool, or a 3x3/1 conv without pooling for 32 px images
 /// (CIFAR), the usual adaptation; parameter names stay torchvision's.
@@ -243,9 +51,14 @@ impl ResNetConfig {
     }
 
     /// The fewest output channels of any convolution: the stem's and the first stage's, `width` (3 input
-    /// channels of the stem aside).
+    /// channels of the stem aside), or squeeze-and-excitation's first in the first stage, where narrower (8 in
+    /// `seresnet18`).
     pub fn narrowest_conv(&self) -> i64 {
-        self.width
+        let expansion = if self.arch.bottleneck() { 4 } else { 1 };
+        match self.arch.se {
+            true => self.width.min(Arch::se_channels(self.width * expansion)),
+            false => self.width,
+        }
     }
 
     /// The side of the last stage's feature maps for input images of side `side`: every stride-2 layer (the
@@ -285,6 +98,23 @@ impl ResNetConfig {
     }
 }
 
+impl ResNetConfig {
+    /// Whether the network has channels at this width (the message of a usage error if not): a ResNeXt
+    /// bottleneck of `planes` is `floor(planes · width_per_group / 64) · groups` wide, none below
+    /// `64 / width_per_group` channels in the first stage.
+    pub fn check_width(&self) -> Result<(), String> {
+        if self.arch.bottleneck_width(self.width) == 0 {
+            let least = 64_u32.div_ceil(self.arch.width_per_group);
+            return Err(format!(
+                "{} at width {} leaves its first bottlenecks no channels (floor({} x {} / 64) groups' width): \
+                 use --width {least} or more",
+                self.arch, self.width, self.width, self.arch.width_per_group
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// `side` after `times` stride-2 layers, each `n` → `ceil(n / 2)`.
 fn halved(side: usize, times: usize) -> usize {
     (0..times).fold(side, |n, _| n.div_ceil(2))
@@ -300,20 +130,41 @@ const CONV_INIT: Init = Init::Kaiming {
     non_linearity: NonLinearity::ReLU,
 };
 
-/// A bias-free square conv: its weight `<p>.weight`, `[cout, cin, k, k]`.
+/// A bias-free square conv: its weight `<p>.weight`, `[cout, cin / groups, k, k]`.
 #[derive(Debug)]
 struct Conv {
     weight: Tensor,
     stride: i64,
     padding: i64,
+    groups: i64,
 }
 
 fn conv(p: nn::Path, cin: i64, cout: i64, k: i64, stride: i64) -> Conv {
+    grouped_conv(p, cin, cout, k, stride, 1)
+}
+
+/// [`conv`] in `groups` groups (ResNeXt's 3x3).
+fn grouped_conv(p: nn::Path, cin: i64, cout: i64, k: i64, stride: i64, groups: i64) -> Conv {
     Conv {
-        weight: p.var("weight", &[cout, cin, k, k], CONV_INIT),
+        weight: p.var("weight", &[cout, cin / groups, k, k], CONV_INIT),
         stride,
         padding: k / 2,
+        groups,
     }
+}
+
+/// A 1x1 conv with a bias, squeeze-and-excitation's: the weight torchvision's conv init, the bias nn.Conv2d's
+/// default `U(-1/sqrt(cin), 1/sqrt(cin))` (timm's `init_weights` leaves it).
+fn conv_with_bias(p: nn::Path, cin: i64, cout: i64) -> (Tensor, Tensor) {
+    let bound = 1.0 / (cin as f64).sqrt();
+    let bias = Init::Uniform {
+        lo: -bound,
+        up: bound,
+    };
+    (
+        p.var("weight", &[cout, cin, 1, 1], CONV_INIT),
+        p.var("bias", &[cout], bias),
+    )
 }
 
 fn bn(p: nn::Path, c: i64, gamma: f64) -> nn::BatchNorm {
@@ -357,7 +208,11 @@ impl ConvBn {
                 return out;
             }
         }
-        let mut y = self.bn(y, train);
+        self.act(self.bn(y, train), residual)
+    }
+
+    /// `act(y + residual)`, `y` a fresh tensor the sum may overwrite.
+    fn act(&self, mut y: Tensor, residual: Option<&Tensor>) -> Tensor {
         if let Some(r) = residual {
             y = y.g_add_(r);
         }
@@ -378,7 +233,7 @@ impl ConvBn {
             [c.stride; 2],
             [c.padding; 2],
             [1, 1],
-            1,
+            c.groups,
         )
     }
 
@@ -438,6 +293,33 @@ impl Blur {
     }
 }
 
+/// Squeeze-and-excitation (Hu et al. 2018) as timm's `SEModule`: each channel of `x` scaled by
+/// `sigmoid(fc2(relu(fc1(mean of x over its pixels))))`, `fc1` and `fc2` 1x1 convs with biases (`se.fc1`,
+/// `se.fc2`).
+#[derive(Debug)]
+struct SqueezeExcite {
+    fc1: (Tensor, Tensor),
+    fc2: (Tensor, Tensor),
+}
+
+impl SqueezeExcite {
+    fn new(p: nn::Path, channels: i64) -> Self {
+        let reduced = Arch::se_channels(channels);
+        Self {
+            fc1: conv_with_bias(&p / "fc1", channels, reduced),
+            fc2: conv_with_bias(&p / "fc2", reduced, channels),
+        }
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let fc =
+            |y: &Tensor, (w, b): &(Tensor, Tensor)| y.conv2d(w, Some(b), [1, 1], [0, 0], [1, 1], 1);
+        let squeezed = x.mean_dim([2, 3].as_slice(), true, None);
+        let gate = fc(&fc(&squeezed, &self.fc1).relu_(), &self.fc2).sigmoid();
+        x * gate
+    }
+}
+
 /// A block's shortcut where its input and output differ in shape: a 1x1 conv with the block's stride and a
 /// batch norm (`downsample.0`, `.1`), or ResNet-D's 2x2 average pool then the conv at stride 1 (`downsample.1`,
 /// `.2`).
@@ -469,6 +351,8 @@ struct Block {
     /// The anti-aliasing blur after the strided unit's ReLU (`Arch::blur`, a block of stride 2): that unit's
     /// conv then runs at stride 1.
     blur: Option<(usize, Blur)>,
+    /// Squeeze-and-excitation on the last unit's batch norm, before the shortcut's add (`Arch::se`).
+    se: Option<SqueezeExcite>,
     downsample: Option<Downsample>,
 }
 
@@ -478,28 +362,32 @@ impl Block {
         let expansion = if bottleneck { 4 } else { 1 };
         let cout = planes * expansion;
         // The unit that downsamples: v1.5 puts the stride on the 3x3, the bottleneck's second conv.
-        let strided = usize::from(bottleneck);
-        let blur = (arch.blur && stride != 1).then(|| (strided, Blur::new(p.device(), planes)));
+        let (strided, width) = match bottleneck {
+            true => (1, arch.bottleneck_width(planes)),
+            false => (0, planes),
+        };
+        let blur = (arch.blur && stride != 1).then(|| (strided, Blur::new(p.device(), width)));
         let conv_stride = if blur.is_some() { 1 } else { stride };
-        // (cin, cout, kernel, stride) of each conv.
-        let shapes: Vec<(i64, i64, i64, i64)> = if bottleneck {
+        // (cin, cout, kernel, stride, groups) of each conv.
+        let groups = i64::from(arch.groups);
+        let shapes: Vec<(i64, i64, i64, i64, i64)> = if bottleneck {
             vec![
-                (cin, planes, 1, 1),
-                (planes, planes, 3, conv_stride),
-                (planes, cout, 1, 1),
+                (cin, width, 1, 1, 1),
+                (width, width, 3, conv_stride, groups),
+                (width, cout, 1, 1, 1),
             ]
         } else {
-            vec![(cin, planes, 3, conv_stride), (planes, planes, 3, 1)]
+            vec![(cin, planes, 3, conv_stride, 1), (planes, planes, 3, 1, 1)]
         };
         let last = shapes.len();
         let units = shapes
             .into_iter()
             .enumerate()
-            .map(|(i, (ci, co, k, s))| {
+            .map(|(i, (ci, co, k, s, g))| {
                 let n = i + 1;
                 let gamma = if zero_last && n == last { 0.0 } else { 1.0 };
                 ConvBn {
-                    conv: conv(p / format!("conv{n}"), ci, co, k, s),
+                    conv: grouped_conv(p / format!("conv{n}"), ci, co, k, s, g),
                     bn: bn(p / format!("bn{n}"), co, gamma),
                     mish: arch.mish,
                 }
@@ -519,9 +407,11 @@ impl Block {
                 },
             }
         });
+        let se = arch.se.then(|| SqueezeExcite::new(p / "se", cout));
         Self {
             units,
             blur,
+            se,
             downsample,
         }
     }
@@ -600,11 +490,14 @@ impl Block {
     }
 
     fn forward(&self, x: &Tensor, train: bool) -> Tensor {
-        // The blur sits between bn2 and conv3, where the folded bottleneck cannot; its graphs apply ReLU.
+        // The blur sits between bn2 and conv3 and squeeze-and-excitation between bn3 and the add, where the folded
+        // bottleneck cannot; its graphs apply ReLU and convolve in one group.
         if train
             && fused::block_enabled()
             && self.units.len() == 3
             && self.blur.is_none()
+            && self.se.is_none()
+            && self.units[1].conv.groups == 1
             && !self.units[0].mish
             && !sync_bn::enabled()
         {
@@ -620,7 +513,11 @@ impl Block {
                 y = blur.forward(&y);
             }
         }
-        last.forward_act(&y, train, Some(&self.shortcut(x, train)))
+        let shortcut = self.shortcut(x, train);
+        match &self.se {
+            None => last.forward_act(&y, train, Some(&shortcut)),
+            Some(se) => last.act(se.forward(&last.forward(&y, train)), Some(&shortcut)),
+        }
     }
 }
 
@@ -853,55 +750,6 @@ mod tests {
                     }
                 }
             }
-        }
-    }
-
-    /// Every name parses back to itself; timm's spellings and torchvision's are accepted, others refused.
-    #[test]
-    fn names_of_the_variants() {
-        for depth in Depth::ALL {
-            for variant in [Variant::B, Variant::C, Variant::D] {
-                for (blur, mish) in [(false, false), (true, false), (false, true), (true, true)] {
-                    let a = Arch {
-                        depth,
-                        variant,
-                        blur,
-                        mish,
-                    };
-                    assert_eq!(a.name().parse::<Arch>().unwrap(), a);
-                    let json = serde_json::to_string(&a).unwrap();
-                    assert_eq!(serde_json::from_str::<Arch>(&json).unwrap(), a);
-                }
-            }
-        }
-        let d: Arch = "ResNet-50d".parse().unwrap();
-        assert_eq!(
-            (d.depth, d.variant, d.blur),
-            (Depth::D50, Variant::D, false)
-        );
-        assert!(d.deep_stem() && d.avg_down());
-        let b: Arch = "resnetblur50".parse().unwrap();
-        assert_eq!((b.variant, b.blur, b.mish), (Variant::B, true, false));
-        let m: Arch = "resnetblur50d_mish".parse().unwrap();
-        assert_eq!((m.variant, m.blur, m.mish), (Variant::D, true, true));
-        assert_eq!(m.name(), "resnetblur50d_mish");
-        assert_eq!(
-            serde_json::to_string(&Arch::ResNet50).unwrap(),
-            r#""resnet50""#
-        );
-        for bad in [
-            "resnet51",
-            "resnet50e",
-            "resnetblur",
-            "resnet",
-            "blur50",
-            "resnet50dd",
-            "resnet50_mish_mish",
-            "resnetmish",
-            "resnet50mishd",
-            "",
-        ] {
-            assert!(bad.parse::<Arch>().is_err(), "{bad}");
         }
     }
 }

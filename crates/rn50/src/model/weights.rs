@@ -488,7 +488,8 @@ mod tests {
     }
 
     /// The tensors tell ResNet-C's and -D's stem and shortcut from torchvision's; the blur and Mish, which have no
-    /// tensors, come back from the recorded name, and a name the tensors contradict is refused.
+    /// tensors, come back from the recorded name (and so do squeeze-and-excitation and ResNeXt's groups, which
+    /// the load checks against the tensors), and a name the tensors contradict is refused.
     #[test]
     fn the_variant_is_the_tensors_and_the_blur_the_recorded_name() {
         let dir = tempfile::tempdir().unwrap();
@@ -500,9 +501,12 @@ mod tests {
             "resnetblur50",
             "resnet18d_mish",
             "resnetblur18_mish",
+            "seresnet18",
+            "seresnext50d_32x4d",
         ] {
             let mut cfg = ResNetConfig::new(name.parse().unwrap());
-            cfg.width = 8;
+            // ResNeXt's 4 channels a group at width 64: none under width 16.
+            cfg.width = if cfg.arch.resnext() { 16 } else { 8 };
             let model = Model::new(cfg.clone(), Device::Cpu);
             let eval = EvalTransform {
                 resize: 73,
@@ -520,7 +524,7 @@ mod tests {
             let shape = WeightsFile::read(&plain).unwrap().shape().unwrap();
             assert_eq!(
                 (shape.width, shape.stem, shape.variant),
-                (8, Stem::ImageNet, cfg.arch.variant),
+                (cfg.width, Stem::ImageNet, cfg.arch.variant),
                 "{name}"
             );
             let file = WeightsFile::read(&recorded).unwrap();

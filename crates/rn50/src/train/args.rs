@@ -541,6 +541,8 @@ impl TrainArgs {
         // Batch norm in training needs more than one value per channel (PyTorch refuses: "Expected more than 1
         // value per channel when training"). One image whose last stage is 1x1 gave NaN running variances.
         let mut net = ResNetConfig::new(self.arch);
+        net.width = self.width;
+        net.check_width().map_err(UsageError)?;
         if self.augment == Augment::Cifar {
             if self.arch.deep_stem() {
                 return usage(format!(
@@ -832,12 +834,15 @@ mod tests {
                 "-a resnetblur18 --val-crop 16",
                 "16 px images leave it 1 px",
             ),
+            ("-a resnext50_32x4d --width 15", "use --width 16 or more"),
+            ("-a resnext50_32x8d --width 7", "use --width 8 or more"),
         ] {
             let got = error(flags).unwrap_or_else(|| panic!("{flags}: accepted"));
             assert!(got.contains(want), "{flags}: {got}");
         }
         assert_eq!(error("-a resnetblur18 --image-size 32 --val-crop 17"), None);
         assert_eq!(error("-a resnet18 --val-crop 8"), None);
+        assert_eq!(error("-a seresnext50d_32x4d --width 16"), None);
         assert_eq!(
             error("-a resnetblur18 --augment cifar --image-size 32"),
             None

@@ -105,6 +105,12 @@ fn resnet18_mish_matches_timm_s_mish_network() {
     matches_torchvision("resnet18_mish", &[]);
 }
 
+/// Squeeze-and-excitation and grouped convolutions trace too: the module of `-a seresnext50_32x4d` is timm's.
+#[test]
+fn seresnext50_matches_timm_s_network() {
+    matches_torchvision("seresnext50_32x4d", &[]);
+}
+
 #[test]
 fn existing_out_is_refused_without_overwrite() {
     let dir = tempfile::tempdir().unwrap();

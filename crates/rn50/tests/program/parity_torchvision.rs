@@ -165,6 +165,26 @@ fn resnet18_mish_matches_timm() {
     check_case("r18_mish_plain");
 }
 
+/// torchvision's ResNeXt-50 (32 groups of 4 channels in each bottleneck's 3x3): the same logits, losses and weights
+/// after two steps.
+#[test]
+fn resnext50_matches_torchvision() {
+    check_case("rx50_plain");
+}
+
+/// fast.ai's xse_resnext50 as timm builds it (`seresnext50d_32x4d`: ResNet-D, 32 groups, squeeze-and-excitation)
+/// in channels_last: the same logits, losses and weights after two steps as timm's.
+#[test]
+fn seresnext50d_matches_timm() {
+    check_case("sx50d_nesterov_nobnwd_ls_cl");
+}
+
+/// Squeeze-and-excitation on basic blocks (timm's `seresnet18`, eight channels in the first stage's).
+#[test]
+fn seresnet18_matches_timm() {
+    check_case("sr18_plain");
+}
+
 /// Every depth has exactly torchvision's state_dict keys and shapes, and timm's variants timm's
 /// (num_batches_tracked aside).
 #[test]
@@ -178,6 +198,12 @@ fn every_depth_has_torchvision_keys_and_shapes() {
         "resnetblur50d",
         "resnet101d",
         "resnetblur18d",
+        "resnext50_32x4d",
+        "resnext101_32x8d",
+        "seresnet50",
+        "seresnext50_32x4d",
+        "resnext50d_32x4d",
+        "seresnext50d_32x4d",
     ]
     .map(|n| n.parse::<Arch>().unwrap());
     for arch in Arch::ALL.into_iter().chain(timm) {
@@ -537,8 +563,9 @@ fn one_cycle_is_pytorch_s_one_cycle_lr() {
 }
 
 /// The reference trainer builds rn50's name of each of timm's variants as timm's network with rn50's state_dict
-/// keys and shapes, with the blur in the same four places (the stem and the first block of stages 2 to 4), and
-/// with the suffix _mish a Mish wherever rn50 has one (no ReLU left).
+/// keys and shapes, with the blur in the same four places (the stem and the first block of stages 2 to 4), with
+/// squeeze-and-excitation in every block, and with the suffix _mish a Mish wherever rn50 has one (no ReLU left
+/// but squeeze-and-excitation's, as in timm and rn50).
 #[test]
 fn the_reference_trainer_builds_the_variants_rn50_names() {
     let names = [
@@ -549,16 +576,22 @@ fn the_reference_trainer_builds_the_variants_rn50_names() {
         "resnetblur18d",
         "resnet50_mish",
         "resnetblur50d_mish",
+        "resnext50_32x4d",
+        "seresnext50d_32x4d",
+        "seresnext50d_32x4d_mish",
+        "seresnet18",
     ];
     let script = "import json, sys; sys.path.insert(0, 'benches')\n\
          import torch; from reference_train import build_model; from timm.layers import BlurPool2d\n\
+         from timm.layers.squeeze_excite import SEModule\n\
          out = {}\n\
          for name in sys.argv[1:]:\n\
          \x20   m = build_model(name, 10, False)\n\
          \x20   count = lambda kind: sum(isinstance(x, kind) for x in m.modules())\n\
          \x20   out[name] = {'keys': {k: list(v.shape) for k, v in m.state_dict().items() \
                  if not k.endswith('num_batches_tracked')},\n\
-         \x20                'blurs': count(BlurPool2d), 'mish': count(torch.nn.Mish), 'relu': count(torch.nn.ReLU)}\n\
+         \x20                'blurs': count(BlurPool2d), 'mish': count(torch.nn.Mish), 'relu': count(torch.nn.ReLU),\n\
+         \x20                'se': count(SEModule)}\n\
          print(json.dumps(out))";
     let mut args = vec!["-c", script];
     args.extend(names);
@@ -577,10 +610,13 @@ fn the_reference_trainer_builds_the_variants_rn50_names() {
         assert_eq!(ours, want, "{name}");
         let blurs = if arch.blur { 4 } else { 0 };
         assert_eq!(theirs[name]["blurs"], blurs, "{name}");
+        let blocks: usize = arch.layers().iter().sum();
+        let se = if arch.se { blocks } else { 0 };
+        assert_eq!(theirs[name]["se"], se, "{name}");
         let (mish, relu) = (&theirs[name]["mish"], &theirs[name]["relu"]);
         if arch.mish {
             assert!(
-                mish.as_u64() > Some(0) && relu == 0,
+                mish.as_u64() > Some(0) && relu == se,
                 "{name}: {mish} Mish, {relu} ReLU"
             );
         } else {

@@ -20,11 +20,13 @@ from torchvision import transforms
 
 def torchvision_model(arch, num_classes=1000):
     """torchvision's ARCH; rn50's suffix _mish (resnet18_mish): timm's network of that depth with act_layer="mish",
-    whose keys are torchvision's."""
-    if arch.endswith("_mish"):
-        import timm
+    whose keys are torchvision's; a name torchvision lacks (seresnext50_32x4d): timm's."""
+    import timm
 
+    if arch.endswith("_mish"):
         return timm.create_model(arch.removesuffix("_mish"), num_classes=num_classes, act_layer="mish").eval()
+    if not hasattr(torchvision.models, arch):
+        return timm.create_model(arch, num_classes=num_classes).eval()
     return getattr(torchvision.models, arch)(num_classes=num_classes).eval()
 
 

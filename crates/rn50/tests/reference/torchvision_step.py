@@ -16,7 +16,7 @@ import torch
 import torchvision
 from safetensors.torch import save_file
 from timm.layers import BlurPool2d
-from timm.models.resnet import BasicBlock, ResNet
+from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
 CASES = [
     # name, arch, nesterov, no_bn_bias_decay, label_smoothing, channels_last, image side
@@ -32,9 +32,17 @@ CASES = [
     # Mish for every ReLU: timm's own act_layer="mish", on ResNet-D and on the plain ResNet-18.
     ("r50d_mish_nesterov_nobnwd_ls_cl", "resnet50d_mish", True, True, 0.1, True, 64),
     ("r18_mish_plain", "resnet18_mish", False, False, 0.0, False, 64),
+    # ResNeXt's grouped 3x3 (torchvision's), and fast.ai's xse_resnext50 as timm builds it: ResNet-D with
+    # squeeze-and-excitation and 32 groups of 4 channels; SE on basic blocks (timm's seresnet18).
+    ("rx50_plain", "resnext50_32x4d", False, False, 0.0, False, 64),
+    ("sx50d_nesterov_nobnwd_ls_cl", "seresnext50d_32x4d", True, True, 0.1, True, 64),
+    ("sr18_plain", "seresnet18", False, False, 0.0, False, 64),
 ]
-# timm's names whose keys rn50's must be (resnetblur18d is not registered in timm: built as its resnetblur50d is).
-TIMM = ["resnet18d", "resnet50c", "resnet50d", "resnetblur50", "resnetblur50d", "resnet101d", "resnetblur18d"]
+# timm's names whose keys rn50's must be (resnetblur18d and seresnext50d_32x4d are not registered in timm: built as
+# its resnetblur50d and seresnext26d_32x4d are).
+TIMM = ["resnet18d", "resnet50c", "resnet50d", "resnetblur50", "resnetblur50d", "resnet101d", "resnetblur18d",
+        "seresnet50", "seresnext50_32x4d", "resnext50d_32x4d", "seresnext50d_32x4d"]
+TORCHVISION = ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnext50_32x4d", "resnext101_32x8d"]
 
 
 def model(arch):
@@ -46,6 +54,9 @@ def model(arch):
         return torchvision.models.__dict__[arch](num_classes=1000)
     if arch == "resnetblur18d":
         return ResNet(BasicBlock, [2, 2, 2, 2], aa_layer=BlurPool2d, stem_width=32, stem_type="deep", avg_down=True)
+    if arch == "seresnext50d_32x4d":
+        return ResNet(Bottleneck, [3, 4, 6, 3], cardinality=32, base_width=4, stem_width=32, stem_type="deep",
+                      avg_down=True, block_args=dict(attn_layer="se"))
     return timm.create_model(arch, num_classes=1000)
 N, LR, MOMENTUM, WD = 4, 0.01, 0.9, 1e-4
 
@@ -104,7 +115,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(2)
     meta = {"cases": {c[0]: case(out, *c) for c in CASES}, "keys": {}}
-    for arch in ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152"]:
+    for arch in TORCHVISION:
         m = torchvision.models.__dict__[arch]()
         meta["keys"][arch] = {k: list(v.shape) for k, v in m.state_dict().items()}
     for arch in TIMM:
