@@ -53,8 +53,8 @@ pub enum DataMode {
 /// Measure training throughput (images/s) on synthetic data.
 #[derive(Args, Debug, Clone, Serialize)]
 pub struct BenchArgs {
-    /// Model architecture: resnet18, resnet34, resnet50, resnet101, resnet152, or timm's variants and Mish as
-    /// `train -a` names them (resnet50d, resnetblur50d, resnet50d_mish).
+    /// Model architecture: resnet18, resnet34, resnet50, resnet101, resnet152, or the variants as `train -a` names
+    /// them (resnet50d, resnetblur50d, resnext50_32x4d, seresnext50d_32x4d, resnet50d_mish).
     #[arg(short = 'a', long = "arch", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
     pub arch: Arch,
     /// Channels of the first stage (torchvision: 64), as `train --width`: the narrower networks trained on small

@@ -81,8 +81,10 @@ pub struct TrainArgs {
     pub val_split: rn50_pipeline::cli::ValSplitArg,
     /// Model architecture: torchvision's resnet18, resnet34, resnet50, resnet101, resnet152, or timm's variants of
     /// them: the suffix d for ResNet-D (three-conv stem, average-pool shortcuts: resnet50d), c for the stem alone,
-    /// the prefix resnetblur for anti-aliased downsampling (resnetblur50, resnetblur50d); any with the suffix _mish
-    /// for Mish in place of every ReLU (resnet50d_mish: fast.ai's xresnet's activation). Weights keep timm's keys.
+    /// the prefix resnetblur for anti-aliased downsampling (resnetblur50, resnetblur50d); ResNeXt as resnext50_32x4d
+    /// (groups x channels per group; resnext50d_32x4d), the prefix se for squeeze-and-excitation (seresnet50,
+    /// seresnext50d_32x4d: fast.ai's xse_resnext50); any with the suffix _mish for Mish in place of every ReLU
+    /// (resnet50d_mish: fast.ai's xresnet's activation). Weights keep torchvision's or timm's keys.
     #[arg(short = 'a', long = "arch", alias = "model", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
     pub arch: Arch,
     /// Channels of the first stage (torchvision: 64); narrower networks for small data and machines. 1 to 512.
