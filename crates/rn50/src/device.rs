@@ -6,7 +6,7 @@ use tch::Device;
 
 use rn50_args::{usize_in, MAX_THREADS};
 
-use crate::model::{memory_format, Arch};
+use crate::model::{memory_format, Arch, NarrowestConv};
 use crate::step::Precision;
 
 /// `--fused-block-plans`' default: the plans timed per cuDNN graph of the fused bottleneck.
@@ -82,16 +82,16 @@ pub struct Compute {
 
 impl ComputeArgs {
     /// Resolves the flags for local rank `local_rank` of a job (0 alone) computing a network whose narrowest
-    /// convolution has `narrowest_conv` output channels (which can rule out bf16 on some CPUs, and channels_last
+    /// convolution is `narrowest` (which can rule out bf16 on some CPUs, and channels_last
     /// on all: see [`Precision::resolve`] and [`memory_format::resolve`]). `--threads`, when given, becomes
     /// libtorch's intra-op thread count here, before any work.
-    pub fn resolve(&self, local_rank: usize, narrowest_conv: i64) -> Result<Compute> {
+    pub fn resolve(&self, local_rank: usize, narrowest: NarrowestConv) -> Result<Compute> {
         if let Some(n) = self.threads {
             tch::set_num_threads(n as i32);
         }
         let device = select(&self.device, local_rank)?;
         let cpu = crate::machine::cpu_info();
-        let precision = Precision::resolve(self.precision, device, &cpu, narrowest_conv)?;
+        let precision = Precision::resolve(self.precision, device, &cpu, narrowest)?;
         // channels_last measured faster on this Sapphire Rapids CPU for fp32 too (8.3 vs 6.6 img/s).
         let requested = match (self.channels_last, self.no_channels_last) {
             (true, _) => Some(true),
@@ -101,7 +101,7 @@ impl ComputeArgs {
         Ok(Compute {
             device,
             precision,
-            channels_last: memory_format::resolve(requested, device, narrowest_conv)?,
+            channels_last: memory_format::resolve(requested, device, narrowest)?,
             fused_bn: !self.no_fused_bn,
             fused_block: !self.no_fused_bn && self.fused_block,
             fused_block_plans: self.fused_block_plans,
@@ -193,10 +193,11 @@ impl DeviceSettings {
     }
 
     /// These settings for the network `arch`: the fused batch norm + ReLU and the folded block apply ReLU, so a
-    /// network with Mish ([`Arch::mish`]) runs neither; the folded block convolves in one group and has no room
-    /// for squeeze-and-excitation, so ResNeXt's and SE's networks do not fold it. The start line says so.
+    /// network with Mish ([`Arch::mish`]) runs neither; the folded block is a bottleneck's, convolves in one group
+    /// and has no room for squeeze-and-excitation, so ResNet-18/34 and ResNeXt's and SE's networks do not fold it.
+    /// The start line says so.
     pub fn for_arch(self, arch: Arch) -> Self {
-        let folds = !arch.mish && !arch.se && arch.groups == 1;
+        let folds = arch.bottleneck() && !arch.mish && !arch.se && arch.groups == 1;
         Self {
             fused_bn: self.fused_bn && !arch.mish,
             fused_block: self.fused_block && folds,
@@ -204,14 +205,20 @@ impl DeviceSettings {
         }
     }
 
-    /// What runs outside PyTorch's own kernels on a GPU, for start lines (`None` on a CPU, where nothing does):
-    /// "fused BN+ReLU on, folded block off, cuDNN max-pool on".
-    pub fn gpu_paths(&self) -> Option<String> {
+    /// What runs outside PyTorch's own kernels on a GPU for the network `arch`, for start lines (`None` on a CPU,
+    /// where nothing does): "fused BN+ReLU on, folded block off, cuDNN max-pool on". The blur sits inside a
+    /// strided bottleneck, which then runs unfolded: "folded block on but for the blurred strided blocks".
+    pub fn gpu_paths(&self, arch: Arch) -> Option<String> {
         let on = |b: bool| if b { "on" } else { "off" };
         // TF32 is on exactly on GPUs.
         self.tf32.then(|| {
+            let blur = if arch.blur {
+                " but for the blurred strided blocks"
+            } else {
+                ""
+            };
             let plans = if self.fused_block {
-                format!(" ({} plans per graph)", self.fused_block_plans)
+                format!("{blur} ({} plans per graph)", self.fused_block_plans)
             } else {
                 String::new()
             };
@@ -326,8 +333,9 @@ mod tests {
         );
         let no_block = DeviceSettings::new(Device::Cuda(0), true, false, false);
         assert!(no_block.fused_bn && !no_block.fused_block && !no_block.cudnn_pool);
+        let r50 = Arch::ResNet50;
         assert_eq!(
-            no_block.gpu_paths().as_deref(),
+            no_block.gpu_paths(r50).as_deref(),
             Some("fused BN+ReLU on, folded block off, cuDNN max-pool off")
         );
         assert!(
@@ -335,23 +343,30 @@ mod tests {
             "the cuDNN max-pool is on by default on a GPU"
         );
         assert_eq!(
-            gpu.gpu_paths().as_deref(),
+            gpu.gpu_paths(r50).as_deref(),
             Some("fused BN+ReLU on, folded block on (4 plans per graph), cuDNN max-pool on")
         );
-        let mish = gpu.for_arch("resnet50d_mish".parse().unwrap());
+        let mish: Arch = "resnet50d_mish".parse().unwrap();
         assert_eq!(
-            mish.gpu_paths().as_deref(),
+            gpu.for_arch(mish).gpu_paths(mish).as_deref(),
             Some("fused BN+ReLU off, folded block off, cuDNN max-pool on"),
             "their kernels apply ReLU"
         );
-        assert_eq!(gpu.for_arch("resnetblur50d".parse().unwrap()), gpu);
-        for grouped_or_se in ["resnext50_32x4d", "seresnet50"] {
+        let blur: Arch = "resnetblur50d".parse().unwrap();
+        assert_eq!(gpu.for_arch(blur), gpu);
+        assert_eq!(
+            gpu.gpu_paths(blur).as_deref(),
+            Some(
+                "fused BN+ReLU on, folded block on but for the blurred strided blocks (4 plans per graph), \
+                 cuDNN max-pool on"
+            )
+        );
+        for unfolded in ["resnext50_32x4d", "seresnet50", "resnet18"] {
+            let arch: Arch = unfolded.parse().unwrap();
             assert_eq!(
-                gpu.for_arch(grouped_or_se.parse().unwrap())
-                    .gpu_paths()
-                    .as_deref(),
+                gpu.for_arch(arch).gpu_paths(arch).as_deref(),
                 Some("fused BN+ReLU on, folded block off, cuDNN max-pool on"),
-                "{grouped_or_se}: the folded block convolves in one group, without SE"
+                "{unfolded}: the folded block is a bottleneck's, convolves in one group, without SE"
             );
         }
         let e = crate::shim::set_block_plans(0).unwrap_err().to_string();
@@ -376,7 +391,7 @@ mod tests {
                 cudnn_pool: false
             }
         );
-        assert_eq!(cpu.gpu_paths(), None);
+        assert_eq!(cpu.gpu_paths(r50), None);
         assert!(!crate::shim::tf32() && !crate::shim::cudnn_benchmark());
         assert!(!crate::model::fused::enabled(), "no fused BN on a CPU");
         assert!(

@@ -328,8 +328,9 @@ pub fn checks(m: &MachineInfo) -> Vec<Check> {
                 features.join(", ")
             ),
             format!(
-                "nothing for standard widths; rn50 trains nets narrower than {BF16_MIN_CONV_CHANNELS} channels \
-                 (--width) in fp32 here and refuses --precision bf16 for them"
+                "nothing for standard widths; rn50 trains nets with convolutions narrower than \
+                 {BF16_MIN_CONV_CHANNELS} channels (--width, half of it in a deep stem, squeeze-and-excitation's) in \
+                 fp32 here and refuses --precision bf16 for them"
             ),
         )
     } else if c.has_bf16() {

@@ -3,6 +3,8 @@
 use anyhow::{bail, Result};
 use tch::{Device, Tensor};
 
+use super::NarrowestConv;
+
 /// Training a network whose narrowest convolution has fewer output channels than this in channels_last corrupts
 /// the heap on CPUs. Measured (issue 25) on a Zen 4 EPYC with PyTorch 2.13 (oneDNN 3.12), where plain PyTorch
 /// crashes the same way: the weight gradient of a 1x1 stride-2 convolution (a ResNet downsample: stage 2's reads
@@ -24,22 +26,23 @@ pub const NARROW_CHANNELS_LAST_PROBLEM: &str = "libtorch's oneDNN corrupts the h
 
 /// Whether a run computes in channels_last. `requested` is `--channels-last` (`Some(true)`),
 /// `--no-channels-last` (`Some(false)`) or neither (`None`: channels_last, which wins for fp32 and bf16 on CPU and
-/// on GPU), and `narrowest_conv` the fewest output channels of any of the network's convolutions (its `--width`).
+/// on GPU), and `narrowest` the network's convolution with the fewest output channels.
 /// On a CPU, a network narrower than [`CHANNELS_LAST_MIN_CONV_CHANNELS`] computes in NCHW by default, with a log
 /// line saying why, and an explicit `--channels-last` for it is an error: see [`NARROW_CHANNELS_LAST_PROBLEM`].
-pub fn resolve(requested: Option<bool>, device: Device, narrowest_conv: i64) -> Result<bool> {
-    let unsafe_here = device == Device::Cpu && narrowest_conv < CHANNELS_LAST_MIN_CONV_CHANNELS;
+pub fn resolve(requested: Option<bool>, device: Device, narrowest: NarrowestConv) -> Result<bool> {
+    let unsafe_here = device == Device::Cpu && narrowest.channels < CHANNELS_LAST_MIN_CONV_CHANNELS;
     match requested {
         Some(true) if unsafe_here => bail!(
-            "--channels-last with convolutions of {narrowest_conv} channels (--width {narrowest_conv}) on a CPU: \
-             {NARROW_CHANNELS_LAST_PROBLEM}; use --width {CHANNELS_LAST_MIN_CONV_CHANNELS} or more, or \
-             --no-channels-last"
+            "--channels-last with convolutions of {} on a CPU: {NARROW_CHANNELS_LAST_PROBLEM}; {}",
+            narrowest.describe(),
+            narrowest.remedy(CHANNELS_LAST_MIN_CONV_CHANNELS, "--no-channels-last")
         ),
         Some(cl) => Ok(cl),
         None if unsafe_here => {
             tracing::info!(
                 "computing in NCHW, not channels_last: {NARROW_CHANNELS_LAST_PROBLEM}, and this network has \
-                 {narrowest_conv}-channel convolutions"
+                 convolutions of {}",
+                narrowest.describe()
             );
             Ok(false)
         }
@@ -78,6 +81,7 @@ pub fn is_channels_last(t: &Tensor) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ChannelsSetBy;
     use tch::Kind;
 
     #[test]
@@ -98,7 +102,7 @@ mod tests {
     /// an explicit --no-channels-last and GPUs are unaffected.
     #[test]
     fn narrow_convolutions_avoid_channels_last_on_cpu() {
-        let cpu = |req, width| resolve(req, Device::Cpu, width);
+        let cpu = |req, width| resolve(req, Device::Cpu, NarrowestConv::width(width));
         assert!(!cpu(None, 15).unwrap());
         assert!(!cpu(None, 8).unwrap());
         assert!(!cpu(None, 1).unwrap());
@@ -111,10 +115,24 @@ mod tests {
                 && e.contains("1x1 stride-2"),
             "{e}"
         );
+        let se = NarrowestConv {
+            channels: 8,
+            set_by: ChannelsSetBy::SqueezeExcite,
+        };
+        assert!(!resolve(None, Device::Cpu, se).unwrap());
+        let e = resolve(Some(true), Device::Cpu, se)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("8 channels (squeeze-and-excitation's)")
+                && e.ends_with("use --no-channels-last")
+                && !e.contains("--width"),
+            "a wider network does not widen SE's: {e}"
+        );
         assert!(cpu(Some(true), 16).unwrap());
         assert!(!cpu(Some(false), 8).unwrap());
         assert!(!cpu(Some(false), 64).unwrap());
-        assert!(resolve(None, Device::Cuda(0), 8).unwrap());
-        assert!(resolve(Some(true), Device::Cuda(0), 8).unwrap());
+        assert!(resolve(None, Device::Cuda(0), NarrowestConv::width(8)).unwrap());
+        assert!(resolve(Some(true), Device::Cuda(0), NarrowestConv::width(8)).unwrap());
     }
 }

@@ -11,7 +11,7 @@ pub mod torch_save;
 pub mod weights;
 pub mod weights_format;
 
-pub use resnet::{Arch, Depth, ResNet, ResNetConfig, Stem, Variant};
+pub use resnet::{Arch, ChannelsSetBy, Depth, NarrowestConv, ResNet, ResNetConfig, Stem, Variant};
 
 use tch::nn::VarStore;
 use tch::{Device, Tensor};

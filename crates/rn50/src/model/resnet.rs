@@ -22,6 +22,56 @@ pub enum Stem {
     Cifar,
 }
 
+/// A network's narrowest convolution, which some CPU kernels cannot train below 16 channels (see
+/// [`memory_format::resolve`] and [`crate::step::Precision::resolve`]): its output channels and what sets them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NarrowestConv {
+    pub channels: i64,
+    pub set_by: ChannelsSetBy,
+}
+
+/// What sets the channels of a network's narrowest convolution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChannelsSetBy {
+    /// `--width`: the stem's and the first stage's convolutions.
+    Width,
+    /// Half of `--width`: the first two convolutions of ResNet-C's and ResNet-D's deep stem.
+    HalfWidth,
+    /// Squeeze-and-excitation's reduction: at least 8 channels, whatever the width.
+    SqueezeExcite,
+}
+
+impl NarrowestConv {
+    /// A network whose narrowest convolutions have `--width`'s channels.
+    pub fn width(width: i64) -> Self {
+        Self {
+            channels: width,
+            set_by: ChannelsSetBy::Width,
+        }
+    }
+
+    /// For messages: "8 channels (--width 8)", "8 channels (the deep stem's, half of --width 16)", "8 channels
+    /// (squeeze-and-excitation's)".
+    pub fn describe(self) -> String {
+        let n = self.channels;
+        match self.set_by {
+            ChannelsSetBy::Width => format!("{n} channels (--width {n})"),
+            ChannelsSetBy::HalfWidth => format!("{n} channels (the deep stem's, half of --width)"),
+            ChannelsSetBy::SqueezeExcite => format!("{n} channels (squeeze-and-excitation's)"),
+        }
+    }
+
+    /// The way out of a refusal that needs `min` channels: "use --width 16 or more, or `other`", or "use
+    /// `other`" where `--width` does not set them.
+    pub fn remedy(self, min: i64, other: &str) -> String {
+        match self.set_by {
+            ChannelsSetBy::Width => format!("use --width {min} or more, or {other}"),
+            ChannelsSetBy::HalfWidth => format!("use --width {} or more, or {other}", 2 * min),
+            ChannelsSetBy::SqueezeExcite => format!("use {other}"),
+        }
+    }
+}
+
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct ResNetConfig {
     pub arch: Arch,
@@ -50,15 +100,32 @@ impl ResNetConfig {
         }
     }
 
-    /// The fewest output channels of any convolution: the stem's and the first stage's, `width` (3 input
-    /// channels of the stem aside), or squeeze-and-excitation's first in the first stage, where narrower (8 in
-    /// `seresnet18`).
-    pub fn narrowest_conv(&self) -> i64 {
+    /// The convolution with the fewest output channels (the stem's 3 input channels aside): the stem's and the
+    /// first stage's have `width`, the first two of a deep stem ([`Arch::deep_stem`]) half of it, and
+    /// squeeze-and-excitation's first in the first stage may have fewer (8 in `seresnet18`).
+    pub fn narrowest_conv(&self) -> NarrowestConv {
         let expansion = if self.arch.bottleneck() { 4 } else { 1 };
-        match self.arch.se {
-            true => self.width.min(Arch::se_channels(self.width * expansion)),
-            false => self.width,
-        }
+        let half = (self.width / 2).max(1);
+        // Squeeze-and-excitation's first where channels tie: a wider network leaves its 8.
+        let candidates = [
+            (
+                Arch::se_channels(self.width * expansion),
+                ChannelsSetBy::SqueezeExcite,
+            ),
+            (self.width, ChannelsSetBy::Width),
+            (half, ChannelsSetBy::HalfWidth),
+        ];
+        let built = |set_by: &ChannelsSetBy| match set_by {
+            ChannelsSetBy::Width => true,
+            ChannelsSetBy::HalfWidth => self.arch.deep_stem() && self.stem == Stem::ImageNet,
+            ChannelsSetBy::SqueezeExcite => self.arch.se,
+        };
+        let (channels, set_by) = candidates
+            .into_iter()
+            .filter(|(_, set_by)| built(set_by))
+            .min_by_key(|&(channels, _)| channels)
+            .expect("every network has --width's convolutions");
+        NarrowestConv { channels, set_by }
     }
 
     /// The side of the last stage's feature maps for input images of side `side`: every stride-2 layer (the
@@ -680,6 +747,44 @@ mod tests {
                 let got = cfg.last_stage_side(side) as i64;
                 assert_eq!(y.size()[2..], [got, got], "{arch} {stem:?} at {side} px");
             }
+        }
+    }
+
+    /// `narrowest_conv` is the fewest output channels of any convolution the network builds, and says what set
+    /// them.
+    #[test]
+    fn narrowest_conv_is_the_built_network_s() {
+        use ChannelsSetBy::*;
+        for (name, width, set_by) in [
+            ("resnet18", 64, Width),
+            ("resnet18", 8, Width),
+            ("resnet50d", 64, HalfWidth),
+            ("resnetblur18c", 16, HalfWidth),
+            ("resnetblur50", 32, Width),
+            ("seresnet18", 64, SqueezeExcite),
+            ("seresnet18", 16, SqueezeExcite),
+            ("seresnet18", 8, SqueezeExcite),
+            ("seresnet50", 64, SqueezeExcite),
+            ("seresnext50d_32x4d", 16, SqueezeExcite),
+            ("seresnext50d_32x4d", 64, SqueezeExcite),
+        ] {
+            let mut cfg = ResNetConfig::new(name.parse().unwrap());
+            (cfg.width, cfg.num_classes) = (width, 2);
+            let vs = nn::VarStore::new(tch::Device::Cpu);
+            ResNet::new(&vs.root(), cfg.clone());
+            let built = vs
+                .variables()
+                .values()
+                .filter(|t| t.dim() == 4)
+                .map(|t| t.size()[0])
+                .min()
+                .unwrap();
+            let got = cfg.narrowest_conv();
+            assert_eq!(
+                (got.channels, got.set_by),
+                (built, set_by),
+                "{name} width {width}"
+            );
         }
     }
 

@@ -6,6 +6,7 @@ use anyhow::{bail, Result};
 use tch::{Device, Kind};
 
 use crate::machine::CpuInfo;
+use crate::model::NarrowestConv;
 use crate::shim::Autocast;
 
 #[derive(
@@ -44,22 +45,23 @@ impl Precision {
     }
 
     /// The requested precision, or the default for the device (fp16 AMP on GPU; bf16 on CPUs with native
-    /// bf16, else fp32), checked against what the device supports. `narrowest_conv` is the fewest output
-    /// channels of any of the network's convolutions (its `--width`): see [`BF16_MIN_CONV_CHANNELS`]. Where
+    /// bf16, else fp32), checked against what the device supports. `narrowest` is the network's convolution
+    /// with the fewest output channels: see [`BF16_MIN_CONV_CHANNELS`]. Where
     /// that rules bf16 out, the CPU default is fp32 and an explicit `--precision bf16` is an error.
     pub fn resolve(
         requested: Option<Precision>,
         device: Device,
         cpu: &CpuInfo,
-        narrowest_conv: i64,
+        narrowest: NarrowestConv,
     ) -> Result<Precision> {
-        let narrow_bf16_unsafe = narrow_bf16_unsafe(cpu, narrowest_conv);
+        let narrow_bf16_unsafe = narrow_bf16_unsafe(cpu, narrowest.channels);
         let p = requested.unwrap_or_else(|| match (device.is_cuda(), cpu.has_bf16()) {
             (true, _) => Precision::Fp16,
             (false, true) if narrow_bf16_unsafe => {
                 tracing::info!(
                     "computing in fp32, not bf16: {NARROW_BF16_PROBLEM}, and this network has \
-                     {narrowest_conv}-channel convolutions"
+                     convolutions of {}",
+                    narrowest.describe()
                 );
                 Precision::Fp32
             }
@@ -69,9 +71,10 @@ impl Precision {
         p.check(device, cpu.has_bf16())?;
         if p == Precision::Bf16 && device == Device::Cpu && narrow_bf16_unsafe {
             bail!(
-                "--precision bf16 with convolutions of {narrowest_conv} channels (--width {narrowest_conv}) on this \
-                 {} CPU: {NARROW_BF16_PROBLEM}; use --width {BF16_MIN_CONV_CHANNELS} or more, or --precision fp32",
-                cpu.vendor
+                "--precision bf16 with convolutions of {} on this {} CPU: {NARROW_BF16_PROBLEM}; {}",
+                narrowest.describe(),
+                cpu.vendor,
+                narrowest.remedy(BF16_MIN_CONV_CHANNELS, "--precision fp32")
             );
         }
         Ok(p)
@@ -130,6 +133,7 @@ impl FromStr for Precision {
 mod tests {
     use super::*;
     use crate::machine::parse_cpuinfo;
+    use crate::model::ChannelsSetBy;
 
     #[test]
     fn device_support_rules() {
@@ -146,18 +150,24 @@ mod tests {
         let cpu = |flags: &str| parse_cpuinfo(&format!("flags\t: {flags}\n"), 2);
         let (spr, zen3) = (cpu("avx512f avx512_bf16 amx_bf16"), cpu("avx2"));
         assert_eq!(
-            Precision::resolve(None, Device::Cpu, &spr, 64).unwrap(),
+            Precision::resolve(None, Device::Cpu, &spr, NarrowestConv::width(64)).unwrap(),
             Precision::Bf16
         );
         assert_eq!(
-            Precision::resolve(None, Device::Cpu, &zen3, 64).unwrap(),
+            Precision::resolve(None, Device::Cpu, &zen3, NarrowestConv::width(64)).unwrap(),
             Precision::Fp32
         );
         assert_eq!(
-            Precision::resolve(None, Device::Cuda(0), &zen3, 8).unwrap(),
+            Precision::resolve(None, Device::Cuda(0), &zen3, NarrowestConv::width(8)).unwrap(),
             Precision::Fp16
         );
-        assert!(Precision::resolve(Some(Precision::Bf16), Device::Cpu, &zen3, 64).is_err());
+        assert!(Precision::resolve(
+            Some(Precision::Bf16),
+            Device::Cpu,
+            &zen3,
+            NarrowestConv::width(64)
+        )
+        .is_err());
     }
 
     /// Narrow nets in bf16 where oneDNN would use its AVX512-BF16 kernels: the default falls back to fp32, an
@@ -175,7 +185,9 @@ mod tests {
             onednn_max_isa: Some("AVX512_CORE_BF16".into()),
             ..spr.clone()
         };
-        let resolve = |req, cpu: &CpuInfo, width| Precision::resolve(req, Device::Cpu, cpu, width);
+        let resolve = |req, cpu: &CpuInfo, width| {
+            Precision::resolve(req, Device::Cpu, cpu, NarrowestConv::width(width))
+        };
         assert_eq!(resolve(None, &zen4, 8).unwrap(), Precision::Fp32);
         assert_eq!(resolve(None, &zen4, 16).unwrap(), Precision::Bf16);
         assert_eq!(resolve(None, &zen4, 64).unwrap(), Precision::Bf16);
@@ -183,6 +195,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("--width 16 or more") && e.contains("AMD"), "{e}");
+        let se = NarrowestConv {
+            channels: 8,
+            set_by: ChannelsSetBy::SqueezeExcite,
+        };
+        let e = Precision::resolve(Some(Precision::Bf16), Device::Cpu, &zen4, se)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("8 channels (squeeze-and-excitation's)")
+                && e.ends_with("use --precision fp32")
+                && !e.contains("--width"),
+            "a wider network does not widen SE's: {e}"
+        );
         assert_eq!(
             resolve(Some(Precision::Fp32), &zen4, 8).unwrap(),
             Precision::Fp32
@@ -194,7 +219,13 @@ mod tests {
         assert_eq!(resolve(None, &spr_capped, 8).unwrap(), Precision::Fp32);
         assert!(resolve(Some(Precision::Bf16), &spr_capped, 8).is_err());
         assert_eq!(
-            Precision::resolve(Some(Precision::Bf16), Device::Cuda(0), &zen4, 8).unwrap(),
+            Precision::resolve(
+                Some(Precision::Bf16),
+                Device::Cuda(0),
+                &zen4,
+                NarrowestConv::width(8)
+            )
+            .unwrap(),
             Precision::Bf16
         );
     }

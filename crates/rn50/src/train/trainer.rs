@@ -151,7 +151,7 @@ impl<'a> RunState<'a> {
             device,
             DeviceSettings::for_device(device, &compute).for_arch(args.arch),
         )?;
-        if let Some(paths) = settings.gpu_paths() {
+        if let Some(paths) = settings.gpu_paths(args.arch) {
             tracing::info!("{}: {paths}", device_name(device));
         }
         // The CPUs this process may use, split between the ranks of this node (as bench does).

@@ -38,7 +38,7 @@ fn narrow_nets_train_in_nchw_where_channels_last_crashed() {
     assert_eq!(code, Some(0), "{log}");
     assert!(
         log.contains("computing in NCHW, not channels_last")
-            && log.contains("15-channel convolutions"),
+            && log.contains("this network has convolutions of 15 channels (--width 15)"),
         "{log}"
     );
     assert!(!log.contains("(fp32, channels_last"), "{log}");
@@ -54,6 +54,21 @@ fn narrow_nets_train_in_nchw_where_channels_last_crashed() {
     assert!(
         log.contains("--channels-last with convolutions of 15 channels")
             && log.contains("--no-channels-last"),
+        "{log}"
+    );
+    assert!(!out.exists(), "a refused run wrote {}", out.display());
+
+    // ResNet-D's deep stem starts at half the width: --width 24 has 12-channel convolutions, and the way out is
+    // a width of 32.
+    let r = TinyTrain::on(&data, &out)
+        .flags("-a resnet18d --width 24 -b 2 -j 1 --image-size 64 --epochs 1 --steps-per-epoch 1 --precision fp32")
+        .args(["--channels-last"])
+        .output();
+    let log = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("convolutions of 12 channels (the deep stem's, half of --width)")
+            && log.contains("use --width 32 or more, or --no-channels-last"),
         "{log}"
     );
     assert!(!out.exists(), "a refused run wrote {}", out.display());
@@ -95,7 +110,10 @@ fn bench_measures_the_narrow_network_train_trains() {
         out.contains("rn50 bench: resnet18 width 8 batch 2 "),
         "{out}"
     );
-    assert!(log.contains("8-channel convolutions"), "{log}");
+    assert!(
+        log.contains("convolutions of 8 channels (--width 8)"),
+        "{log}"
+    );
     let result: rn50_report::schema::BenchResult =
         serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(
