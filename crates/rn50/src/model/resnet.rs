@@ -50,7 +50,7 @@ impl NarrowestConv {
         }
     }
 
-    /// For messages: "8 channels (--width 8)", "8 channels (the deep stem's, half of --width 16)", "8 channels
+    /// For messages: "8 channels (--width 8)", "8 channels (the deep stem's, half of --width)", "8 channels
     /// (squeeze-and-excitation's)".
     pub fn describe(self) -> String {
         let n = self.channels;
