@@ -4,12 +4,14 @@
 # ratio of medians per configuration.
 #
 #   benches/bench_vs_pytorch.sh [--rounds R] [--steps S] [--warmup W] [--threads T] [--batch-size B]
-#                               [--arch A] [--configs "fp32 bf16+cl"]
+#                               [--arch A] [--image-size S] [--configs "fp32 bf16+cl"]
+#
+# --arch takes rn50's names; PyTorch builds timm's network for the variants (resnet50d, seresnext50d_32x4d, ...).
 #
 # Configs: fp32 (NCHW), fp32+cl, bf16 (NCHW), bf16+cl. Run ./dev build first (or let this call it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rounds=2 steps=10 warmup=2 threads=$(nproc) batch=32 arch=resnet50 configs="fp32 bf16+cl"
+rounds=2 steps=10 warmup=2 threads=$(nproc) batch=32 arch=resnet50 size=224 configs="fp32 bf16+cl"
 while [[ $# -gt 0 ]]; do
     case $1 in
         --rounds) rounds=$2; shift 2 ;;
@@ -18,6 +20,7 @@ while [[ $# -gt 0 ]]; do
         --threads) threads=$2; shift 2 ;;
         --batch-size) batch=$2; shift 2 ;;
         --arch) arch=$2; shift 2 ;;
+        --image-size) size=$2; shift 2 ;;
         --configs) configs=$2; shift 2 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
@@ -29,7 +32,8 @@ printf '%-10s %-6s %-8s %10s\n' config round impl img/s
 for cfg in $configs; do
     prec=${cfg%%+*}
     if [[ $cfg == *+cl ]]; then rcl=--channels-last pcl=--channels-last; else rcl=--no-channels-last pcl=; fi
-    common="--arch $arch --batch-size $batch --precision $prec --threads $threads --warmup $warmup --steps $steps"
+    common="--arch $arch --batch-size $batch --image-size $size --precision $prec"
+    common+=" --threads $threads --warmup $warmup --steps $steps"
     for r in $(seq 1 "$rounds"); do
         target/release/rn50 bench $common $rcl --device cpu --json "$out/rn50.$cfg.$r.json" >/dev/null
         $PY benches/pytorch_train_bench.py $common $pcl --device cpu >"$out/torch.$cfg.$r.json"

@@ -1,6 +1,8 @@
 """The PyTorch eager equivalent of `rn50 bench`, step for step: the same uint8 NHWC batch normalised on
 the device, forward under autocast, cross-entropy, backward, SGD(momentum 0.9, wd 1e-4, foreach),
-optimizer.zero_grad(). Prints one JSON line with the same statistics as `rn50 bench --json`.
+optimizer.zero_grad(). Prints one JSON line with the same statistics as `rn50 bench --json`. `--arch` takes rn50's
+names: torchvision's networks, and timm's for its variants (`resnet50d`, `seresnext50d_32x4d`, ..., built as
+benches/reference_train.py builds them; those need timm).
 
 usage: pytorch_train_bench.py --arch resnet50 --batch-size 32 --precision bf16 --channels-last \
        --threads 2 --warmup 3 --steps 20 [--data device|host] [--device cpu] [--compile]
@@ -13,7 +15,8 @@ import statistics
 import time
 
 import torch
-import torchvision
+
+from reference_train import build_model
 
 
 def quantile(v, q):
@@ -42,7 +45,7 @@ def main():
     torch.manual_seed(0)
     dev = torch.device(a.device)
     fmt = torch.channels_last if a.channels_last else torch.contiguous_format
-    model = torchvision.models.__dict__[a.arch]().to(dev, memory_format=fmt).train()
+    model = build_model(a.arch, 1000, False).to(dev, memory_format=fmt).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.1 * a.batch_size / 256, momentum=0.9, weight_decay=1e-4)
     if a.compile:
         model = torch.compile(model)
