@@ -4,7 +4,7 @@
 # ratio of medians per configuration.
 #
 #   benches/bench_vs_pytorch.sh [--rounds R] [--steps S] [--warmup W] [--threads T] [--batch-size B]
-#                               [--arch A] [--image-size S] [--configs "fp32 bf16+cl"]
+#                               [--arch A] [--image-size PX] [--configs "fp32 bf16+cl"]
 #
 # --arch takes rn50's names; PyTorch builds timm's network for the variants (resnet50d, seresnext50d_32x4d, ...).
 #

@@ -104,28 +104,29 @@ impl ResNetConfig {
     /// first stage's have `width`, the first two of a deep stem ([`Arch::deep_stem`]) half of it, and
     /// squeeze-and-excitation's first in the first stage may have fewer (8 in `seresnet18`).
     pub fn narrowest_conv(&self) -> NarrowestConv {
+        let mut narrowest = NarrowestConv::width(self.width);
+        if self.arch.deep_stem() && self.stem == Stem::ImageNet {
+            narrowest = NarrowestConv {
+                channels: self.deep_stem_width(),
+                set_by: ChannelsSetBy::HalfWidth,
+            };
+        }
         let expansion = if self.arch.bottleneck() { 4 } else { 1 };
-        let half = (self.width / 2).max(1);
-        // Squeeze-and-excitation's first where channels tie: a wider network leaves its 8.
-        let candidates = [
-            (
-                Arch::se_channels(self.width * expansion),
-                ChannelsSetBy::SqueezeExcite,
-            ),
-            (self.width, ChannelsSetBy::Width),
-            (half, ChannelsSetBy::HalfWidth),
-        ];
-        let built = |set_by: &ChannelsSetBy| match set_by {
-            ChannelsSetBy::Width => true,
-            ChannelsSetBy::HalfWidth => self.arch.deep_stem() && self.stem == Stem::ImageNet,
-            ChannelsSetBy::SqueezeExcite => self.arch.se,
-        };
-        let (channels, set_by) = candidates
-            .into_iter()
-            .filter(|(_, set_by)| built(set_by))
-            .min_by_key(|&(channels, _)| channels)
-            .expect("every network has --width's convolutions");
-        NarrowestConv { channels, set_by }
+        let se = Arch::se_channels(self.width * expansion);
+        // Squeeze-and-excitation's where channels tie: a wider network leaves its 8.
+        if self.arch.se && se <= narrowest.channels {
+            narrowest = NarrowestConv {
+                channels: se,
+                set_by: ChannelsSetBy::SqueezeExcite,
+            };
+        }
+        narrowest
+    }
+
+    /// The output channels of the first two convolutions of a deep stem ([`Arch::deep_stem`]): timm's
+    /// `stem_width`, half of `width` (32 of 64).
+    fn deep_stem_width(&self) -> i64 {
+        (self.width / 2).max(1)
     }
 
     /// The side of the last stage's feature maps for input images of side `side`: every stride-2 layer (the
@@ -611,7 +612,7 @@ impl ResNet {
         let arch = config.arch;
         let stem = if arch.deep_stem() && config.stem == Stem::ImageNet {
             // timm's deep stem: Sequential(conv 3x3/2, bn, relu, conv 3x3, bn, relu, conv 3x3), then bn1.
-            let (c1, p) = ((w / 2).max(1), root / "conv1");
+            let (c1, p) = (config.deep_stem_width(), root / "conv1");
             vec![
                 ConvBn {
                     conv: conv(&p / 0, 3, c1, 3, 2),
