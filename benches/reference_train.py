@@ -16,7 +16,8 @@ What it does, step for step as rn50:
     names for timm's variants (resnet50d, resnetblur50, resnetblur50d, seresnext50d_32x4d, ...) as timm's ResNet
     with the same stem_type, avg_down, aa_layer, cardinality, base_width and SE (timm_resnet below),
     zero_init_last = --zero-init-residual; the suffix _mish
-    (resnet50d_mish) makes every ReLU module a torch.nn.Mish (timm's act_layer="mish", fast.ai's xresnet's);
+    (resnet50d_mish) makes every ReLU module a torch.nn.Mish (timm's act_layer="mish", fast.ai's xresnet's), and then
+    _sa (resnet50d_mish_sa) adds fast.ai's SimpleSelfAttention where its xresnet has it (SimpleSelfAttention below);
   - torch.optim.SGD(momentum, nesterov, weight decay; --no-bn-wd: none on 1-D parameters, batch-norm and biases,
     as rn50 and torchvision's --norm-weight-decay 0 with --bias-weight-decay 0); --optimizer adamw or radam:
     torch.optim.AdamW or torch.optim.RAdam(decoupled_weight_decay=True), betas (--momentum, --beta2), eps
@@ -249,10 +250,47 @@ def timm_resnet(arch, num_classes, zero_init_last):
     )
 
 
+class SimpleSelfAttention(torch.nn.Module):
+    """fast.ai's SimpleSelfAttention(n_in, ks=1, sym=False) (fastai.layers, with its _conv1d_spect) as fast.ai writes
+    it: x + gamma * bmm(bmm(x, x^T), conv(x)) over x seen as [N, C, H*W], conv a 1x1 Conv1d under
+    torch.nn.utils.spectral_norm, gamma from 0. Two changes that leave the numbers as they are: reshape where fast.ai
+    views (a channels_last input is not viewable), and the output in the input's memory format."""
+
+    def __init__(self, n_in):
+        super().__init__()
+        conv = torch.nn.Conv1d(n_in, n_in, 1, bias=False)
+        torch.nn.init.kaiming_normal_(conv.weight)
+        self.conv = torch.nn.utils.spectral_norm(conv)
+        self.gamma = torch.nn.Parameter(torch.tensor([0.0]))
+
+    def forward(self, x):
+        size = x.size()
+        flat = x.reshape(*size[:2], -1)
+        convx = self.conv(flat)
+        xxt = torch.bmm(flat, flat.permute(0, 2, 1).contiguous())
+        o = self.gamma * torch.bmm(xxt, convx) + flat
+        channels_last = x.is_contiguous(memory_format=torch.channels_last)
+        return o.view(*size).contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+def add_self_attention(model):
+    """fast.ai's xresnet with sa=True has one SimpleSelfAttention, in the first stage's last block, on the last batch
+    norm's output (after squeeze-and-excitation) before the shortcut's add: the same place here, as `layer1.N.sa`
+    run by a forward hook on that block's bn3 (bn2 in a basic block) or its se."""
+    block = model.layer1[-1]
+    last_bn = block.bn3 if hasattr(block, "bn3") else block.bn2
+    block.sa = SimpleSelfAttention(last_bn.num_features)
+    target = getattr(block, "se", None) or last_bn
+    target.register_forward_hook(lambda _module, _inputs, out: block.sa(out))
+
+
 def build_model(arch, num_classes, zero_init_residual):
     """The network of rn50's name `arch`: torchvision's ResNets and ResNeXts, timm's variants (timm_resnet); with
     the suffix _mish every nn.ReLU module but squeeze-and-excitation's replaced by an nn.Mish (torchvision's
-    bottleneck calls its one `relu` three times: all three become Mish; timm's ResNet has one per place)."""
+    bottleneck calls its one `relu` three times: all three become Mish; timm's ResNet has one per place); with the
+    suffix _sa, last, fast.ai's self-attention (add_self_attention)."""
+    with_sa = arch.endswith("_sa")
+    arch = arch.removesuffix("_sa")
     base = arch.removesuffix("_mish")
     if base in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnext50_32x4d", "resnext101_32x8d",
                 "resnext101_64x4d"):
@@ -269,6 +307,8 @@ def build_model(arch, num_classes, zero_init_residual):
             for name, child in parent.named_children():
                 if isinstance(child, torch.nn.ReLU):
                     setattr(parent, name, torch.nn.Mish())
+    if with_sa:
+        add_self_attention(model)
     return model
 
 

@@ -1,5 +1,5 @@
 //! The networks rn50 trains, by the names torchvision and timm give them (`-a`), and what each name means: depth,
-//! downsampling variant, blur, activation, ResNeXt groups and squeeze-and-excitation. Free of libtorch, so that
+//! downsampling variant, blur, activation, ResNeXt groups, squeeze-and-excitation and self-attention. Free of libtorch, so that
 //! `rn50 scaling` counts a network's parameters from its name ([`Arch::param_count`]) where the network itself
 //! (rn50's `model::resnet`) is built.
 use std::fmt;
@@ -67,8 +67,10 @@ pub const MAX_GROUP_CHANNELS: u32 = 2048;
 /// `resnetblur50` (timm's anti-aliased ResNet), `resnetblur50d`, and every other depth of 18 to 152 with the
 /// suffix c or d and the prefix `resnetblur`; ResNeXt with its groups and width per group (`resnext50_32x4d`,
 /// torchvision's; `resnext50d_32x4d`, timm's), squeeze-and-excitation with the prefix `se` (`seresnet50`,
-/// `seresnext50d_32x4d`, timm's names); any of them with `_mish` (`resnet50d_mish`) has Mish for ReLU. The
-/// state_dict keys are torchvision's or timm's, so that each loads the other's weights.
+/// `seresnext50d_32x4d`, timm's names); any of them with `_mish` (`resnet50d_mish`) has Mish for ReLU, and with
+/// `_sa` (`resnet50d_sa`, `seresnext50d_32x4d_mish_sa`) fast.ai's simple self-attention. The state_dict keys are
+/// torchvision's or timm's, so that each loads the other's weights (self-attention's, which neither has, are
+/// fast.ai's module's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Arch {
     pub depth: Depth,
@@ -93,6 +95,14 @@ pub struct Arch {
     /// `attn_layer="se"` (`se.fc1`, `se.fc2`: 1x1 convs with biases, to `make_divisible(channels / 16, 8)`
     /// channels and back, ReLU between, a sigmoid gate), the ReLU kept with Mish as timm keeps it.
     pub se: bool,
+    /// fast.ai's `SimpleSelfAttention` (its xresnet's `sa=True`, `train_imagenette.py --sa 1`), in one place: the
+    /// last block of the first stage, on the last batch norm's output (after squeeze-and-excitation) before the
+    /// shortcut's add. With `x` that output as `[C, H·W]` per image, `x + γ · (x xᵀ) (W x)`: `W` a `C×C` 1x1
+    /// convolution under spectral normalisation (`torch.nn.utils.spectral_norm`: divided by its largest singular
+    /// value, estimated by one power iteration per training step), `γ` a scalar starting at 0, so the block
+    /// starts as it is without it. Keys `layer1.N.sa.conv.weight_orig`, `.weight_u`, `.weight_v`, `.gamma`, as
+    /// fast.ai's module names them; suffix `_sa`, last.
+    pub sa: bool,
 }
 
 #[allow(non_upper_case_globals)]
@@ -124,6 +134,7 @@ impl Arch {
             groups: 1,
             width_per_group: 64,
             se: false,
+            sa: false,
         }
     }
 
@@ -164,7 +175,7 @@ impl Arch {
     }
 
     /// torchvision's or timm's name: `resnet50`, `resnet50d`, `resnetblur50d`, `seresnext50d_32x4d`,
-    /// `resnet50d_mish`.
+    /// `resnet50d_mish`; `resnet50d_mish_sa` with self-attention.
     pub fn name(self) -> String {
         let suffix = match self.variant {
             Variant::B => "",
@@ -181,8 +192,9 @@ impl Arch {
         };
         let blur = if self.blur { "blur" } else { "" };
         let mish = if self.mish { "_mish" } else { "" };
+        let sa = if self.sa { "_sa" } else { "" };
         format!(
-            "{se}{family}{blur}{}{suffix}{groups}{mish}",
+            "{se}{family}{blur}{}{suffix}{groups}{mish}{sa}",
             self.depth.number()
         )
     }
@@ -223,6 +235,10 @@ impl Arch {
                 }
                 cin = cout;
             }
+            if self.sa && stage == 0 {
+                // The 1x1 convolution (`weight_orig`) and γ; the power iteration's vectors are buffers.
+                n += conv(cout, cout, 1, 1) + 1;
+            }
         }
         n + cin * num_classes + num_classes
     }
@@ -260,6 +276,10 @@ impl FromStr for Arch {
                 Some(r) => (true, r),
                 None => (false, rest.strip_prefix("resnet")?),
             };
+            let (sa, rest) = match rest.strip_suffix("sa") {
+                Some(r) => (true, r),
+                None => (false, rest),
+            };
             let (mish, rest) = match rest.strip_suffix("mish") {
                 Some(r) => (true, r),
                 None => (false, rest),
@@ -286,6 +306,7 @@ impl FromStr for Arch {
                 groups,
                 width_per_group,
                 se,
+                sa,
             };
             let fits = groups >= 1
                 && width_per_group >= 1
@@ -305,7 +326,8 @@ impl FromStr for Arch {
                  (resnet50d, resnetblur50, resnetblur50d); ResNeXt of 50 layers or more as resnext50_32x4d \
                  (groups x width per group, their product at most {MAX_GROUP_CHANNELS}; resnext50d_32x4d); the \
                  prefix se for squeeze-and-excitation (seresnet50, seresnext50d_32x4d); and any of them with the \
-                 suffix _mish for Mish in place of ReLU (resnet50d_mish)",
+                 suffix _mish for Mish in place of ReLU (resnet50d_mish), then _sa for fast.ai's self-attention \
+                 (resnet50d_sa, resnet50d_mish_sa)",
                 Arch::ALL.map(|a| a.name()).join(", ")
             ),
         }
@@ -334,15 +356,21 @@ mod tests {
     fn names_of_the_variants() {
         for depth in Depth::ALL {
             for variant in [Variant::B, Variant::C, Variant::D] {
-                for bits in 0..16u32 {
-                    let (blur, mish, se, resnext) =
-                        (bits & 1 != 0, bits & 2 != 0, bits & 4 != 0, bits & 8 != 0);
+                for bits in 0..32u32 {
+                    let (blur, mish, se, resnext, sa) = (
+                        bits & 1 != 0,
+                        bits & 2 != 0,
+                        bits & 4 != 0,
+                        bits & 8 != 0,
+                        bits & 16 != 0,
+                    );
                     let mut a = Arch {
                         depth,
                         variant,
                         blur,
                         mish,
                         se,
+                        sa,
                         ..Arch::plain(depth)
                     };
                     if resnext {
@@ -369,6 +397,12 @@ mod tests {
         let m: Arch = "resnetblur50d_mish".parse().unwrap();
         assert_eq!((m.variant, m.blur, m.mish), (Variant::D, true, true));
         assert_eq!(m.name(), "resnetblur50d_mish");
+        let s: Arch = "seresnext50d_32x4d_mish_sa".parse().unwrap();
+        assert_eq!(
+            (s.variant, s.se, s.mish, s.sa),
+            (Variant::D, true, true, true)
+        );
+        assert_eq!(s.name(), "seresnext50d_32x4d_mish_sa");
         // torchvision's and timm's ResNeXt and SE names.
         for (name, groups, width, variant, se) in [
             ("resnext50_32x4d", 32, 4, Variant::B, false),
@@ -405,6 +439,10 @@ mod tests {
             "blur50",
             "resnet50dd",
             "resnet50_mish_mish",
+            "resnet50_sa_mish",
+            "resnet50_sa_sa",
+            "resnetsa50",
+            "resnet50sad",
             "resnetmish",
             "resnet50mishd",
             "resnext50",
@@ -457,6 +495,9 @@ mod tests {
             ("seresnext50_32x4d", 27_559_896),
             ("seresnet18", 11_779_624),
             ("resnext50d_32x4d", 25_048_136),
+            // fast.ai's module: xresnet50's with sa=True has 65,537 more than without.
+            ("resnet50d_sa", 25_576_264 + 256 * 256 + 1),
+            ("resnet18_sa", 11_689_512 + 64 * 64 + 1),
         ] {
             let a: Arch = name.parse().unwrap();
             assert_eq!(a.param_count(1000), want, "{name}");

@@ -207,18 +207,25 @@ impl DeviceSettings {
 
     /// What runs outside PyTorch's own kernels on a GPU for the network `arch`, for start lines (`None` on a CPU,
     /// where nothing does): "fused BN+ReLU on, folded block off, cuDNN max-pool on". The blur sits inside a
-    /// strided bottleneck, which then runs unfolded: "folded block on but for the blurred strided blocks".
+    /// strided bottleneck and self-attention in the first stage's last, which then run unfolded: "folded block on
+    /// but for the blurred strided blocks and the self-attention block".
     pub fn gpu_paths(&self, arch: Arch) -> Option<String> {
         let on = |b: bool| if b { "on" } else { "off" };
         // TF32 is on exactly on GPUs.
         self.tf32.then(|| {
-            let blur = if arch.blur {
-                " but for the blurred strided blocks"
-            } else {
-                ""
+            let unfolded: Vec<&str> = [
+                (arch.blur, "the blurred strided blocks"),
+                (arch.sa, "the self-attention block"),
+            ]
+            .into_iter()
+            .filter_map(|(has, what)| has.then_some(what))
+            .collect();
+            let except = match unfolded.is_empty() {
+                true => String::new(),
+                false => format!(" but for {}", unfolded.join(" and ")),
             };
             let plans = if self.fused_block {
-                format!("{blur} ({} plans per graph)", self.fused_block_plans)
+                format!("{except} ({} plans per graph)", self.fused_block_plans)
             } else {
                 String::new()
             };
@@ -359,6 +366,14 @@ mod tests {
             Some(
                 "fused BN+ReLU on, folded block on but for the blurred strided blocks (4 plans per graph), \
                  cuDNN max-pool on"
+            )
+        );
+        let both: Arch = "resnetblur50d_sa".parse().unwrap();
+        assert_eq!(
+            gpu.for_arch(both).gpu_paths(both).as_deref(),
+            Some(
+                "fused BN+ReLU on, folded block on but for the blurred strided blocks and the self-attention \
+                 block (4 plans per graph), cuDNN max-pool on"
             )
         );
         for unfolded in ["resnext50_32x4d", "seresnet50", "resnet18"] {

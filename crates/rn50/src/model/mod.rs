@@ -125,18 +125,18 @@ mod tests {
     }
 
     /// `rn50 scaling` sizes the gradients by name (rn50_report::scaling::param_count, built without libtorch):
-    /// every depth and variant, with the blur, Mish, squeeze-and-excitation and ResNeXt's groups, counts what the
-    /// network has.
+    /// every depth and variant, with the blur, Mish, squeeze-and-excitation, ResNeXt's groups and self-attention,
+    /// counts what the network has.
     #[test]
     fn the_scaling_model_counts_every_variant_s_parameters() {
         for depth in Depth::ALL {
             for variant in [Variant::B, Variant::C, Variant::D] {
-                for (blur, mish, se, (groups, width_per_group)) in [
-                    (false, false, false, (1, 64)),
-                    (true, true, false, (1, 64)),
-                    (false, false, true, (1, 64)),
-                    (false, false, false, (32, 4)),
-                    (true, false, true, (64, 4)),
+                for (blur, mish, se, (groups, width_per_group), sa) in [
+                    (false, false, false, (1, 64), false),
+                    (true, true, false, (1, 64), false),
+                    (false, false, true, (1, 64), true),
+                    (false, false, false, (32, 4), true),
+                    (true, false, true, (64, 4), false),
                 ] {
                     let arch = Arch {
                         depth,
@@ -146,6 +146,7 @@ mod tests {
                         groups,
                         width_per_group,
                         se,
+                        sa,
                     };
                     if arch.resnext() && !arch.bottleneck() {
                         continue;

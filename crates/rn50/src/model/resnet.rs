@@ -1,7 +1,7 @@
 //! ResNet-18/34/50/101/152, v1.5 (the stride sits on the 3x3 conv of a bottleneck), exactly torchvision's
 //! `torchvision.models.resnet`: same modules, same state_dict keys, same initialisation; and timm's ResNet-C/D
 //! and anti-aliased variants of them, ResNeXt and squeeze-and-excitation ([`Arch`]), with timm's keys and
-//! torchvision's (timm's) initialisation.
+//! torchvision's (timm's) initialisation; and fast.ai's simple self-attention ([`Arch::sa`]).
 use anyhow::Result;
 use tch::nn::init::{FanInOut, NonLinearity, NormalOrUniform};
 use tch::nn::{self, Init};
@@ -388,6 +388,79 @@ impl SqueezeExcite {
     }
 }
 
+/// fast.ai's `SimpleSelfAttention(n_in, ks=1, sym=False)` ([`Arch::sa`]): `x` of `[N, C, H, W]` seen as `[N, C,
+/// H·W]`, `x + γ · bmm(bmm(x, xᵀ), conv(x))`, `conv` a bias-free 1x1 convolution (`C×C`) under
+/// `torch.nn.utils.spectral_norm`: its weight `weight_orig / σ`, `σ = uᵀ·weight_orig·v` from the buffers `u` and `v`,
+/// which in training each forward first moves one power iteration (`v = normalize(weight_origᵀ u)`, `u =
+/// normalize(weight_orig v)`, without gradient) towards the largest singular value's vectors. `γ` starts at 0.
+#[derive(Debug)]
+struct SelfAttention {
+    /// `sa.conv.weight_orig`, `[C, C, 1]`, initialised as fast.ai's `kaiming_normal_` (fan-in is fan-out here).
+    weight_orig: Tensor,
+    /// `sa.conv.weight_u` and `sa.conv.weight_v`, `[C]`: unit vectors, buffers (not trained).
+    u: Tensor,
+    v: Tensor,
+    /// `sa.gamma`, `[1]`.
+    gamma: Tensor,
+}
+
+/// `torch.nn.functional.normalize(x, dim=0, eps=1e-12)` of a vector, spectral_norm's.
+fn normalize(x: &Tensor) -> Tensor {
+    x / x.norm().clamp_min(1e-12)
+}
+
+impl SelfAttention {
+    fn new(p: nn::Path, channels: i64) -> Self {
+        let conv = &p / "conv";
+        let weight_orig = conv.var("weight_orig", &[channels, channels, 1], CONV_INIT);
+        let u = conv.zeros_no_train("weight_u", &[channels]);
+        let v = conv.zeros_no_train("weight_v", &[channels]);
+        // spectral_norm's start: each a normalised draw from N(0, 1).
+        tch::no_grad(|| {
+            for mut t in [u.shallow_clone(), v.shallow_clone()] {
+                t.copy_(&normalize(&Tensor::randn(
+                    [channels],
+                    (t.kind(), t.device()),
+                )));
+            }
+        });
+        Self {
+            weight_orig,
+            u,
+            v,
+            gamma: p.zeros("gamma", &[1]),
+        }
+    }
+
+    fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        let c = self.weight_orig.size()[0];
+        let w = self.weight_orig.view([c, c]);
+        if train {
+            tch::no_grad(|| {
+                let v = normalize(&w.tr().mv(&self.u));
+                let u = normalize(&w.mv(&v));
+                self.v.shallow_clone().copy_(&v);
+                self.u.shallow_clone().copy_(&u);
+            });
+        }
+        // The gradient flows through σ to the weight, not through the power iteration's vectors. The ops are
+        // fast.ai's and spectral_norm's one for one (a Conv1d, the transpose made contiguous): this block's
+        // gradient is sensitive enough that another order of the same sums shows in the parity test.
+        let (u, v) = (self.u.detach(), self.v.detach());
+        let weight = &self.weight_orig / u.dot(&w.mv(&v));
+        // Shapes from x's ops rather than its sizes, so that an exported (traced) module takes any batch and size.
+        let flat = x.flatten(2, -1);
+        let convx = flat.conv1d(&weight, None::<Tensor>, [1], [0], [1], 1);
+        let xxt = flat.bmm(&flat.permute([0, 2, 1]).contiguous());
+        let o = (&self.gamma * xxt.bmm(&convx) + &flat).view_as(x);
+        if memory_format::is_channels_last(x) {
+            memory_format::channels_last(&o)
+        } else {
+            o
+        }
+    }
+}
+
 /// A block's shortcut where its input and output differ in shape: a 1x1 conv with the block's stride and a
 /// batch norm (`downsample.0`, `.1`), or ResNet-D's 2x2 average pool then the conv at stride 1 (`downsample.1`,
 /// `.2`).
@@ -421,11 +494,20 @@ struct Block {
     blur: Option<(usize, Blur)>,
     /// Squeeze-and-excitation on the last unit's batch norm, before the shortcut's add (`Arch::se`).
     se: Option<SqueezeExcite>,
+    /// Self-attention after that, in the first stage's last block (`Arch::sa`).
+    sa: Option<SelfAttention>,
     downsample: Option<Downsample>,
 }
 
 impl Block {
-    fn new(p: &nn::Path, arch: Arch, cin: i64, planes: i64, stride: i64, zero_last: bool) -> Self {
+    /// `sa`: this block has the network's self-attention.
+    fn new(
+        p: &nn::Path,
+        arch: Arch,
+        (cin, planes, stride): (i64, i64, i64),
+        zero_last: bool,
+        sa: bool,
+    ) -> Self {
         let bottleneck = arch.bottleneck();
         let expansion = if bottleneck { 4 } else { 1 };
         let cout = planes * expansion;
@@ -476,10 +558,12 @@ impl Block {
             }
         });
         let se = arch.se.then(|| SqueezeExcite::new(p / "se", cout));
+        let sa = sa.then(|| SelfAttention::new(p / "sa", cout));
         Self {
             units,
             blur,
             se,
+            sa,
             downsample,
         }
     }
@@ -558,13 +642,14 @@ impl Block {
     }
 
     fn forward(&self, x: &Tensor, train: bool) -> Tensor {
-        // The blur sits between bn2 and conv3 and squeeze-and-excitation between bn3 and the add, where the folded
-        // bottleneck cannot; its graphs apply ReLU and convolve in one group.
+        // The blur sits between bn2 and conv3 and squeeze-and-excitation and self-attention between bn3 and the add,
+        // where the folded bottleneck cannot; its graphs apply ReLU and convolve in one group.
         if train
             && fused::block_enabled()
             && self.units.len() == 3
             && self.blur.is_none()
             && self.se.is_none()
+            && self.sa.is_none()
             && self.units[1].conv.groups == 1
             && !self.units[0].mish
             && !sync_bn::enabled()
@@ -582,10 +667,17 @@ impl Block {
             }
         }
         let shortcut = self.shortcut(x, train);
-        match &self.se {
-            None => last.forward_act(&y, train, Some(&shortcut)),
-            Some(se) => last.act(se.forward(&last.forward(&y, train)), Some(&shortcut)),
+        if self.se.is_none() && self.sa.is_none() {
+            return last.forward_act(&y, train, Some(&shortcut));
         }
+        let mut y = last.forward(&y, train);
+        if let Some(se) = &self.se {
+            y = se.forward(&y);
+        }
+        if let Some(sa) = &self.sa {
+            y = sa.forward(&y, train);
+        }
+        last.act(y, Some(&shortcut))
     }
 }
 
@@ -653,13 +745,14 @@ impl ResNet {
             let p = root / format!("layer{}", stage + 1);
             for b in 0..blocks {
                 let stride = if stage > 0 && b == 0 { 2 } else { 1 };
+                // fast.ai's xresnet: `sa and i == len(layers) - 4` for the stage, `i == blocks - 1` for the block.
+                let sa = arch.sa && stage == 0 && b == blocks - 1;
                 layers.push(Block::new(
                     &(&p / b),
                     arch,
-                    cin,
-                    planes,
-                    stride,
+                    (cin, planes, stride),
                     config.zero_init_residual,
+                    sa,
                 ));
                 cin = planes * expansion;
             }

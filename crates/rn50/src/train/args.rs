@@ -84,7 +84,8 @@ pub struct TrainArgs {
     /// the prefix resnetblur for anti-aliased downsampling (resnetblur50, resnetblur50d); ResNeXt as resnext50_32x4d
     /// (groups x channels per group; resnext50d_32x4d), the prefix se for squeeze-and-excitation (seresnet50,
     /// seresnext50d_32x4d: fast.ai's xse_resnext50); any with the suffix _mish for Mish in place of every ReLU
-    /// (resnet50d_mish: fast.ai's xresnet's activation). Weights keep torchvision's or timm's keys.
+    /// (resnet50d_mish: fast.ai's xresnet's activation), then _sa for fast.ai's simple self-attention in the first
+    /// stage's last block (resnet50d_mish_sa). Weights keep torchvision's or timm's keys (self-attention's fast.ai's).
     #[arg(short = 'a', long = "arch", alias = "model", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
     pub arch: Arch,
     /// Channels of the first stage (torchvision: 64); narrower networks for small data and machines. 1 to 512.

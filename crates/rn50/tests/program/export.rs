@@ -111,6 +111,13 @@ fn seresnext50_matches_timm_s_network() {
     matches_torchvision("seresnext50_32x4d", &[]);
 }
 
+/// fast.ai's self-attention traces too, its spectral normalisation from the saved `weight_u` and `weight_v` as in
+/// eval mode: the module of `-a resnet18_sa` is the reference trainer's network.
+#[test]
+fn resnet18_sa_matches_fast_ai_s_self_attention() {
+    matches_torchvision("resnet18_sa", &[]);
+}
+
 #[test]
 fn existing_out_is_refused_without_overwrite() {
     let dir = tempfile::tempdir().unwrap();

@@ -179,6 +179,20 @@ fn seresnext50d_matches_timm() {
     check_case("sx50d_nesterov_nobnwd_ls_cl");
 }
 
+/// fast.ai's simple self-attention (`_sa`) as the reference trainer builds it (fast.ai's module: torch's
+/// spectral_norm, whose power iteration updates `weight_u` and `weight_v` in each training forward), in
+/// ResNet-D's first stage in channels_last, its scale made non-zero.
+#[test]
+fn resnet50d_sa_matches_fast_ai_s_self_attention() {
+    check_case("r50d_sa_nesterov_nobnwd_ls_cl");
+}
+
+/// The same in a basic block (ResNet-18), NCHW.
+#[test]
+fn resnet18_sa_matches_fast_ai_s_self_attention() {
+    check_case("r18_sa_plain");
+}
+
 /// Squeeze-and-excitation on basic blocks (timm's `seresnet18`, eight channels in the first stage's).
 #[test]
 fn seresnet18_matches_timm() {
@@ -565,7 +579,7 @@ fn one_cycle_is_pytorch_s_one_cycle_lr() {
 /// The reference trainer builds rn50's name of each of timm's variants as timm's network with rn50's state_dict
 /// keys and shapes, with the blur in the same four places (the stem and the first block of stages 2 to 4), with
 /// squeeze-and-excitation in every block, and with the suffix _mish a Mish wherever rn50 has one (no ReLU left
-/// but squeeze-and-excitation's, as in timm and rn50).
+/// but squeeze-and-excitation's, as in timm and rn50), and with the suffix _sa one self-attention module.
 #[test]
 fn the_reference_trainer_builds_the_variants_rn50_names() {
     let names = [
@@ -580,9 +594,13 @@ fn the_reference_trainer_builds_the_variants_rn50_names() {
         "seresnext50d_32x4d",
         "seresnext50d_32x4d_mish",
         "seresnet18",
+        "resnet50d_sa",
+        "resnet18_sa",
+        "seresnext50d_32x4d_mish_sa",
     ];
     let script = "import json, sys; sys.path.insert(0, 'benches')\n\
-         import torch; from reference_train import build_model; from timm.layers import BlurPool2d\n\
+         import torch; from reference_train import build_model, SimpleSelfAttention\n\
+         from timm.layers import BlurPool2d\n\
          from timm.layers.squeeze_excite import SEModule\n\
          out = {}\n\
          for name in sys.argv[1:]:\n\
@@ -591,7 +609,7 @@ fn the_reference_trainer_builds_the_variants_rn50_names() {
          \x20   out[name] = {'keys': {k: list(v.shape) for k, v in m.state_dict().items() \
                  if not k.endswith('num_batches_tracked')},\n\
          \x20                'blurs': count(BlurPool2d), 'mish': count(torch.nn.Mish), 'relu': count(torch.nn.ReLU),\n\
-         \x20                'se': count(SEModule)}\n\
+         \x20                'se': count(SEModule), 'sa': count(SimpleSelfAttention)}\n\
          print(json.dumps(out))";
     let mut args = vec!["-c", script];
     args.extend(names);
@@ -613,6 +631,7 @@ fn the_reference_trainer_builds_the_variants_rn50_names() {
         let blocks: usize = arch.layers().iter().sum();
         let se = if arch.se { blocks } else { 0 };
         assert_eq!(theirs[name]["se"], se, "{name}");
+        assert_eq!(theirs[name]["sa"], u64::from(arch.sa), "{name}");
         let (mish, relu) = (&theirs[name]["mish"], &theirs[name]["relu"]);
         if arch.mish {
             assert!(

@@ -10,6 +10,7 @@ usage: export_reference.py weights ARCH OUT.safetensors
 """
 import json
 import sys
+from pathlib import Path
 
 import torch
 import torchvision
@@ -20,9 +21,15 @@ from torchvision import transforms
 
 def torchvision_model(arch, num_classes=1000):
     """torchvision's ARCH; rn50's suffix _mish (resnet18_mish): timm's network of that depth with act_layer="mish",
-    whose keys are torchvision's; a name torchvision lacks (seresnext50_32x4d): timm's."""
+    whose keys are torchvision's; a name torchvision lacks (seresnext50_32x4d): timm's; the suffix _sa: the reference
+    trainer's network, whose self-attention is fast.ai's."""
     import timm
 
+    if arch.endswith("_sa"):
+        sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "benches"))
+        from reference_train import build_model
+
+        return build_model(arch, num_classes, False).eval()
     if arch.endswith("_mish"):
         return timm.create_model(arch.removesuffix("_mish"), num_classes=num_classes, act_layer="mish").eval()
     if not hasattr(torchvision.models, arch):
@@ -40,6 +47,8 @@ def weights(arch, out):
                 mod.running_var.uniform_(0.5, 2.0)
                 mod.weight.uniform_(0.5, 1.5)
                 mod.bias.uniform_(-0.2, 0.2)
+            if isinstance(getattr(mod, "gamma", None), torch.nn.Parameter):
+                mod.gamma.uniform_(1e-3, 2e-3)  # self-attention's scale, 0 at the start
     save_file({k: v.contiguous() for k, v in m.state_dict().items()}, out)
 
 

@@ -37,6 +37,10 @@ CASES = [
     ("rx50_plain", "resnext50_32x4d", False, False, 0.0, False, 64),
     ("sx50d_nesterov_nobnwd_ls_cl", "seresnext50d_32x4d", True, True, 0.1, True, 64),
     ("sr18_plain", "seresnet18", False, False, 0.0, False, 64),
+    # fast.ai's simple self-attention (the reference trainer's SimpleSelfAttention: torch's spectral_norm on a
+    # Conv1d), its gamma made non-zero so that it counts, in a bottleneck after ResNet-D's and in a basic block.
+    ("r50d_sa_nesterov_nobnwd_ls_cl", "resnet50d_sa", True, True, 0.1, True, 64),
+    ("r18_sa_plain", "resnet18_sa", False, False, 0.0, False, 64),
 ]
 # timm's names whose keys rn50's must be (resnetblur18d and seresnext50d_32x4d are not registered in timm: built as
 # its resnetblur50d and seresnext26d_32x4d are).
@@ -47,7 +51,12 @@ TORCHVISION = ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "re
 
 def model(arch):
     """torchvision's network of that name, else timm's; rn50's suffix _mish: timm's with act_layer="mish" (timm's
-    plain ResNets have torchvision's keys)."""
+    plain ResNets have torchvision's keys); _sa: the reference trainer's network, whose self-attention is fast.ai's."""
+    if arch.endswith("_sa"):
+        sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "benches"))
+        from reference_train import build_model
+
+        return build_model(arch, 1000, False)
     if arch.endswith("_mish"):
         return timm.create_model(arch.removesuffix("_mish"), num_classes=1000, act_layer="mish")
     if arch in torchvision.models.__dict__:
@@ -71,6 +80,9 @@ def case(out: Path, name, arch, nesterov, no_bn_bias_decay, label_smoothing, cha
                 mod.running_var.uniform_(0.5, 1.5)
                 mod.weight.uniform_(0.5, 1.5)
                 mod.bias.uniform_(-0.1, 0.1)
+            if isinstance(getattr(mod, "gamma", None), torch.nn.Parameter):
+                # Self-attention's scale starts at 0; at about 1e-3 its term is of the order of its input.
+                mod.gamma.uniform_(1e-3, 2e-3)
     save_file({k: v.contiguous() for k, v in m.state_dict().items()}, out / f"{name}.weights.safetensors")
 
     xs = [torch.randn(N, 3, S, S) for _ in range(2)]
