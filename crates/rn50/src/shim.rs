@@ -40,6 +40,7 @@ mod ffi {
         pub fn rn50_free(p: *mut c_char);
         pub fn rn50_autocast_enter(
             device: c_int,
+            enabled: c_int,
             dtype: c_int,
             prev_enabled: *mut c_int,
             prev_dtype: *mut c_int,
@@ -329,11 +330,29 @@ impl Autocast {
             Kind::Half => 1,
             other => bail!("autocast supports bf16 and fp16, not {other:?}"),
         };
+        Self::region(device, true, code)
+    }
+
+    /// A region inside an autocast one where ops run in their inputs' dtypes again
+    /// (`torch.autocast(device, enabled=False)`).
+    pub fn disabled(device: Device) -> Result<Self> {
+        Self::region(device, false, 0)
+    }
+
+    fn region(device: Device, enabled: bool, code: c_int) -> Result<Self> {
         let device = device_code(device);
         let (mut prev_enabled, mut prev_dtype) = (0, 0);
         // SAFETY: plain out-parameters.
         check(
-            unsafe { ffi::rn50_autocast_enter(device, code, &mut prev_enabled, &mut prev_dtype) },
+            unsafe {
+                ffi::rn50_autocast_enter(
+                    device,
+                    enabled as c_int,
+                    code,
+                    &mut prev_enabled,
+                    &mut prev_dtype,
+                )
+            },
             "autocast",
         )?;
         Ok(Self {
@@ -1079,6 +1098,23 @@ mod tests {
         }
         assert!(!autocast_enabled(Device::Cpu));
         assert_eq!(a.matmul(&a).kind(), Kind::Float);
+    }
+
+    #[test]
+    fn a_disabled_region_runs_in_the_inputs_dtypes_and_restores() {
+        let a = Tensor::ones([4, 4], (Kind::Float, Device::Cpu));
+        let _outer = Autocast::enter(Device::Cpu, Kind::Half).unwrap();
+        {
+            let _off = Autocast::disabled(Device::Cpu).unwrap();
+            assert!(!autocast_enabled(Device::Cpu));
+            assert_eq!(a.matmul(&a).kind(), Kind::Float);
+        }
+        assert!(autocast_enabled(Device::Cpu));
+        assert_eq!(
+            a.matmul(&a).kind(),
+            Kind::Half,
+            "the outer region's dtype is kept"
+        );
     }
 
     #[test]

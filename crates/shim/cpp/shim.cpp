@@ -71,13 +71,14 @@ void rn50_free(char* p) { std::free(p); }
 
 // Enters an autocast region on `device` (0 = CPU, 1 = CUDA) computing in `dtype` (0 = bf16, 1 = fp16).
 // The previous state is written to prev_* so that exit can restore it (regions nest like Python's).
-int rn50_autocast_enter(int device, int dtype, int* prev_enabled, int* prev_dtype) {
+// torch.autocast(device, dtype, enabled).__enter__: `enabled` 0 opens a region without autocast (the dtype kept).
+int rn50_autocast_enter(int device, int enabled, int dtype, int* prev_enabled, int* prev_dtype) {
   return guarded([&] {
     auto dt = device_type(device);
     *prev_enabled = at::autocast::is_autocast_enabled(dt) ? 1 : 0;
     *prev_dtype = static_cast<int>(at::autocast::get_autocast_dtype(dt));
-    at::autocast::set_autocast_enabled(dt, true);
-    at::autocast::set_autocast_dtype(dt, dtype == 1 ? at::kHalf : at::kBFloat16);
+    at::autocast::set_autocast_enabled(dt, enabled != 0);
+    if (enabled != 0) at::autocast::set_autocast_dtype(dt, dtype == 1 ? at::kHalf : at::kBFloat16);
     at::autocast::increment_nesting();
   });
 }

@@ -8,7 +8,7 @@ use tch::nn::{self, Init};
 use tch::Tensor;
 
 use super::{fused, memory_format, sync_bn};
-use crate::shim::BlockReach;
+use crate::shim::{Autocast, BlockReach};
 
 pub use rn50_report::arch::{Arch, Depth, Variant};
 
@@ -433,6 +433,13 @@ impl SelfAttention {
     }
 
     fn forward(&self, x: &Tensor, train: bool) -> Tensor {
+        // The block runs in its parameters' dtype (fp32) under autocast too: its products sum over every position
+        // and channel, and fp16 ends at 65504. fast.ai's network starts each block's last batch norm at zero
+        // (zero-init-residual), so they start at 0 and reach about 700 at 224 px once trained; without it they
+        // are 32,000 at 224 px from the first step, past fp16's range at 320 px, where 0 x inf in γ's product
+        // makes every loss NaN (docs/imagenette.md, "Self-attention").
+        let _full =
+            Autocast::disabled(x.device()).expect("leaving autocast fails only in libtorch");
         let c = self.weight_orig.size()[0];
         let w = self.weight_orig.view([c, c]);
         if train {
@@ -449,10 +456,12 @@ impl SelfAttention {
         let (u, v) = (self.u.detach(), self.v.detach());
         let weight = &self.weight_orig / u.dot(&w.mv(&v));
         // Shapes from x's ops rather than its sizes, so that an exported (traced) module takes any batch and size.
-        let flat = x.flatten(2, -1);
+        let flat = x.flatten(2, -1).to_kind(weight.kind());
         let convx = flat.conv1d(&weight, None::<Tensor>, [1], [0], [1], 1);
         let xxt = flat.bmm(&flat.permute([0, 2, 1]).contiguous());
-        let o = (&self.gamma * xxt.bmm(&convx) + &flat).view_as(x);
+        let o = (&self.gamma * xxt.bmm(&convx) + &flat)
+            .view_as(x)
+            .to_kind(x.kind());
         if memory_format::is_channels_last(x) {
             memory_format::channels_last(&o)
         } else {
@@ -816,6 +825,34 @@ impl ResNet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// fast.ai's self-attention under fp16 autocast runs in fp32: on an input whose products pass fp16's 65504
+    /// (x xᵀ sums 1,024 squares of about 100) it gives what it gives without autocast, where fp16's products
+    /// would be inf.
+    #[test]
+    fn self_attention_runs_in_fp32_under_fp16_autocast() {
+        tch::manual_seed(0);
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let sa = SelfAttention::new(vs.root() / "sa", 16);
+        tch::no_grad(|| {
+            let _ = sa.gamma.shallow_clone().fill_(1e-3);
+        });
+        let x = Tensor::randn([2, 16, 32, 32], tch::kind::FLOAT_CPU) * 10.0;
+        let half = x.flatten(2, -1).to_kind(tch::Kind::Half);
+        let overflows = half.bmm(&half.permute([0, 2, 1])).isinf().any();
+        assert!(
+            bool::try_from(overflows).unwrap(),
+            "the premise: fp16's products overflow"
+        );
+        let want = sa.forward(&x, false);
+        let got = {
+            let _amp = Autocast::enter(tch::Device::Cpu, tch::Kind::Half).unwrap();
+            sa.forward(&x, false)
+        };
+        assert_eq!(got.kind(), tch::Kind::Float);
+        assert!(bool::try_from(got.isfinite().all()).unwrap());
+        assert!(got.allclose(&want, 1e-6, 1e-6, false));
+    }
 
     /// `last_stage_side` is the side of the last stage's output, for both stems and odd sides.
     #[test]
