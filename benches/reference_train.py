@@ -18,6 +18,8 @@ What it does, step for step as rn50:
     zero_init_last = --zero-init-residual; the suffix _mish
     (resnet50d_mish) makes every ReLU module a torch.nn.Mish (timm's act_layer="mish", fast.ai's xresnet's), and then
     _sa (resnet50d_mish_sa) adds fast.ai's SimpleSelfAttention where its xresnet has it (SimpleSelfAttention below);
+    _maxblur before those (resnet50d_maxblur) puts the max-blur pool of fast.ai's 2020-10 Imagenette entry
+    (MaxBlurPool2d below, kornia 0.4.1's) in the stem's max pool and ResNet-D's shortcut pools;
   - torch.optim.SGD(momentum, nesterov, weight decay; --no-bn-wd: none on 1-D parameters, batch-norm and biases,
     as rn50 and torchvision's --norm-weight-decay 0 with --bias-weight-decay 0); --optimizer adamw or radam:
     torch.optim.AdamW or torch.optim.RAdam(decoupled_weight_decay=True), betas (--momentum, --beta2), eps
@@ -273,6 +275,33 @@ class SimpleSelfAttention(torch.nn.Module):
         return o.view(*size).contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
+class MaxBlurPool2d(torch.nn.Module):
+    """kornia 0.4.1's MaxBlurPool2d(3, ceil_mode=True), which fast.ai's 2020-10 Imagenette entry put in place of every
+    max pool of its xresnet, as kornia 0.4.1 writes it: F.max_pool2d(3, stride 1, padding 1, ceil_mode), then pyrdown:
+    filter2D with the 5x5 binomial kernel ([1, 4, 6, 4, 1] outer itself / 256, reflected borders: F.pad reflect, then
+    a depthwise conv2d), then F.interpolate by scale_factor 0.5, bilinear, align_corners=False (the scale used as
+    given, as since PyTorch 1.6: the notebook prints the warning that says so)."""
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(x, 3, stride=1, padding=1, ceil_mode=True)
+        taps = torch.tensor([1.0, 4.0, 6.0, 4.0, 1.0], dtype=x.dtype, device=x.device)
+        kernel = (taps[:, None] * taps[None, :] / 256.0).expand(x.shape[1], 1, 5, 5)
+        blurred = torch.nn.functional.conv2d(torch.nn.functional.pad(x, [2, 2, 2, 2], mode="reflect"), kernel,
+                                             groups=x.shape[1])
+        return torch.nn.functional.interpolate(blurred, scale_factor=0.5, mode="bilinear", align_corners=False)
+
+
+def add_max_blur_pool(model):
+    """fast.ai's 2020-10 Imagenette entry: its xresnet with pool=MaxPool (each strided shortcut a 2x2 max pool then
+    the 1x1 conv, where timm's ResNet-D has an average pool), every nn.MaxPool2d then replaced by MaxBlurPool2d: here
+    the stem's max pool and ResNet-D's shortcut pools (downsample.0) become MaxBlurPool2d."""
+    model.maxpool = MaxBlurPool2d()
+    for layer in (model.layer2, model.layer3, model.layer4):
+        downsample = layer[0].downsample
+        if downsample is not None and isinstance(downsample[0], torch.nn.AvgPool2d):
+            downsample[0] = MaxBlurPool2d()
+
+
 def add_self_attention(model):
     """fast.ai's xresnet with sa=True has one SimpleSelfAttention, in the first stage's last block, on the last batch
     norm's output (after squeeze-and-excitation) before the shortcut's add: the same place here, as `layer1.N.sa`
@@ -288,9 +317,12 @@ def build_model(arch, num_classes, zero_init_residual):
     """The network of rn50's name `arch`: torchvision's ResNets and ResNeXts, timm's variants (timm_resnet); with
     the suffix _mish every nn.ReLU module but squeeze-and-excitation's replaced by an nn.Mish (torchvision's
     bottleneck calls its one `relu` three times: all three become Mish; timm's ResNet has one per place); with the
-    suffix _sa, last, fast.ai's self-attention (add_self_attention)."""
+    suffix _sa, last, fast.ai's self-attention (add_self_attention); with _maxblur before those, fast.ai's max-blur
+    pool (add_max_blur_pool)."""
     with_sa = arch.endswith("_sa")
     arch = arch.removesuffix("_sa")
+    with_max_blur = arch.removesuffix("_mish").endswith("_maxblur")
+    arch = arch.replace("_maxblur", "")
     base = arch.removesuffix("_mish")
     if base in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnext50_32x4d", "resnext101_32x8d",
                 "resnext101_64x4d"):
@@ -307,6 +339,8 @@ def build_model(arch, num_classes, zero_init_residual):
             for name, child in parent.named_children():
                 if isinstance(child, torch.nn.ReLU):
                     setattr(parent, name, torch.nn.Mish())
+    if with_max_blur:
+        add_max_blur_pool(model)
     if with_sa:
         add_self_attention(model)
     return model

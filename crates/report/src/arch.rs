@@ -68,7 +68,8 @@ pub const MAX_GROUP_CHANNELS: u32 = 2048;
 /// suffix c or d and the prefix `resnetblur`; ResNeXt with its groups and width per group (`resnext50_32x4d`,
 /// torchvision's; `resnext50d_32x4d`, timm's), squeeze-and-excitation with the prefix `se` (`seresnet50`,
 /// `seresnext50d_32x4d`, timm's names); any of them with `_mish` (`resnet50d_mish`) has Mish for ReLU, and with
-/// `_sa` (`resnet50d_sa`, `seresnext50d_32x4d_mish_sa`) fast.ai's simple self-attention. The state_dict keys are
+/// `_sa` (`resnet50d_sa`, `seresnext50d_32x4d_mish_sa`) fast.ai's simple self-attention; `_maxblur` before those
+/// (`resnet50d_maxblur`) has the max-blur pool of fast.ai's 2020-10 Imagenette entry. The state_dict keys are
 /// torchvision's or timm's, so that each loads the other's weights (self-attention's, which neither has, are
 /// fast.ai's module's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -103,6 +104,14 @@ pub struct Arch {
     /// starts as it is without it. Keys `layer1.N.sa.conv.weight_orig`, `.weight_u`, `.weight_v`, `.gamma`, as
     /// fast.ai's module names them; suffix `_sa`, last.
     pub sa: bool,
+    /// The pooling of fast.ai's 2020-10 Imagenette leaderboard entry (its xresnet with `pool=MaxPool`, every
+    /// `nn.MaxPool2d` then replaced by kornia 0.4.1's `MaxBlurPool2d(3, ceil_mode=True)`): the stem's max pool and,
+    /// in ResNet-D, each strided shortcut's pool (an average pool in timm's) become a 3x3 max pool at stride 1
+    /// (padding 1), then kornia's `pyrdown`: each channel blurred by the 5x5 binomial filter (`[1, 4, 6, 4, 1]`
+    /// outer itself / 256, reflection padding 2) and resized bilinearly by the scale 0.5 (the side halved rounding
+    /// down; a 2x2 mean on even sides). The strided 3x3 convs stay. No parameters: told apart only by the name recorded with the
+    /// weights (suffix `_maxblur`, before `_mish`). Not with [`Arch::blur`], which blurs the same stem pool.
+    pub maxblur: bool,
 }
 
 #[allow(non_upper_case_globals)]
@@ -135,6 +144,7 @@ impl Arch {
             width_per_group: 64,
             se: false,
             sa: false,
+            maxblur: false,
         }
     }
 
@@ -191,10 +201,11 @@ impl Arch {
             false => ("resnet", String::new()),
         };
         let blur = if self.blur { "blur" } else { "" };
+        let maxblur = if self.maxblur { "_maxblur" } else { "" };
         let mish = if self.mish { "_mish" } else { "" };
         let sa = if self.sa { "_sa" } else { "" };
         format!(
-            "{se}{family}{blur}{}{suffix}{groups}{mish}{sa}",
+            "{se}{family}{blur}{}{suffix}{groups}{maxblur}{mish}{sa}",
             self.depth.number()
         )
     }
@@ -284,6 +295,10 @@ impl FromStr for Arch {
                 Some(r) => (true, r),
                 None => (false, rest),
             };
+            let (maxblur, rest) = match rest.strip_suffix("maxblur") {
+                Some(r) => (true, r),
+                None => (false, rest),
+            };
             let (blur, rest) = match rest.strip_prefix("blur") {
                 Some(r) => (true, r),
                 None => (false, rest),
@@ -307,6 +322,7 @@ impl FromStr for Arch {
                 width_per_group,
                 se,
                 sa,
+                maxblur,
             };
             let fits = groups >= 1
                 && width_per_group >= 1
@@ -315,7 +331,11 @@ impl FromStr for Arch {
                     .is_some_and(|c| c <= MAX_GROUP_CHANNELS);
             // torchvision's basic block refuses groups and widths ("BasicBlock only supports groups=1 and
             // base_width=64").
-            (fits && (arch.bottleneck() || !arch.resnext()) && arch.resnext() == resnext)
+            // Both blurs replace the stem's max pool.
+            (fits
+                && (arch.bottleneck() || !arch.resnext())
+                && arch.resnext() == resnext
+                && !(blur && maxblur))
                 .then_some(arch)
         };
         match parse() {
@@ -327,7 +347,8 @@ impl FromStr for Arch {
                  (groups x width per group, their product at most {MAX_GROUP_CHANNELS}; resnext50d_32x4d); the \
                  prefix se for squeeze-and-excitation (seresnet50, seresnext50d_32x4d); and any of them with the \
                  suffix _mish for Mish in place of ReLU (resnet50d_mish), then _sa for fast.ai's self-attention \
-                 (resnet50d_sa, resnet50d_mish_sa)",
+                 (resnet50d_sa, resnet50d_mish_sa); _maxblur before those for the max-blur pool of fast.ai's \
+                 2020-10 Imagenette entry (resnet50d_maxblur, not with resnetblur)",
                 Arch::ALL.map(|a| a.name()).join(", ")
             ),
         }
@@ -356,13 +377,14 @@ mod tests {
     fn names_of_the_variants() {
         for depth in Depth::ALL {
             for variant in [Variant::B, Variant::C, Variant::D] {
-                for bits in 0..32u32 {
-                    let (blur, mish, se, resnext, sa) = (
+                for bits in 0..64u32 {
+                    let (blur, mish, se, resnext, sa, maxblur) = (
                         bits & 1 != 0,
                         bits & 2 != 0,
                         bits & 4 != 0,
                         bits & 8 != 0,
                         bits & 16 != 0,
+                        bits & 32 != 0,
                     );
                     let mut a = Arch {
                         depth,
@@ -371,12 +393,13 @@ mod tests {
                         mish,
                         se,
                         sa,
+                        maxblur,
                         ..Arch::plain(depth)
                     };
                     if resnext {
                         (a.groups, a.width_per_group) = (32, 4);
                     }
-                    if resnext && !a.bottleneck() {
+                    if (resnext && !a.bottleneck()) || (blur && maxblur) {
                         assert!(a.name().parse::<Arch>().is_err(), "{}", a.name());
                         continue;
                     }
@@ -403,6 +426,12 @@ mod tests {
             (Variant::D, true, true, true)
         );
         assert_eq!(s.name(), "seresnext50d_32x4d_mish_sa");
+        let x: Arch = "seresnext50d_32x4d_maxblur_mish_sa".parse().unwrap();
+        assert_eq!(
+            (x.variant, x.maxblur, x.blur, x.sa),
+            (Variant::D, true, false, true)
+        );
+        assert_eq!(x.name(), "seresnext50d_32x4d_maxblur_mish_sa");
         // torchvision's and timm's ResNeXt and SE names.
         for (name, groups, width, variant, se) in [
             ("resnext50_32x4d", 32, 4, Variant::B, false),
@@ -441,6 +470,11 @@ mod tests {
             "resnet50_mish_mish",
             "resnet50_sa_mish",
             "resnet50_sa_sa",
+            "resnetblur50d_maxblur",
+            "resnet50d_mish_maxblur",
+            "resnet50d_sa_maxblur",
+            "resnet50d_maxblur_maxblur",
+            "resnetmaxblur50d",
             "resnetsa50",
             "resnet50sad",
             "resnetmish",
@@ -498,6 +532,8 @@ mod tests {
             // fast.ai's module, as the reference trainer builds it, adds 65,537 to resnet50d and 4,097 to resnet18.
             ("resnet50d_sa", 25_576_264 + 256 * 256 + 1),
             ("resnet18_sa", 11_689_512 + 64 * 64 + 1),
+            // The max-blur pool has none.
+            ("resnet50d_maxblur", 25_576_264),
         ] {
             let a: Arch = name.parse().unwrap();
             assert_eq!(a.param_count(1000), want, "{name}");

@@ -147,6 +147,7 @@ mod tests {
                         width_per_group,
                         se,
                         sa,
+                        maxblur: !blur,
                     };
                     if arch.resnext() && !arch.bottleneck() {
                         continue;

@@ -130,10 +130,33 @@ impl ResNetConfig {
     }
 
     /// The side of the last stage's feature maps for input images of side `side`: every stride-2 layer (the
-    /// ImageNet stem's conv and max pool, the first block of stages 2 to 4) maps `n` to `ceil(n / 2)`. Batch
-    /// norm there sees batch × side² values per channel, the fewest of the network.
+    /// ImageNet stem's conv and max pool, the first block of stages 2 to 4) maps `n` to `ceil(n / 2)`, but the
+    /// stem's max-blur pool ([`Arch::maxblur`]) to `floor(n / 2)`. Batch norm there sees batch × side² values per
+    /// channel, the fewest of the network.
     pub fn last_stage_side(&self, side: usize) -> usize {
+        if self.arch.maxblur && self.stem == Stem::ImageNet {
+            // The stem's max-blur pool halves rounding down.
+            return halved(side.div_ceil(2) / 2, self.halvings() - 2);
+        }
         halved(side, self.halvings())
+    }
+
+    /// The sides of the maps fast.ai's max-blur pool halves ([`Arch::maxblur`]) for images of side `side`, and
+    /// how many of them the stem's pool halves (the first, or none in CIFAR's stem): the ImageNet stem's output,
+    /// then in ResNet-D each strided shortcut's input (stages 2 to 4); none without the pool.
+    fn max_blur_inputs(&self, side: usize) -> (Vec<usize>, usize) {
+        if !self.arch.maxblur {
+            return (Vec::new(), 0);
+        }
+        let (first, stem_pools) = match self.stem {
+            Stem::ImageNet => (side.div_ceil(2), 1),
+            Stem::Cifar => (side, 0),
+        };
+        let shortcut_pools = if self.arch.avg_down() { 3 } else { 0 };
+        let sides = std::iter::successors(Some(first), |n| Some(n / 2))
+            .take(stem_pools + shortcut_pools)
+            .collect();
+        (sides, stem_pools)
     }
 
     /// The side of the smallest map the anti-aliasing blur pads ([`Arch::blur`]), for images of side `side`:
@@ -152,8 +175,33 @@ impl ResNetConfig {
 
     /// Whether images of side `side` run through the network (the message of a usage error if not): the
     /// anti-aliasing blur pads its smallest input by reflection, which needs that input 2 px or more (images
-    /// of 17 px or more with the ImageNet stem, 5 with CIFAR's); any side runs through the others.
+    /// of 17 px or more with the ImageNet stem, 5 with CIFAR's); fast.ai's max-blur pool pads by reflection by 2,
+    /// which needs 3 px or more, and on a shortcut halves rounding down where the strided conv beside it rounds up,
+    /// so a shortcut's input must be even (ResNet-D: sides 32k - 1 to 32k + 2 from 63 px; else 5 px or more); any
+    /// side runs through the others.
     pub fn check_side(&self, side: usize) -> Result<(), String> {
+        let (halved_by_max_blur, stem_pools) = self.max_blur_inputs(side);
+        let shortcut_odd = halved_by_max_blur[stem_pools..].iter().any(|n| n % 2 == 1);
+        if shortcut_odd || halved_by_max_blur.iter().any(|&n| n < 3) {
+            let (maps, advice) = match (stem_pools, self.arch.avg_down()) {
+                (1, true) => (
+                    "the stem's output and each strided shortcut's input",
+                    "a multiple of 32, 64 or more",
+                ),
+                (1, false) => ("the stem's output", "5 px or more"),
+                _ => (
+                    "each strided shortcut's input",
+                    "a multiple of 8, 16 or more",
+                ),
+            };
+            let sides: Vec<String> = halved_by_max_blur.iter().map(|n| format!("{n}")).collect();
+            return Err(format!(
+                "{} halves {maps} with fast.ai's max-blur pool, which needs each 3 px or more and a shortcut's \
+                 even: {side} px images give {} px; use {advice}",
+                self.arch,
+                sides.join(", ")
+            ));
+        }
         let smallest = self.smallest_blur_input(side);
         if self.arch.blur && smallest < 2 {
             return Err(format!(
@@ -326,23 +374,35 @@ impl ConvBn {
     }
 }
 
-/// timm's `BlurPool2d(channels, filt_size=3, stride=2)`: reflection padding 1, then every channel convolved at
-/// stride 2 with the binomial filter `[1, 2, 1]ᵀ[1, 2, 1] / 16`. The filter is not state (timm's buffer is not
-/// persistent), so weights files hold none.
+/// A binomial blur of every channel with reflection padding: timm's `BlurPool2d(channels, filt_size=3, stride=2)`
+/// ([`Blur::timm`]: `[1, 2, 1]ᵀ[1, 2, 1] / 16`, padding 1, stride 2) or kornia 0.4.1's `filter2D` with pyrdown's
+/// kernel ([`Blur::pyramid`]: `[1, 4, 6, 4, 1]ᵀ[1, 4, 6, 4, 1] / 256`, padding 2, stride 1). The filter is not
+/// state (timm's buffer is not persistent, kornia's is made per call), so weights files hold none.
 #[derive(Debug)]
 struct Blur {
-    /// `[channels, 1, 3, 3]`, fp32 on the model's device.
+    /// `[channels, 1, k, k]`, fp32 on the model's device.
     filter: Tensor,
+    stride: i64,
 }
 
 impl Blur {
-    fn new(device: tch::Device, channels: i64) -> Self {
-        let taps = Tensor::from_slice(&[1f32, 2., 1.]);
-        let filter = (taps.unsqueeze(1) * taps.unsqueeze(0) / 16.0)
-            .view([1, 1, 3, 3])
+    fn timm(device: tch::Device, channels: i64) -> Self {
+        Self::binomial(device, channels, &[1., 2., 1.], 2)
+    }
+
+    fn pyramid(device: tch::Device, channels: i64) -> Self {
+        Self::binomial(device, channels, &[1., 4., 6., 4., 1.], 1)
+    }
+
+    fn binomial(device: tch::Device, channels: i64, taps: &[f32], stride: i64) -> Self {
+        let k = taps.len() as i64;
+        let taps = Tensor::from_slice(taps);
+        let sum = taps.sum(None).double_value(&[]);
+        let filter = (taps.unsqueeze(1) * taps.unsqueeze(0) / (sum * sum))
+            .view([1, 1, k, k])
             .repeat([channels, 1, 1, 1])
             .to_device(device);
-        Self { filter }
+        Self { filter, stride }
     }
 
     fn forward(&self, x: &Tensor) -> Tensor {
@@ -350,15 +410,44 @@ impl Blur {
         if memory_format::is_channels_last(x) {
             filter = memory_format::channels_last(&filter);
         }
-        x.reflection_pad2d([1, 1, 1, 1]).conv2d(
+        let pad = self.filter.size()[3] / 2;
+        x.reflection_pad2d([pad; 4]).conv2d(
             &filter,
             None::<Tensor>,
-            [2, 2],
+            [self.stride; 2],
             [0, 0],
             [1, 1],
             self.filter.size()[0],
         )
     }
+}
+
+/// kornia 0.4.1's `MaxBlurPool2d(3, ceil_mode=True)` ([`Arch::maxblur`]): a 3x3 max pool at stride 1 (padding 1),
+/// then kornia's `pyrdown`: the 5x5 binomial blur ([`Blur::pyramid`]), then a bilinear resize by the scale 0.5
+/// (`align_corners=False`, the scale used as given): the side halved rounding down, a 2x2 mean on even sides.
+#[derive(Debug)]
+struct MaxBlurPool {
+    blur: Blur,
+}
+
+impl MaxBlurPool {
+    fn new(device: tch::Device, channels: i64) -> Self {
+        Self {
+            blur: Blur::pyramid(device, channels),
+        }
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        self.blur
+            .forward(&max_pool_3x3(x, 1))
+            .upsample_bilinear2d_vec(None::<&[i64]>, false, [0.5, 0.5].as_slice())
+    }
+}
+
+/// A 3x3 max pool (padding 1) at `stride`: cuDNN's on a GPU where rn50 runs it, else libtorch's.
+fn max_pool_3x3(x: &Tensor, stride: i64) -> Tensor {
+    fused::max_pool(x, 3, stride, 1)
+        .unwrap_or_else(|| x.max_pool2d([3, 3], [stride, stride], [1, 1], [1, 1], false))
 }
 
 /// Squeeze-and-excitation (Hu et al. 2018) as timm's `SEModule`: each channel of `x` scaled by
@@ -471,12 +560,18 @@ impl SelfAttention {
 }
 
 /// A block's shortcut where its input and output differ in shape: a 1x1 conv with the block's stride and a
-/// batch norm (`downsample.0`, `.1`), or ResNet-D's 2x2 average pool then the conv at stride 1 (`downsample.1`,
-/// `.2`).
+/// batch norm (`downsample.0`, `.1`), or ResNet-D's pool (a 2x2 average pool; fast.ai's max-blur pool with
+/// [`Arch::maxblur`]) then the conv at stride 1 (`downsample.1`, `.2`).
 #[derive(Debug)]
 struct Downsample {
-    avg_pool: bool,
+    pool: Option<ShortcutPool>,
     unit: ConvBn,
+}
+
+#[derive(Debug)]
+enum ShortcutPool {
+    Average,
+    MaxBlur(MaxBlurPool),
 }
 
 impl Downsample {
@@ -484,13 +579,16 @@ impl Downsample {
         self.unit.forward(&self.conv_input(x), train)
     }
 
-    /// What the conv reads: the block's input, or ResNet-D's average-pooled input.
+    /// What the conv reads: the block's input, or ResNet-D's pooled input.
     fn conv_input(&self, x: &Tensor) -> Tensor {
-        if self.avg_pool {
+        match &self.pool {
             // nn.AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False), as timm's downsample_avg.
-            return x.avg_pool2d([2, 2], [2, 2], [0, 0], true, false, None::<i64>);
+            Some(ShortcutPool::Average) => {
+                x.avg_pool2d([2, 2], [2, 2], [0, 0], true, false, None::<i64>)
+            }
+            Some(ShortcutPool::MaxBlur(pool)) => pool.forward(x),
+            None => x.shallow_clone(),
         }
-        x.shallow_clone()
     }
 }
 
@@ -525,7 +623,7 @@ impl Block {
             true => (1, arch.bottleneck_width(planes)),
             false => (0, planes),
         };
-        let blur = (arch.blur && stride != 1).then(|| (strided, Blur::new(p.device(), width)));
+        let blur = (arch.blur && stride != 1).then(|| (strided, Blur::timm(p.device(), width)));
         let conv_stride = if blur.is_some() { 1 } else { stride };
         // (cin, cout, kernel, stride, groups) of each conv.
         let groups = i64::from(arch.groups);
@@ -554,11 +652,15 @@ impl Block {
             .collect();
         let downsample = (stride != 1 || cin != cout).then(|| {
             let d = p / "downsample";
-            let avg_pool = arch.avg_down();
-            let (first, conv_stride) = if avg_pool { (1, 1) } else { (0, stride) };
+            let avg_down = arch.avg_down();
+            let (first, conv_stride) = if avg_down { (1, 1) } else { (0, stride) };
+            // timm's pool is nn.Identity in a block of stride 1: the keys are the same, nothing to run.
+            let pool = (avg_down && stride != 1).then(|| match arch.maxblur {
+                true => ShortcutPool::MaxBlur(MaxBlurPool::new(p.device(), cin)),
+                false => ShortcutPool::Average,
+            });
             Downsample {
-                // timm's pool is nn.Identity in a block of stride 1: the keys are the same, nothing to run.
-                avg_pool: avg_pool && stride != 1,
+                pool,
                 unit: ConvBn {
                     conv: conv(&d / first, cin, cout, 1, conv_stride),
                     bn: bn(&d / (first + 1), cout, 1.0),
@@ -690,14 +792,25 @@ impl Block {
     }
 }
 
+/// The ImageNet stem's pool ([`ResNet::stem_pool`]).
+#[derive(Debug)]
+enum StemPool {
+    /// torchvision's `nn.MaxPool2d(3, 2, 1)`.
+    Max,
+    /// timm's anti-aliased stem: the max pool at stride 1, then its blur.
+    Blurred(Blur),
+    MaxBlur(MaxBlurPool),
+}
+
 /// A ResNet whose parameters live in a `VarStore` under torchvision's names.
 #[derive(Debug)]
 pub struct ResNet {
     pub config: ResNetConfig,
     /// `conv1`/`bn1`; ResNet-C/D's three: `conv1.0`/`conv1.1`, `conv1.3`/`conv1.4`, `conv1.6`/`bn1`.
     stem: Vec<ConvBn>,
-    /// The stem max-pool's blur (`Arch::blur`, ImageNet stem): the max-pool then runs at stride 1.
-    stem_blur: Option<Blur>,
+    /// The ImageNet stem's pool: the 3x3 max pool at stride 2, or at stride 1 then timm's blur ([`Arch::blur`]), or
+    /// fast.ai's max-blur pool ([`Arch::maxblur`]); none in CIFAR's stem.
+    stem_pool: Option<StemPool>,
     layers: Vec<Block>,
     fc: nn::Linear,
 }
@@ -738,8 +851,11 @@ impl ResNet {
                 mish: arch.mish,
             }]
         };
-        let stem_blur =
-            (arch.blur && config.stem == Stem::ImageNet).then(|| Blur::new(root.device(), w));
+        let stem_pool = (config.stem == Stem::ImageNet).then(|| match (arch.blur, arch.maxblur) {
+            (true, _) => StemPool::Blurred(Blur::timm(root.device(), w)),
+            (_, true) => StemPool::MaxBlur(MaxBlurPool::new(root.device(), w)),
+            _ => StemPool::Max,
+        });
         let bottleneck = arch.bottleneck();
         let expansion = if bottleneck { 4 } else { 1 };
         let mut cin = w;
@@ -785,28 +901,23 @@ impl ResNet {
         Self {
             config,
             stem,
-            stem_blur,
+            stem_pool,
             layers,
             fc,
         }
     }
 
-    /// The stem: its convs, batch norms and ReLUs, then (ImageNet's) the 3x3 max-pool, at stride 2 or, with
-    /// the blur, at stride 1 then the blur.
+    /// The stem: its convs, batch norms and ReLUs, then (ImageNet's) its pool.
     fn stem_forward(&self, x: &Tensor, train: bool) -> Tensor {
         let mut y = x.shallow_clone();
         for u in &self.stem {
             y = u.forward_act(&y, train, None);
         }
-        if self.config.stem == Stem::Cifar {
-            return y;
-        }
-        let stride = if self.stem_blur.is_some() { 1 } else { 2 };
-        let y = fused::max_pool(&y, 3, stride, 1)
-            .unwrap_or_else(|| y.max_pool2d([3, 3], [stride, stride], [1, 1], [1, 1], false));
-        match &self.stem_blur {
-            Some(blur) => blur.forward(&y),
+        match &self.stem_pool {
             None => y,
+            Some(StemPool::Max) => max_pool_3x3(&y, 2),
+            Some(StemPool::Blurred(blur)) => blur.forward(&max_pool_3x3(&y, 1)),
+            Some(StemPool::MaxBlur(pool)) => pool.forward(&y),
         }
     }
 
@@ -857,7 +968,12 @@ mod tests {
     /// `last_stage_side` is the side of the last stage's output, for both stems and odd sides.
     #[test]
     fn last_stage_side_is_what_the_network_computes() {
-        let archs = [Arch::ResNet18, "resnetblur18d".parse().unwrap()];
+        let archs = [
+            Arch::ResNet18,
+            "resnetblur18d".parse().unwrap(),
+            "resnet18_maxblur".parse().unwrap(),
+            "resnet18d_maxblur".parse().unwrap(),
+        ];
         for (stem, arch) in [Stem::ImageNet, Stem::Cifar]
             .into_iter()
             .flat_map(|s| archs.map(|a| (s, a)))
@@ -866,8 +982,8 @@ mod tests {
             (cfg.stem, cfg.width, cfg.num_classes) = (stem, 4, 2);
             let vs = nn::VarStore::new(tch::Device::Cpu);
             let net = ResNet::new(&vs.root(), cfg.clone());
-            for side in [1usize, 7, 8, 9, 31, 32, 33, 63, 64, 65, 100] {
-                if arch.blur && cfg.smallest_blur_input(side) < 2 {
+            for side in [1usize, 7, 8, 9, 31, 32, 33, 63, 64, 65, 66, 100] {
+                if cfg.check_side(side).is_err() {
                     continue;
                 }
                 let x = Tensor::zeros([1, 3, side as i64, side as i64], tch::kind::FLOAT_CPU);
@@ -878,6 +994,54 @@ mod tests {
                 let got = cfg.last_stage_side(side) as i64;
                 assert_eq!(y.size()[2..], [got, got], "{arch} {stem:?} at {side} px");
             }
+        }
+    }
+
+    /// `check_side` admits exactly the sides the network runs at: fast.ai's max-blur pool, in the stem alone and in
+    /// ResNet-D's shortcuts too, at every side from 1 to 140 px. A refused side fails in libtorch (reflection
+    /// padding wider than the map) or has a shortcut narrower than the strided conv beside it (the add would
+    /// broadcast a 1-px shortcut: the test compares the two).
+    #[test]
+    fn the_max_blur_pool_s_sides_are_those_that_run() {
+        // A refused side panics in libtorch: this thread's panics go unprinted while the sides run, then the
+        // default hook (libtest's) is back for the assertions.
+        let this = std::thread::current().id();
+        let loud = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if std::thread::current().id() != this {
+                loud(info)
+            }
+        }));
+        let mut runs = Vec::new();
+        for name in ["resnet18_maxblur", "resnet18d_maxblur"] {
+            let mut cfg = ResNetConfig::new(name.parse().unwrap());
+            (cfg.width, cfg.num_classes) = (4, 2);
+            let vs = nn::VarStore::new(tch::Device::Cpu);
+            let net = ResNet::new(&vs.root(), cfg.clone());
+            for side in 1..=140i64 {
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    tch::no_grad(|| {
+                        let x = Tensor::zeros([1, 3, side, side], tch::kind::FLOAT_CPU);
+                        let mut y = net.stem_forward(&x, false);
+                        net.layers.iter().all(|block| {
+                            let shortcut = block.shortcut(&y, false).size();
+                            y = block.forward(&y, false);
+                            shortcut == y.size()
+                        })
+                    })
+                }))
+                .unwrap_or(false);
+                runs.push((name, side, cfg.check_side(side as usize), ran));
+            }
+        }
+        drop(std::panic::take_hook());
+        for (name, side, verdict, ran) in &runs {
+            assert_eq!(verdict.is_ok(), *ran, "{name} at {side} px: {verdict:?}");
+        }
+        // ResNet-D: 63 to 66, 95 to 98, 127 to 130; the stem alone: 5 px and up.
+        for (name, want) in [("resnet18d_maxblur", 12), ("resnet18_maxblur", 136)] {
+            let admitted = runs.iter().filter(|r| r.0 == name && r.3).count();
+            assert_eq!(admitted, want, "{name}");
         }
     }
 

@@ -487,7 +487,7 @@ mod tests {
         file.load(&Model::new(cfg, Device::Cpu)).unwrap();
     }
 
-    /// The tensors tell ResNet-C's and -D's stem and shortcut from torchvision's; the blur and Mish, which have no
+    /// The tensors tell ResNet-C's and -D's stem and shortcut from torchvision's; the blurs and Mish, which have no
     /// tensors, come back from the recorded name (and so do squeeze-and-excitation and ResNeXt's groups, which
     /// the load checks against the tensors), and a name the tensors contradict is refused.
     #[test]
@@ -501,6 +501,8 @@ mod tests {
             "resnetblur50",
             "resnet18d_mish",
             "resnetblur18_mish",
+            "resnet18d_maxblur",
+            "resnet18_maxblur",
             "seresnet18",
             "seresnext50d_32x4d",
         ] {

@@ -15,6 +15,7 @@ use crate::model::{Arch, ResNetConfig, Stem, Variant};
 use crate::step::mix::MAX_MIX_ALPHA;
 use crate::step::{AdamConfig, AdamKind, LookaheadConfig, OptimizerConfig};
 use crate::train::foreign::ForeignFlags;
+use crate::train::schedule::Resolution;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -85,7 +86,9 @@ pub struct TrainArgs {
     /// (groups x channels per group; resnext50d_32x4d), the prefix se for squeeze-and-excitation (seresnet50,
     /// seresnext50d_32x4d: fast.ai's xse_resnext50); any with the suffix _mish for Mish in place of every ReLU
     /// (resnet50d_mish: fast.ai's xresnet's activation), then _sa for fast.ai's simple self-attention in the first
-    /// stage's last block (resnet50d_mish_sa). Weights keep torchvision's or timm's keys (self-attention's fast.ai's).
+    /// stage's last block (resnet50d_mish_sa); _maxblur before those for the max-blur pool of fast.ai's 2020-10
+    /// Imagenette entry in the stem and ResNet-D's shortcuts (resnet50d_maxblur: sides a multiple of 32). Weights
+    /// keep torchvision's or timm's keys (self-attention's fast.ai's).
     #[arg(short = 'a', long = "arch", alias = "model", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
     pub arch: Arch,
     /// Channels of the first stage (torchvision: 64); narrower networks for small data and machines. 1 to 512.
@@ -565,6 +568,15 @@ impl TrainArgs {
             net.check_side(crop)
                 .map_err(|e| UsageError(format!("--val-crop {crop}: -a {e}")))?;
         }
+        let resolution = Resolution::of_args(self).map_err(|e| UsageError(format!("{e:#}")))?;
+        for size in resolution.sizes(self.epochs) {
+            let flag = match self.min_res {
+                Some(_) => "--min-res to --image-size",
+                None => "--image-size",
+            };
+            net.check_side(size)
+                .map_err(|e| UsageError(format!("training at {size} px ({flag}): -a {e}")))?;
+        }
         let side = net.last_stage_side(smallest);
         if !self.evaluate && self.batch_size * side * side < 2 {
             return usage(format!(
@@ -798,7 +810,8 @@ mod tests {
     }
 
     /// --lr-decay-start only with flat-cos, from the warmup's end to below the last epoch; timm's variants
-    /// refused where they cannot run: the deep stem with the CIFAR stem, the blur on maps under 2 px.
+    /// refused where they cannot run: the deep stem with the CIFAR stem, the blur on maps under 2 px, fast.ai's
+    /// max-blur pool where a shortcut's input is odd, at any size the run trains or evaluates at.
     #[test]
     fn flat_cos_and_the_variants_in_range() {
         let error = |flags: &str| {
@@ -839,6 +852,22 @@ mod tests {
             ),
             ("-a resnext50_32x4d --width 15", "use --width 16 or more"),
             ("-a resnext50_32x8d --width 7", "use --width 8 or more"),
+            (
+                "-a resnet50d_maxblur --image-size 72",
+                "training at 72 px (--image-size): -a resnet50d_maxblur halves the stem's output and each strided \
+                 shortcut's input with fast.ai's max-blur pool, which needs each 3 px or more and a shortcut's \
+                 even: 72 px images give 36, 18, 9, 4 px; use a multiple of 32, 64 or more",
+            ),
+            // The ramp's first size: 80 px gives a 5 px shortcut input.
+            (
+                "-a resnet50d_maxblur --image-size 128 --min-res 80 --epochs 10",
+                "training at 80 px (--min-res to --image-size)",
+            ),
+            (
+                "-a resnet50d_maxblur --image-size 128 --val-crop 112",
+                "--val-crop 112: -a resnet50d_maxblur",
+            ),
+            ("-a resnet18_maxblur --val-crop 4", "use 5 px or more"),
         ] {
             let got = error(flags).unwrap_or_else(|| panic!("{flags}: accepted"));
             assert!(got.contains(want), "{flags}: {got}");
@@ -846,6 +875,12 @@ mod tests {
         assert_eq!(error("-a resnetblur18 --image-size 32 --val-crop 17"), None);
         assert_eq!(error("-a resnet18 --val-crop 8"), None);
         assert_eq!(error("-a seresnext50d_32x4d --width 16"), None);
+        assert_eq!(error("-a resnet50d_maxblur --image-size 128"), None);
+        assert_eq!(
+            error("-a resnet50d_maxblur --image-size 192 --min-res 96 --epochs 16 --val-crop 224"),
+            None
+        );
+        assert_eq!(error("-a resnet18_maxblur --image-size 70"), None);
         assert_eq!(
             error("-a resnetblur18 --augment cifar --image-size 32"),
             None

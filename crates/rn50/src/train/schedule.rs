@@ -346,6 +346,11 @@ impl Resolution {
         })
     }
 
+    /// Every training resolution of a run of `epochs` epochs, smallest first.
+    pub fn sizes(&self, epochs: usize) -> std::collections::BTreeSet<usize> {
+        (0..epochs).map(|e| self.at(e)).collect()
+    }
+
     /// The training resolution of `epoch`.
     pub fn at(&self, epoch: usize) -> usize {
         let e = epoch as f64;

@@ -118,6 +118,13 @@ fn resnet18_sa_matches_fast_ai_s_self_attention() {
     matches_torchvision("resnet18_sa", &[]);
 }
 
+/// fast.ai's max-blur pool traces with its scale (0.5), not the traced input's sides, so the module takes other
+/// sizes too (160x192 against the traced 224): the module of `-a resnet18d_maxblur` is the reference trainer's.
+#[test]
+fn resnet18d_maxblur_matches_fast_ai_s_max_blur_pool_at_other_sizes() {
+    matches_torchvision("resnet18d_maxblur", &[]);
+}
+
 #[test]
 fn existing_out_is_refused_without_overwrite() {
     let dir = tempfile::tempdir().unwrap();

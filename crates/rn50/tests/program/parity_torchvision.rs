@@ -193,6 +193,49 @@ fn resnet18_sa_matches_fast_ai_s_self_attention() {
     check_case("r18_sa_plain");
 }
 
+/// fast.ai's 2020-10 max-blur pool (`_maxblur`: kornia 0.4.1's `MaxBlurPool2d` in the stem and in ResNet-D's
+/// shortcuts, as the reference trainer builds it) in channels_last: the same logits, losses and weights after two
+/// steps.
+#[test]
+fn resnet50d_maxblur_matches_fast_ai_s_max_blur_pool() {
+    check_case("r50d_maxblur_nesterov_nobnwd_ls_cl");
+}
+
+/// The same pool in ResNet-18's stem alone, NCHW, on an odd map (70 px images: the stem's is 35).
+#[test]
+fn resnet18_maxblur_matches_fast_ai_s_max_blur_pool() {
+    check_case("r18_maxblur_plain");
+}
+
+/// The reference trainer's `MaxBlurPool2d` is kornia 0.4.1's, which fast.ai's entry trained with, exactly in
+/// double precision: on even and odd sides, square and not, down to the 3 px reflection padding needs.
+#[test]
+fn the_reference_trainer_s_max_blur_pool_is_kornia_0_4_1_s() {
+    let script = "import json, sys, warnings; sys.path.insert(0, 'benches')\n\
+         warnings.filterwarnings('ignore')\n\
+         import torch, kornia; from kornia.contrib import MaxBlurPool2d\n\
+         import reference_train as ref\n\
+         torch.manual_seed(0)\n\
+         out = {'version': kornia.__version__}\n\
+         for shape in [(2, 8, 32, 32), (3, 5, 17, 34), (1, 4, 3, 3), (2, 3, 33, 33), (1, 2, 16, 9)]:\n\
+         \x20   x = torch.randn(*shape, dtype=torch.float64)\n\
+         \x20   a, b = MaxBlurPool2d(3, ceil_mode=True)(x), ref.MaxBlurPool2d()(x)\n\
+         \x20   out[str(shape)] = [list(a.shape), list(b.shape), (a - b).abs().max().item()]\n\
+         print(json.dumps(out))";
+    let got: serde_json::Value = python_from_the_repo(&["-c", script]);
+    assert_eq!(got["version"], "0.4.1");
+    let shapes = got
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "version");
+    assert_eq!(shapes.clone().count(), 5);
+    for (shape, v) in shapes {
+        assert_eq!(v[0], v[1], "{shape}: kornia's shape, the reference's");
+        assert_eq!(v[2].as_f64(), Some(0.0), "{shape}: largest difference");
+    }
+}
+
 /// Squeeze-and-excitation on basic blocks (timm's `seresnet18`, eight channels in the first stage's).
 #[test]
 fn seresnet18_matches_timm() {
@@ -579,7 +622,8 @@ fn one_cycle_is_pytorch_s_one_cycle_lr() {
 /// The reference trainer builds rn50's name of each of timm's variants as timm's network with rn50's state_dict
 /// keys and shapes, with the blur in the same four places (the stem and the first block of stages 2 to 4), with
 /// squeeze-and-excitation in every block, and with the suffix _mish a Mish wherever rn50 has one (no ReLU left
-/// but squeeze-and-excitation's, as in timm and rn50), and with the suffix _sa one self-attention module.
+/// but squeeze-and-excitation's, as in timm and rn50), with the suffix _sa one self-attention module, and with
+/// _maxblur the max-blur pool in the stem and ResNet-D's shortcuts, no max or average pool left.
 #[test]
 fn the_reference_trainer_builds_the_variants_rn50_names() {
     let names = [
@@ -597,9 +641,12 @@ fn the_reference_trainer_builds_the_variants_rn50_names() {
         "resnet50d_sa",
         "resnet18_sa",
         "seresnext50d_32x4d_mish_sa",
+        "resnet50d_maxblur",
+        "resnet18_maxblur",
+        "seresnext50d_32x4d_maxblur_mish_sa",
     ];
     let script = "import json, sys; sys.path.insert(0, 'benches')\n\
-         import torch; from reference_train import build_model, SimpleSelfAttention\n\
+         import torch; from reference_train import build_model, SimpleSelfAttention, MaxBlurPool2d\n\
          from timm.layers import BlurPool2d\n\
          from timm.layers.squeeze_excite import SEModule\n\
          out = {}\n\
@@ -609,7 +656,9 @@ fn the_reference_trainer_builds_the_variants_rn50_names() {
          \x20   out[name] = {'keys': {k: list(v.shape) for k, v in m.state_dict().items() \
                  if not k.endswith('num_batches_tracked')},\n\
          \x20                'blurs': count(BlurPool2d), 'mish': count(torch.nn.Mish), 'relu': count(torch.nn.ReLU),\n\
-         \x20                'se': count(SEModule), 'sa': count(SimpleSelfAttention)}\n\
+         \x20                'se': count(SEModule), 'sa': count(SimpleSelfAttention),\n\
+         \x20                'maxblur': count(MaxBlurPool2d), 'maxpool': count(torch.nn.MaxPool2d),\n\
+         \x20                'avgpool': count(torch.nn.AvgPool2d)}\n\
          print(json.dumps(out))";
     let mut args = vec!["-c", script];
     args.extend(names);
@@ -632,6 +681,21 @@ fn the_reference_trainer_builds_the_variants_rn50_names() {
         let se = if arch.se { blocks } else { 0 };
         assert_eq!(theirs[name]["se"], se, "{name}");
         assert_eq!(theirs[name]["sa"], u64::from(arch.sa), "{name}");
+        // The stem's max pool, and ResNet-D's three strided shortcuts' pools (average pools without it).
+        let shortcut_pools = if arch.avg_down() { 3 } else { 0 };
+        let (maxblur, maxpool, avgpool) = match arch.maxblur {
+            true => (1 + shortcut_pools, 0, 0),
+            false => (0, 1, shortcut_pools),
+        };
+        assert_eq!(
+            [
+                &theirs[name]["maxblur"],
+                &theirs[name]["maxpool"],
+                &theirs[name]["avgpool"]
+            ],
+            [maxblur, maxpool, avgpool],
+            "{name}: max-blur pools, max pools, average pools"
+        );
         let (mish, relu) = (&theirs[name]["mish"], &theirs[name]["relu"]);
         if arch.mish {
             assert!(

@@ -41,6 +41,10 @@ CASES = [
     # Conv1d), its gamma made non-zero so that it counts, in a bottleneck after ResNet-D's and in a basic block.
     ("r50d_sa_nesterov_nobnwd_ls_cl", "resnet50d_sa", True, True, 0.1, True, 64),
     ("r18_sa_plain", "resnet18_sa", False, False, 0.0, False, 64),
+    # fast.ai's 2020-10 max-blur pool (the reference trainer's MaxBlurPool2d, kornia 0.4.1's) in the stem and ResNet-D's
+    # shortcuts, channels_last; in ResNet-18's stem alone, NCHW, at 70 px, where the stem's map (35) is odd.
+    ("r50d_maxblur_nesterov_nobnwd_ls_cl", "resnet50d_maxblur", True, True, 0.1, True, 64),
+    ("r18_maxblur_plain", "resnet18_maxblur", False, False, 0.0, False, 70),
 ]
 # timm's names whose keys rn50's must be (resnetblur18d and seresnext50d_32x4d are not registered in timm: built as
 # its resnetblur50d and seresnext26d_32x4d are).
@@ -51,8 +55,9 @@ TORCHVISION = ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "re
 
 def model(arch):
     """torchvision's network of that name, else timm's; rn50's suffix _mish: timm's with act_layer="mish" (timm's
-    plain ResNets have torchvision's keys); _sa: the reference trainer's network, whose self-attention is fast.ai's."""
-    if arch.endswith("_sa"):
+    plain ResNets have torchvision's keys); _sa and _maxblur: the reference trainer's network, whose self-attention and
+    max-blur pool are fast.ai's."""
+    if arch.endswith("_sa") or "_maxblur" in arch:
         sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "benches"))
         from reference_train import build_model
 
