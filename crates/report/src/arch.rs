@@ -109,8 +109,9 @@ pub struct Arch {
     /// in ResNet-D, each strided shortcut's pool (an average pool in timm's) become a 3x3 max pool at stride 1
     /// (padding 1), then kornia's `pyrdown`: each channel blurred by the 5x5 binomial filter (`[1, 4, 6, 4, 1]`
     /// outer itself / 256, reflection padding 2) and resized bilinearly by the scale 0.5 (the side halved rounding
-    /// down; a 2x2 mean on even sides). The strided 3x3 convs stay. No parameters: told apart only by the name recorded with the
-    /// weights (suffix `_maxblur`, before `_mish`). Not with [`Arch::blur`], which blurs the same stem pool.
+    /// down; a 2x2 mean on even sides). The strided 3x3 convs stay. No parameters: told apart only by the name
+    /// recorded with the weights (suffix `_maxblur`, before `_mish`). Not with [`Arch::blur`], which blurs the same
+    /// stem pool.
     pub maxblur: bool,
 }
 
