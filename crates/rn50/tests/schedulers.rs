@@ -411,21 +411,19 @@ fn assert_resumed_as_uninterrupted(
 /// The uninterrupted run every scheduler's run must reproduce: `rn50 launch --nproc-per-node 2`, 1 thread per
 /// rank. Made once per test binary.
 fn reference() -> &'static Path {
-    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
+    static RUN: OnceLock<PathBuf> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let dir = common::run_dir("schedulers-reference");
         let reaper = Reaper::new("reference");
-        let log = dir.path().join("log");
+        let log = dir.join("log");
         let mut c = reaper.command(RN50, &log);
         c.args(["launch", "--nproc-per-node", "2", "--"])
-            .args(tiny(&dir.path().join("run")).to_args());
+            .args(tiny(&dir.join("run")).to_args());
         let mut child = c.spawn().unwrap();
         let status = wait_exit(&mut child, "the reference run", || read(&log));
         assert!(status.success(), "reference run: {status}\n{}", read(&log));
-        let run = dir.path().join("run");
-        (dir, run)
+        dir.join("run")
     })
-    .1
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -10,6 +10,30 @@ use std::process::{Command, Output};
 #[allow(unused_imports)]
 pub use rn50_util::testing::{python, python_output, shared_data, shared_photos};
 
+/// A directory for what a test binary makes once and many of its tests read (a reference's outputs, a reference
+/// run): `<cargo's target tmp>/<name>-<pid>`. A `TempDir` in a static is never dropped, so each run left its copy in
+/// /tmp (parity_torchvision's references are 2 GB); here each run first removes the directories of runs whose
+/// process is gone, so at most the live runs' copies remain (and `cargo clean` removes those).
+#[allow(dead_code)]
+pub fn run_dir(name: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let prefix = format!("{name}-");
+    for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        let file = entry.file_name();
+        let pid = file.to_str().and_then(|f| f.strip_prefix(&prefix));
+        if pid.is_some_and(|pid| !Path::new("/proc").join(pid).exists()) {
+            std::fs::remove_dir_all(entry.path()).unwrap();
+        }
+    }
+    // An earlier process of this pid left it: it is stale.
+    let dir = root.join(format!("{prefix}{}", std::process::id()));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// Runs `tests/reference/SCRIPT ARGS…` under [`python`] ([`python_output`]); panics with the script's stderr if it
 /// fails.
 #[allow(dead_code)]

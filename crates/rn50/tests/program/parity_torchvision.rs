@@ -3,7 +3,7 @@
 //! statistics; and the same against timm for its ResNet-D and anti-aliased variants. The reference comes from
 //! `tests/reference/torchvision_step.py` run with the venv's PyTorch, torchvision and timm.
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use rn50::model::{weights, Arch, Model, ResNetConfig};
@@ -16,13 +16,12 @@ use common::max_abs_rel_err;
 
 /// Runs the reference script once per test binary; panics with the script's stderr if it fails.
 fn reference() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        common::reference_script("torchvision_step.py", &[dir.path()]);
+        let dir = common::run_dir("parity_torchvision");
+        common::reference_script("torchvision_step.py", &[&dir]);
         dir
     })
-    .path()
 }
 
 fn load(path: &Path) -> BTreeMap<String, Tensor> {

@@ -17,13 +17,12 @@ use tch::{Device, Tensor};
 
 /// Runs the reference script once per test binary.
 fn reference() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        common::reference_script("torch_save_reference.py", &[dir.path()]);
+        let dir = common::run_dir("torch_save");
+        common::reference_script("torch_save_reference.py", &[&dir]);
         dir
     })
-    .path()
 }
 
 fn file(name: &str) -> String {
