@@ -21,6 +21,7 @@ pub fn run_dir(name: &str) -> PathBuf {
     for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
         let file = entry.file_name();
         let pid = file.to_str().and_then(|f| f.strip_prefix(&prefix));
+        let pid = pid.filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
         if pid.is_some_and(|pid| !Path::new("/proc").join(pid).exists()) {
             std::fs::remove_dir_all(entry.path()).unwrap();
         }
