@@ -396,9 +396,9 @@ impl Blur {
 
     fn binomial(device: tch::Device, channels: i64, taps: &[f32], stride: i64) -> Self {
         let k = taps.len() as i64;
+        let sum: f32 = taps.iter().sum();
         let taps = Tensor::from_slice(taps);
-        let sum = taps.sum(None).double_value(&[]);
-        let filter = (taps.unsqueeze(1) * taps.unsqueeze(0) / (sum * sum))
+        let filter = (taps.unsqueeze(1) * taps.unsqueeze(0) / f64::from(sum * sum))
             .view([1, 1, k, k])
             .repeat([channels, 1, 1, 1])
             .to_device(device);
