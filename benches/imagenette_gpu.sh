@@ -17,22 +17,101 @@
 # launches, so a tuning sweep gets through more runs with a few lanes; runs whose wall-clock is reported (time to
 # accuracy) run with JOBS=1.
 #
+# Before anything runs or OUT is made, every job is checked: WHO, RECIPE and SEED, no run twice, and its whole
+# command line as rn50 reads it (`RN50_PARSE_ONLY=1 rn50 train`: each flag's range and the rules between them; the
+# reference takes rn50's flag names, and refuses at its start what it does not implement). One refused job refuses
+# the queue (exit 2, each refusal named): a device session's minutes go to a queue that runs whole, not to half of
+# one. With BUDGET 0 the script only checks the queue.
+#
 # Environment: RN50 (target/release/rn50), PYTHON (python3), JOBS (1), WORKERS (loader threads or processes of
 # each run: 15 / JOBS, at least 1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 data=$1 out=$2 budget=$3 queue=$4
 shift 4
+shared=("$@")
 rn50=${RN50:-target/release/rn50} python=${PYTHON:-python3} jobs=${JOBS:-1}
 if ! [[ $jobs =~ ^[1-9][0-9]?$ ]]; then
     echo "JOBS=$jobs: give 1 to 99 runs at once" >&2
     exit 2
 fi
+if ! [[ $budget =~ ^[0-9]+$ ]]; then
+    echo "BUDGET $budget: give the seconds the queue may take (0 only checks it)" >&2
+    exit 2
+fi
+if ! [ -x "$rn50" ]; then
+    echo "RN50=$rn50 is not an executable: build rn50 or point RN50 at it" >&2
+    exit 2
+fi
 workers=${WORKERS:-$((15 / jobs > 0 ? 15 / jobs : 1))}
 tarball=${TARBALL:-$out/runs.tgz}
+read -r -a queue <<<"$queue"
+
+# Reads job $1 (WHO:RECIPE:SEED[:FLAGS]) into who, recipe, seed, own (its flags), name (its folder's, OUT/name) and
+# flags (the run's command line after DATA); the caller declares them local.
+job() {
+    local tag
+    IFS=: read -r who recipe seed own <<<"$1"
+    IFS=, read -r -a own <<<"${own:-}"
+    tag=$(printf '%s' "${own[*]:-}" | tr -c 'A-Za-z0-9.=\n' '-' | tr -s '-' | sed 's/^-//; s/-$//')
+    name=$who-$recipe-s$seed${tag:+-$tag}
+    flags=(--config "recipes/imagenette-$recipe.toml" --seed "$seed" -j "$workers" --out "$out/$name" "${shared[@]}"
+        "${own[@]}")
+    if [ "$who" = rn50 ]; then
+        flags+=(--keep-checkpoints 1)
+    fi
+}
+
+# Checks every job as the header says, 16 at a time, and exits 2 naming each refused one.
+preflight() {
+    local checks i who recipe seed own name flags why refused=0
+    local -A seen=()
+    checks=$(mktemp -d) || exit 1
+    for i in "${!queue[@]}"; do
+        job "${queue[$i]}"
+        why=
+        if [ -n "${seen[$name]:-}" ]; then
+            why="the same run as ${seen[$name]} (OUT/$name)"
+        elif [ "$who" != rn50 ] && [ "$who" != ref ]; then
+            why="WHO is rn50 or ref"
+        elif ! [ -f "recipes/imagenette-$recipe.toml" ]; then
+            why="no recipes/imagenette-$recipe.toml"
+        elif ! [[ $seed =~ ^[0-9]+$ ]]; then
+            why="SEED is a number"
+        fi
+        seen[$name]=${queue[$i]}
+        if [ -n "$why" ]; then
+            echo "$why" >"$checks/$i.err"
+            continue
+        fi
+        {
+            if RN50_PARSE_ONLY=1 "$rn50" train "$data" "${flags[@]}" >/dev/null 2>"$checks/$i.err"; then
+                rm "$checks/$i.err"
+            else
+                echo "rn50 exited $?" >>"$checks/$i.err"
+            fi
+        } &
+        if ((i % 16 == 15)); then
+            wait
+        fi
+    done
+    wait
+    for i in "${!queue[@]}"; do
+        if [ -e "$checks/$i.err" ]; then
+            printf 'refused %s: %s\n' "${queue[$i]}" "$(grep -m 1 . "$checks/$i.err")" >&2
+            refused=$((refused + 1))
+        fi
+    done
+    rm -rf "$checks"
+    if ((refused)); then
+        echo "$refused of ${#queue[@]} job(s) refused: nothing ran" >&2
+        exit 2
+    fi
+}
+
+preflight
 mkdir -p "$out"
 claims=$(mktemp -d "$out/.claims.XXXXXX") || exit 1
-read -r -a queue <<<"$queue"
 start=$SECONDS
 
 # Packs what OUT/finished names (a run's folder and log, appended when it ended; a run that failed before writing
@@ -52,32 +131,26 @@ pack() {
 # lane's can) and runs each.
 lane() {
     local -A longest=()
-    local i job who recipe seed own tag est left t0 name run took log
+    local i who recipe seed own name flags est left t0 run took log
     for i in "${!queue[@]}"; do
         mkdir "$claims/$i" 2>/dev/null || continue
-        job=${queue[$i]}
-        IFS=: read -r who recipe seed own <<<"$job"
-        IFS=, read -r -a own <<<"${own:-}"
-        tag=$(printf '%s' "${own[*]:-}" | tr -c 'A-Za-z0-9.=\n' '-' | tr -s '-' | sed 's/^-//; s/-$//')
+        job "${queue[$i]}"
         est=${longest[$who$recipe]:-0}
         left=$((budget - (SECONDS - start)))
         if ((est + 10 > left)); then
-            echo "skip $job: $left s left, the last such run took $est s"
+            echo "skip ${queue[$i]}: $left s left, the last such run took $est s"
             continue
         fi
         t0=$SECONDS
-        name=$who-$recipe-s$seed${tag:+-$tag}
         run=$out/$name log=$out/$name.log
-        local flags=(--config "recipes/imagenette-$recipe.toml" --seed "$seed" -j "$workers" --out "$run" "$@"
-            "${own[@]}")
-        echo "=== $job at $((SECONDS - start)) s"
+        echo "=== ${queue[$i]} at $((SECONDS - start)) s"
         if [ "$who" = rn50 ]; then
-            timeout "$left" "$rn50" train "$data" "${flags[@]}" --keep-checkpoints 1 >"$log" 2>&1
+            timeout "$left" "$rn50" train "$data" "${flags[@]}" >"$log" 2>&1
         else
             timeout "$left" "$python" benches/reference_train.py "$data" "${flags[@]}" >"$log" 2>&1
         fi
         took=$((SECONDS - t0))
-        printf '%s\n--- %s took %s s\n' "$(tail -n 8 "$log")" "$job" "$took"
+        printf '%s\n--- %s took %s s\n' "$(tail -n 8 "$log")" "${queue[$i]}" "$took"
         ((took > est)) && longest[$who$recipe]=$took
         printf '%s\n%s\n' "$name" "$name.log" >>"$out/finished"
         pack
@@ -86,7 +159,7 @@ lane() {
 
 touch "$out/finished"
 for ((l = 0; l < jobs; l++)); do
-    lane "$@" &
+    lane &
 done
 wait
 pack
