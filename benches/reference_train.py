@@ -19,7 +19,8 @@ What it does, step for step as rn50:
     (resnet50d_mish) makes every ReLU module a torch.nn.Mish (timm's act_layer="mish", fast.ai's xresnet's), and then
     _sa (resnet50d_mish_sa) adds fast.ai's SimpleSelfAttention where its xresnet has it (SimpleSelfAttention below);
     _maxblur before those (resnet50d_maxblur) puts the max-blur pool of fast.ai's 2020-10 Imagenette entry
-    (MaxBlurPool2d below, kornia 0.4.1's) in the stem's max pool and ResNet-D's shortcut pools;
+    (MaxBlurPool2d below, kornia 0.4.1's) in the stem's max pool and ResNet-D's shortcut pools, _maxdown
+    (resnet50d_maxdown) fast.ai's max pool (pool=MaxPool) in ResNet-D's shortcut pools;
   - torch.optim.SGD(momentum, nesterov, weight decay; --no-bn-wd: none on 1-D parameters, batch-norm and biases,
     as rn50 and torchvision's --norm-weight-decay 0 with --bias-weight-decay 0); --optimizer adamw or radam:
     torch.optim.AdamW or torch.optim.RAdam(decoupled_weight_decay=True), betas (--momentum, --beta2), eps
@@ -302,6 +303,17 @@ def add_max_blur_pool(model):
             downsample[0] = MaxBlurPool2d()
 
 
+def add_max_pool_shortcuts(model):
+    """fast.ai's xresnet with pool=MaxPool (its 2020-01 Imagenette runs' pools, and the 2020-10 entry's before it
+    blurred them): each of ResNet-D's strided shortcut pools (downsample.0) nn.MaxPool2d(2, ceil_mode=True), where
+    timm's is an average pool."""
+    for layer in (model.layer2, model.layer3, model.layer4):
+        downsample = layer[0].downsample
+        if downsample is None or not isinstance(downsample[0], torch.nn.AvgPool2d):
+            sys.exit("reference_train.py: _maxdown replaces ResNet-D's shortcut pools: give a ResNet-D (resnet50d)")
+        downsample[0] = torch.nn.MaxPool2d(2, ceil_mode=True)
+
+
 def add_self_attention(model):
     """fast.ai's xresnet with sa=True has one SimpleSelfAttention, in the first stage's last block, on the last batch
     norm's output (after squeeze-and-excitation) before the shortcut's add: the same place here, as `layer1.N.sa`
@@ -318,11 +330,12 @@ def build_model(arch, num_classes, zero_init_residual):
     the suffix _mish every nn.ReLU module but squeeze-and-excitation's replaced by an nn.Mish (torchvision's
     bottleneck calls its one `relu` three times: all three become Mish; timm's ResNet has one per place); with the
     suffix _sa, last, fast.ai's self-attention (add_self_attention); with _maxblur before those, fast.ai's max-blur
-    pool (add_max_blur_pool)."""
+    pool (add_max_blur_pool), with _maxdown its max-pool shortcuts (add_max_pool_shortcuts)."""
     with_sa = arch.endswith("_sa")
     arch = arch.removesuffix("_sa")
-    with_max_blur = arch.removesuffix("_mish").endswith("_maxblur")
-    arch = arch.replace("_maxblur", "")
+    pool = arch.removesuffix("_mish").rpartition("_")[2]
+    pool = pool if pool in ("maxblur", "maxdown") else None
+    arch = arch.replace(f"_{pool}", "") if pool else arch
     base = arch.removesuffix("_mish")
     if base in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnext50_32x4d", "resnext101_32x8d",
                 "resnext101_64x4d"):
@@ -339,8 +352,10 @@ def build_model(arch, num_classes, zero_init_residual):
             for name, child in parent.named_children():
                 if isinstance(child, torch.nn.ReLU):
                     setattr(parent, name, torch.nn.Mish())
-    if with_max_blur:
+    if pool == "maxblur":
         add_max_blur_pool(model)
+    elif pool == "maxdown":
+        add_max_pool_shortcuts(model)
     if with_sa:
         add_self_attention(model)
     return model

@@ -69,7 +69,8 @@ pub const MAX_GROUP_CHANNELS: u32 = 2048;
 /// torchvision's; `resnext50d_32x4d`, timm's), squeeze-and-excitation with the prefix `se` (`seresnet50`,
 /// `seresnext50d_32x4d`, timm's names); any of them with `_mish` (`resnet50d_mish`) has Mish for ReLU, and with
 /// `_sa` (`resnet50d_sa`, `seresnext50d_32x4d_mish_sa`) fast.ai's simple self-attention; `_maxblur` before those
-/// (`resnet50d_maxblur`) has the max-blur pool of fast.ai's 2020-10 Imagenette entry. The state_dict keys are
+/// (`resnet50d_maxblur`) has the max-blur pool of fast.ai's 2020-10 Imagenette entry, `_maxdown` (`resnet50d_maxdown`)
+/// fast.ai's max-pool shortcuts ([`Pool`]). The state_dict keys are
 /// torchvision's or timm's, so that each loads the other's weights (self-attention's, which neither has, are
 /// fast.ai's module's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -104,15 +105,41 @@ pub struct Arch {
     /// starts as it is without it. Keys `layer1.N.sa.conv.weight_orig`, `.weight_u`, `.weight_v`, `.gamma`, as
     /// fast.ai's module names them; suffix `_sa`, last.
     pub sa: bool,
+    /// The stem's and ResNet-D's shortcuts' pools: timm's, or fast.ai's ([`Pool`]).
+    pub pool: Pool,
+}
+
+/// The pools fast.ai's xresnet chooses with `pool=` (and its 2020-10 Imagenette entry by replacing every max pool)
+/// where timm's ResNet has its own: the stem's max pool and ResNet-D's strided shortcuts' pool. None has
+/// parameters: they are told apart only by the name recorded with the weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pool {
+    /// timm's (and torchvision's stem): the stem's 3x3 max pool at stride 2, ResNet-D's 2x2 average pool
+    /// (`nn.AvgPool2d(2, ceil_mode=True, count_include_pad=False)`, fast.ai's `pool=AvgPool`).
+    Timm,
+    /// fast.ai's `pool=MaxPool` (suffix `_maxdown`, before `_mish`; ResNet-D only): each strided shortcut's pool a
+    /// 2x2 max pool, `nn.MaxPool2d(2, ceil_mode=True)`; the stem's as timm's. The pools of fast.ai's 2020-01
+    /// Imagenette runs, and of the 2020-10 entry before it blurred them.
+    MaxDown,
     /// The pooling of fast.ai's 2020-10 Imagenette leaderboard entry (its xresnet with `pool=MaxPool`, every
     /// `nn.MaxPool2d` then replaced by kornia 0.4.1's `MaxBlurPool2d(3, ceil_mode=True)`): the stem's max pool and,
-    /// in ResNet-D, each strided shortcut's pool (an average pool in timm's) become a 3x3 max pool at stride 1
-    /// (padding 1), then kornia's `pyrdown`: each channel blurred by the 5x5 binomial filter (`[1, 4, 6, 4, 1]`
-    /// outer itself / 256, reflection padding 2) and resized bilinearly by the scale 0.5 (the side halved rounding
-    /// down; a 2x2 mean on even sides). The strided 3x3 convs stay. No parameters: told apart only by the name
-    /// recorded with the weights (suffix `_maxblur`, before `_mish`). Not with [`Arch::blur`], which blurs the same
-    /// stem pool.
-    pub maxblur: bool,
+    /// in ResNet-D, each strided shortcut's pool become a 3x3 max pool at stride 1 (padding 1), then kornia's
+    /// `pyrdown`: each channel blurred by the 5x5 binomial filter (`[1, 4, 6, 4, 1]` outer itself / 256,
+    /// reflection padding 2) and resized bilinearly by the scale 0.5 (the side halved rounding down; a 2x2 mean on
+    /// even sides). The strided 3x3 convs stay. Suffix `_maxblur`, before `_mish`. Not with [`Arch::blur`], which
+    /// blurs the same stem pool.
+    MaxBlur,
+}
+
+impl Pool {
+    /// The name's suffix, without its separator.
+    fn suffix(self) -> &'static str {
+        match self {
+            Pool::Timm => "",
+            Pool::MaxDown => "maxdown",
+            Pool::MaxBlur => "maxblur",
+        }
+    }
 }
 
 #[allow(non_upper_case_globals)]
@@ -145,7 +172,7 @@ impl Arch {
             width_per_group: 64,
             se: false,
             sa: false,
-            maxblur: false,
+            pool: Pool::Timm,
         }
     }
 
@@ -202,11 +229,14 @@ impl Arch {
             false => ("resnet", String::new()),
         };
         let blur = if self.blur { "blur" } else { "" };
-        let maxblur = if self.maxblur { "_maxblur" } else { "" };
+        let pool = match self.pool {
+            Pool::Timm => String::new(),
+            p => format!("_{}", p.suffix()),
+        };
         let mish = if self.mish { "_mish" } else { "" };
         let sa = if self.sa { "_sa" } else { "" };
         format!(
-            "{se}{family}{blur}{}{suffix}{groups}{maxblur}{mish}{sa}",
+            "{se}{family}{blur}{}{suffix}{groups}{pool}{mish}{sa}",
             self.depth.number()
         )
     }
@@ -296,10 +326,10 @@ impl FromStr for Arch {
                 Some(r) => (true, r),
                 None => (false, rest),
             };
-            let (maxblur, rest) = match rest.strip_suffix("maxblur") {
-                Some(r) => (true, r),
-                None => (false, rest),
-            };
+            let (pool, rest) = [Pool::MaxBlur, Pool::MaxDown]
+                .into_iter()
+                .find_map(|p| Some((p, rest.strip_suffix(p.suffix())?)))
+                .unwrap_or((Pool::Timm, rest));
             let (blur, rest) = match rest.strip_prefix("blur") {
                 Some(r) => (true, r),
                 None => (false, rest),
@@ -323,7 +353,7 @@ impl FromStr for Arch {
                 width_per_group,
                 se,
                 sa,
-                maxblur,
+                pool,
             };
             let fits = groups >= 1
                 && width_per_group >= 1
@@ -332,12 +362,13 @@ impl FromStr for Arch {
                     .is_some_and(|c| c <= MAX_GROUP_CHANNELS);
             // torchvision's basic block refuses groups and widths ("BasicBlock only supports groups=1 and
             // base_width=64").
-            // Both blurs replace the stem's max pool.
+            // Both blurs replace the stem's max pool; fast.ai's max-pool shortcuts replace ResNet-D's pools.
             (fits
                 && (arch.bottleneck() || !arch.resnext())
                 && arch.resnext() == resnext
-                && !(blur && maxblur))
-                .then_some(arch)
+                && !(blur && pool == Pool::MaxBlur)
+                && (pool != Pool::MaxDown || arch.avg_down()))
+            .then_some(arch)
         };
         match parse() {
             Some(a) => Ok(a),
@@ -349,7 +380,8 @@ impl FromStr for Arch {
                  prefix se for squeeze-and-excitation (seresnet50, seresnext50d_32x4d); and any of them with the \
                  suffix _mish for Mish in place of ReLU (resnet50d_mish), then _sa for fast.ai's self-attention \
                  (resnet50d_sa, resnet50d_mish_sa); _maxblur before those for the max-blur pool of fast.ai's \
-                 2020-10 Imagenette entry (resnet50d_maxblur, not with resnetblur)",
+                 2020-10 Imagenette entry (resnet50d_maxblur, not with resnetblur), or _maxdown for fast.ai's \
+                 max-pool shortcuts (ResNet-D only: resnet50d_maxdown)",
                 Arch::ALL.map(|a| a.name()).join(", ")
             ),
         }
@@ -378,14 +410,15 @@ mod tests {
     fn names_of_the_variants() {
         for depth in Depth::ALL {
             for variant in [Variant::B, Variant::C, Variant::D] {
-                for bits in 0..64u32 {
-                    let (blur, mish, se, resnext, sa, maxblur) = (
+                for (bits, pool) in (0..32u32)
+                    .flat_map(|b| [Pool::Timm, Pool::MaxDown, Pool::MaxBlur].map(|p| (b, p)))
+                {
+                    let (blur, mish, se, resnext, sa) = (
                         bits & 1 != 0,
                         bits & 2 != 0,
                         bits & 4 != 0,
                         bits & 8 != 0,
                         bits & 16 != 0,
-                        bits & 32 != 0,
                     );
                     let mut a = Arch {
                         depth,
@@ -394,13 +427,16 @@ mod tests {
                         mish,
                         se,
                         sa,
-                        maxblur,
+                        pool,
                         ..Arch::plain(depth)
                     };
                     if resnext {
                         (a.groups, a.width_per_group) = (32, 4);
                     }
-                    if (resnext && !a.bottleneck()) || (blur && maxblur) {
+                    if (resnext && !a.bottleneck())
+                        || (blur && pool == Pool::MaxBlur)
+                        || (pool == Pool::MaxDown && variant != Variant::D)
+                    {
                         assert!(a.name().parse::<Arch>().is_err(), "{}", a.name());
                         continue;
                     }
@@ -429,10 +465,16 @@ mod tests {
         assert_eq!(s.name(), "seresnext50d_32x4d_mish_sa");
         let x: Arch = "seresnext50d_32x4d_maxblur_mish_sa".parse().unwrap();
         assert_eq!(
-            (x.variant, x.maxblur, x.blur, x.sa),
-            (Variant::D, true, false, true)
+            (x.variant, x.pool, x.blur, x.sa),
+            (Variant::D, Pool::MaxBlur, false, true)
         );
         assert_eq!(x.name(), "seresnext50d_32x4d_maxblur_mish_sa");
+        let m: Arch = "resnetblur50d_maxdown_mish".parse().unwrap();
+        assert_eq!(
+            (m.variant, m.pool, m.blur, m.mish),
+            (Variant::D, Pool::MaxDown, true, true)
+        );
+        assert_eq!(m.name(), "resnetblur50d_maxdown_mish");
         // torchvision's and timm's ResNeXt and SE names.
         for (name, groups, width, variant, se) in [
             ("resnext50_32x4d", 32, 4, Variant::B, false),
@@ -476,6 +518,11 @@ mod tests {
             "resnet50d_sa_maxblur",
             "resnet50d_maxblur_maxblur",
             "resnetmaxblur50d",
+            "resnet50_maxdown",
+            "resnet50c_maxdown",
+            "resnet50d_maxdown_maxblur",
+            "resnet50d_maxblur_maxdown",
+            "resnet50d_mish_maxdown",
             "resnetsa50",
             "resnet50sad",
             "resnetmish",
@@ -533,8 +580,9 @@ mod tests {
             // fast.ai's module, as the reference trainer builds it, adds 65,537 to resnet50d and 4,097 to resnet18.
             ("resnet50d_sa", 25_576_264 + 256 * 256 + 1),
             ("resnet18_sa", 11_689_512 + 64 * 64 + 1),
-            // The max-blur pool has none.
+            // fast.ai's pools have none.
             ("resnet50d_maxblur", 25_576_264),
+            ("resnet50d_maxdown", 25_576_264),
         ] {
             let a: Arch = name.parse().unwrap();
             assert_eq!(a.param_count(1000), want, "{name}");

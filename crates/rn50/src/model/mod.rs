@@ -11,7 +11,9 @@ pub mod torch_save;
 pub mod weights;
 pub mod weights_format;
 
-pub use resnet::{Arch, ChannelsSetBy, Depth, NarrowestConv, ResNet, ResNetConfig, Stem, Variant};
+pub use resnet::{
+    Arch, ChannelsSetBy, Depth, NarrowestConv, Pool, ResNet, ResNetConfig, Stem, Variant,
+};
 
 use tch::nn::VarStore;
 use tch::{Device, Tensor};
@@ -147,7 +149,11 @@ mod tests {
                         width_per_group,
                         se,
                         sa,
-                        maxblur: !blur,
+                        pool: match (blur, variant) {
+                            (false, _) => Pool::MaxBlur,
+                            (true, Variant::D) => Pool::MaxDown,
+                            (true, _) => Pool::Timm,
+                        },
                     };
                     if arch.resnext() && !arch.bottleneck() {
                         continue;

@@ -10,7 +10,7 @@ use tch::Tensor;
 use super::{fused, memory_format, sync_bn};
 use crate::shim::{Autocast, BlockReach};
 
-pub use rn50_report::arch::{Arch, Depth, Variant};
+pub use rn50_report::arch::{Arch, Depth, Pool, Variant};
 
 /// The first layers: ImageNet's 7x7/2 conv + 3x3/2 max-pool, or a 3x3/1 conv without pooling for 32 px images
 /// (CIFAR), the usual adaptation; parameter names stay torchvision's.
@@ -131,21 +131,21 @@ impl ResNetConfig {
 
     /// The side of the last stage's feature maps for input images of side `side`: every stride-2 layer (the
     /// ImageNet stem's conv and max pool, the first block of stages 2 to 4) maps `n` to `ceil(n / 2)`, but the
-    /// stem's max-blur pool ([`Arch::maxblur`]) to `floor(n / 2)`. Batch norm there sees batch × side² values per
+    /// stem's max-blur pool ([`Pool::MaxBlur`]) to `floor(n / 2)`. Batch norm there sees batch × side² values per
     /// channel, the fewest of the network.
     pub fn last_stage_side(&self, side: usize) -> usize {
-        if self.arch.maxblur && self.stem == Stem::ImageNet {
+        if self.arch.pool == Pool::MaxBlur && self.stem == Stem::ImageNet {
             // The stem's max-blur pool halves rounding down.
             return halved(side.div_ceil(2) / 2, self.halvings() - 2);
         }
         halved(side, self.halvings())
     }
 
-    /// The sides of the maps fast.ai's max-blur pool halves ([`Arch::maxblur`]) for images of side `side`, and
+    /// The sides of the maps fast.ai's max-blur pool halves ([`Pool::MaxBlur`]) for images of side `side`, and
     /// how many of them the stem's pool halves (the first, or none in CIFAR's stem): the ImageNet stem's output,
     /// then in ResNet-D each strided shortcut's input (stages 2 to 4); none without the pool.
     fn max_blur_inputs(&self, side: usize) -> (Vec<usize>, usize) {
-        if !self.arch.maxblur {
+        if self.arch.pool != Pool::MaxBlur {
             return (Vec::new(), 0);
         }
         let (first, stem_pools) = match self.stem {
@@ -422,7 +422,7 @@ impl Blur {
     }
 }
 
-/// kornia 0.4.1's `MaxBlurPool2d(3, ceil_mode=True)` ([`Arch::maxblur`]): a 3x3 max pool at stride 1 (padding 1),
+/// kornia 0.4.1's `MaxBlurPool2d(3, ceil_mode=True)` ([`Pool::MaxBlur`]): a 3x3 max pool at stride 1 (padding 1),
 /// then kornia's `pyrdown`: the 5x5 binomial blur ([`Blur::pyramid`]), then a bilinear resize by the scale 0.5
 /// (`align_corners=False`, the scale used as given): the side halved rounding down, a 2x2 mean on even sides.
 #[derive(Debug)]
@@ -560,8 +560,8 @@ impl SelfAttention {
 }
 
 /// A block's shortcut where its input and output differ in shape: a 1x1 conv with the block's stride and a
-/// batch norm (`downsample.0`, `.1`), or ResNet-D's pool (a 2x2 average pool; fast.ai's max-blur pool with
-/// [`Arch::maxblur`]) then the conv at stride 1 (`downsample.1`, `.2`).
+/// batch norm (`downsample.0`, `.1`), or ResNet-D's pool (a 2x2 average pool, or one of fast.ai's: [`Pool`]) then
+/// the conv at stride 1 (`downsample.1`, `.2`).
 #[derive(Debug)]
 struct Downsample {
     pool: Option<ShortcutPool>,
@@ -571,6 +571,7 @@ struct Downsample {
 #[derive(Debug)]
 enum ShortcutPool {
     Average,
+    Max,
     MaxBlur(MaxBlurPool),
 }
 
@@ -586,6 +587,8 @@ impl Downsample {
             Some(ShortcutPool::Average) => {
                 x.avg_pool2d([2, 2], [2, 2], [0, 0], true, false, None::<i64>)
             }
+            // nn.MaxPool2d(2, ceil_mode=True), as fast.ai's xresnet with pool=MaxPool.
+            Some(ShortcutPool::Max) => x.max_pool2d([2, 2], [2, 2], [0, 0], [1, 1], true),
             Some(ShortcutPool::MaxBlur(pool)) => pool.forward(x),
             None => x.shallow_clone(),
         }
@@ -655,9 +658,10 @@ impl Block {
             let avg_down = arch.avg_down();
             let (first, conv_stride) = if avg_down { (1, 1) } else { (0, stride) };
             // timm's pool is nn.Identity in a block of stride 1: the keys are the same, nothing to run.
-            let pool = (avg_down && stride != 1).then(|| match arch.maxblur {
-                true => ShortcutPool::MaxBlur(MaxBlurPool::new(p.device(), cin)),
-                false => ShortcutPool::Average,
+            let pool = (avg_down && stride != 1).then(|| match arch.pool {
+                Pool::Timm => ShortcutPool::Average,
+                Pool::MaxDown => ShortcutPool::Max,
+                Pool::MaxBlur => ShortcutPool::MaxBlur(MaxBlurPool::new(p.device(), cin)),
             });
             Downsample {
                 pool,
@@ -809,7 +813,7 @@ pub struct ResNet {
     /// `conv1`/`bn1`; ResNet-C/D's three: `conv1.0`/`conv1.1`, `conv1.3`/`conv1.4`, `conv1.6`/`bn1`.
     stem: Vec<ConvBn>,
     /// The ImageNet stem's pool: the 3x3 max pool at stride 2, or at stride 1 then timm's blur ([`Arch::blur`]), or
-    /// fast.ai's max-blur pool ([`Arch::maxblur`]); none in CIFAR's stem.
+    /// fast.ai's max-blur pool ([`Pool::MaxBlur`]); none in CIFAR's stem.
     stem_pool: Option<StemPool>,
     layers: Vec<Block>,
     fc: nn::Linear,
@@ -851,9 +855,9 @@ impl ResNet {
                 mish: arch.mish,
             }]
         };
-        let stem_pool = (config.stem == Stem::ImageNet).then(|| match (arch.blur, arch.maxblur) {
+        let stem_pool = (config.stem == Stem::ImageNet).then(|| match (arch.blur, arch.pool) {
             (true, _) => StemPool::Blurred(Blur::timm(root.device(), w)),
-            (_, true) => StemPool::MaxBlur(MaxBlurPool::new(root.device(), w)),
+            (_, Pool::MaxBlur) => StemPool::MaxBlur(MaxBlurPool::new(root.device(), w)),
             _ => StemPool::Max,
         });
         let bottleneck = arch.bottleneck();
@@ -973,6 +977,7 @@ mod tests {
             "resnetblur18d".parse().unwrap(),
             "resnet18_maxblur".parse().unwrap(),
             "resnet18d_maxblur".parse().unwrap(),
+            "resnet18d_maxdown".parse().unwrap(),
         ];
         for (stem, arch) in [Stem::ImageNet, Stem::Cifar]
             .into_iter()

@@ -87,8 +87,9 @@ pub struct TrainArgs {
     /// seresnext50d_32x4d: fast.ai's xse_resnext50); any with the suffix _mish for Mish in place of every ReLU
     /// (resnet50d_mish: fast.ai's xresnet's activation), then _sa for fast.ai's simple self-attention in the first
     /// stage's last block (resnet50d_mish_sa); _maxblur before those for the max-blur pool of fast.ai's 2020-10
-    /// Imagenette entry in the stem and ResNet-D's shortcuts (resnet50d_maxblur: sides a multiple of 32). Weights
-    /// keep torchvision's or timm's keys (self-attention's fast.ai's).
+    /// Imagenette entry in the stem and ResNet-D's shortcuts (resnet50d_maxblur: sides a multiple of 32), or
+    /// _maxdown for fast.ai's max-pool shortcuts in ResNet-D (resnet50d_maxdown). Weights keep torchvision's or
+    /// timm's keys (self-attention's fast.ai's).
     #[arg(short = 'a', long = "arch", alias = "model", default_value = "resnet50", value_parser = clap::value_parser!(Arch))]
     pub arch: Arch,
     /// Channels of the first stage (torchvision: 64); narrower networks for small data and machines. 1 to 512.

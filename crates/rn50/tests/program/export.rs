@@ -125,6 +125,12 @@ fn resnet18d_maxblur_matches_fast_ai_s_max_blur_pool_at_other_sizes() {
     matches_torchvision("resnet18d_maxblur", &[]);
 }
 
+/// fast.ai's max-pool shortcuts (`-a resnet18d_maxdown`) export as the reference trainer's network.
+#[test]
+fn resnet18d_maxdown_matches_fast_ai_s_max_pool_shortcuts() {
+    matches_torchvision("resnet18d_maxdown", &[]);
+}
+
 #[test]
 fn existing_out_is_refused_without_overwrite() {
     let dir = tempfile::tempdir().unwrap();

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use rn50::model::{weights, Arch, Model, ResNetConfig};
+use rn50::model::{weights, Arch, Model, Pool, ResNetConfig};
 use rn50::step::{OptimizerConfig, Precision, StepConfig, TrainStep};
 use tch::{Device, Tensor};
 
@@ -204,6 +204,13 @@ fn resnet50d_maxblur_matches_fast_ai_s_max_blur_pool() {
 #[test]
 fn resnet18_maxblur_matches_fast_ai_s_max_blur_pool() {
     check_case("r18_maxblur_plain");
+}
+
+/// fast.ai's `pool=MaxPool` (`_maxdown`: `nn.MaxPool2d(2, ceil_mode=True)` in ResNet-D's shortcuts), channels_last,
+/// at 72 px where the last two shortcuts' inputs have odd sides (9 and 5, the ceil mode's extra row and column).
+#[test]
+fn resnet50d_maxdown_matches_fast_ai_s_max_pool_shortcuts() {
+    check_case("r50d_maxdown_nesterov_nobnwd_ls_cl");
 }
 
 /// The reference trainer's `MaxBlurPool2d` is kornia 0.4.1's, which fast.ai's entry trained with, exactly in
@@ -622,7 +629,8 @@ fn one_cycle_is_pytorch_s_one_cycle_lr() {
 /// keys and shapes, with the blur in the same four places (the stem and the first block of stages 2 to 4), with
 /// squeeze-and-excitation in every block, and with the suffix _mish a Mish wherever rn50 has one (no ReLU left
 /// but squeeze-and-excitation's, as in timm and rn50), with the suffix _sa one self-attention module, and with
-/// _maxblur the max-blur pool in the stem and ResNet-D's shortcuts, no max or average pool left.
+/// _maxblur the max-blur pool in the stem and ResNet-D's shortcuts, no max or average pool left, and with _maxdown
+/// max pools in ResNet-D's shortcuts, no average pool left.
 #[test]
 fn the_reference_trainer_builds_the_variants_rn50_names() {
     let names = [
@@ -643,6 +651,8 @@ fn the_reference_trainer_builds_the_variants_rn50_names() {
         "resnet50d_maxblur",
         "resnet18_maxblur",
         "seresnext50d_32x4d_maxblur_mish_sa",
+        "resnet50d_maxdown",
+        "resnetblur18d_maxdown_mish",
     ];
     let script = "import json, sys; sys.path.insert(0, 'benches')\n\
          import torch; from reference_train import build_model, SimpleSelfAttention, MaxBlurPool2d\n\
@@ -682,9 +692,10 @@ fn the_reference_trainer_builds_the_variants_rn50_names() {
         assert_eq!(theirs[name]["sa"], u64::from(arch.sa), "{name}");
         // The stem's max pool, and ResNet-D's three strided shortcuts' pools (average pools without it).
         let shortcut_pools = if arch.avg_down() { 3 } else { 0 };
-        let (maxblur, maxpool, avgpool) = match arch.maxblur {
-            true => (1 + shortcut_pools, 0, 0),
-            false => (0, 1, shortcut_pools),
+        let (maxblur, maxpool, avgpool) = match arch.pool {
+            Pool::MaxBlur => (1 + shortcut_pools, 0, 0),
+            Pool::MaxDown => (0, 1 + shortcut_pools, 0),
+            Pool::Timm => (0, 1, shortcut_pools),
         };
         assert_eq!(
             [

@@ -21,11 +21,11 @@ from torchvision import transforms
 
 def torchvision_model(arch, num_classes=1000):
     """torchvision's ARCH; rn50's suffix _mish (resnet18_mish): timm's network of that depth with act_layer="mish",
-    whose keys are torchvision's; a name torchvision lacks (seresnext50_32x4d): timm's; the suffix _sa or _maxblur: the
-    reference trainer's network, whose self-attention and max-blur pool are fast.ai's."""
+    whose keys are torchvision's; a name torchvision lacks (seresnext50_32x4d): timm's; the suffix _sa, _maxblur or
+    _maxdown: the reference trainer's network, whose self-attention and pools are fast.ai's."""
     import timm
 
-    if arch.endswith("_sa") or "_maxblur" in arch:
+    if arch.endswith("_sa") or "_maxblur" in arch or "_maxdown" in arch:
         sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "benches"))
         from reference_train import build_model
 

@@ -45,6 +45,9 @@ CASES = [
     # shortcuts, channels_last; in ResNet-18's stem alone, NCHW, at 70 px, where the stem's map (35) is odd.
     ("r50d_maxblur_nesterov_nobnwd_ls_cl", "resnet50d_maxblur", True, True, 0.1, True, 64),
     ("r18_maxblur_plain", "resnet18_maxblur", False, False, 0.0, False, 70),
+    # fast.ai's pool=MaxPool: 2x2 max pools (ceil mode) in ResNet-D's shortcuts, at 72 px, where the last two
+    # shortcuts' inputs (9 and 5) are odd.
+    ("r50d_maxdown_nesterov_nobnwd_ls_cl", "resnet50d_maxdown", True, True, 0.1, True, 72),
 ]
 # timm's names whose keys rn50's must be (resnetblur18d and seresnext50d_32x4d are not registered in timm: built as
 # its resnetblur50d and seresnext26d_32x4d are).
@@ -55,9 +58,9 @@ TORCHVISION = ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "re
 
 def model(arch):
     """torchvision's network of that name, else timm's; rn50's suffix _mish: timm's with act_layer="mish" (timm's
-    plain ResNets have torchvision's keys); _sa and _maxblur: the reference trainer's network, whose self-attention and
-    max-blur pool are fast.ai's."""
-    if arch.endswith("_sa") or "_maxblur" in arch:
+    plain ResNets have torchvision's keys); _sa, _maxblur and _maxdown: the reference trainer's network, whose
+    self-attention and pools are fast.ai's."""
+    if arch.endswith("_sa") or "_maxblur" in arch or "_maxdown" in arch:
         sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "benches"))
         from reference_train import build_model
 
