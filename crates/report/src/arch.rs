@@ -69,10 +69,9 @@ pub const MAX_GROUP_CHANNELS: u32 = 2048;
 /// torchvision's; `resnext50d_32x4d`, timm's), squeeze-and-excitation with the prefix `se` (`seresnet50`,
 /// `seresnext50d_32x4d`, timm's names); any of them with `_mish` (`resnet50d_mish`) has Mish for ReLU, and with
 /// `_sa` (`resnet50d_sa`, `seresnext50d_32x4d_mish_sa`) fast.ai's simple self-attention; `_maxblur` before those
-/// (`resnet50d_maxblur`) has the max-blur pool of fast.ai's 2020-10 Imagenette entry, `_maxdown` (`resnet50d_maxdown`)
-/// fast.ai's max-pool shortcuts ([`Pool`]). The state_dict keys are
-/// torchvision's or timm's, so that each loads the other's weights (self-attention's, which neither has, are
-/// fast.ai's module's).
+/// (`resnet50d_maxblur`) has the max-blur pool of fast.ai's 2020-10 Imagenette entry, `_maxdown`
+/// (`resnet50d_maxdown`) fast.ai's max-pool shortcuts ([`Pool`]). The state_dict keys are torchvision's or timm's,
+/// so that each loads the other's weights (self-attention's, which neither has, are fast.ai's module's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Arch {
     pub depth: Depth,
