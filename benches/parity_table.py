@@ -1,10 +1,10 @@
 """Two sets of training runs side by side, epoch by epoch: top-1 as the mean and min..max over the runs (seeds),
 the wall-clock to each epoch's end, and every run's final top-1 (all of them: no best-of).
 
-    parity_table.py --rn50 RUN_DIR... --reference RUN_DIR... [--target 85]
+    parity_table.py --rn50 RUN_DIR... --reference RUN_DIR...
 
 Each RUN_DIR holds metrics.jsonl in rn50's schema (rn50 train and benches/reference_train.py both write it).
-Prints Markdown. With --target P also the wall-clock at which each run's evaluation first reached P% top-1.
+Prints Markdown. Each run's time to a top-1 target, and a plot of it: `rn50 report RUN_DIR... --target-accuracy P`.
 """
 import argparse
 import json
@@ -34,7 +34,6 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rn50", nargs="+", required=True, help="rn50's run directories")
     p.add_argument("--reference", nargs="+", required=True, help="the reference's run directories")
-    p.add_argument("--target", type=float, action="append", default=[], help="a top-1 to time (repeatable)")
     a = p.parse_args()
     sets = [[os.path.normpath(r) for r in s] for s in (a.rn50, a.reference)]
     names = ["rn50", "PyTorch"]
@@ -63,15 +62,6 @@ def main():
                 f"| {run} | {len(m)} | {m[-1]['acc1']:.2f} | {m[-1]['acc5']:.2f} | {clock(m, len(m) - 1):.0f} "
                 f"| {img_s:.1f} |"
             )
-    for target in a.target:
-        print()
-        print(f"Time to {target:g}% top-1:")
-        for name, s in zip(names, runs):
-            times = []
-            for m in s.values():
-                hit = next((e for e, r in enumerate(m) if r["acc1"] >= target), None)
-                times.append("not reached" if hit is None else f"{clock(m, hit):.0f} s (epoch {hit + 1})")
-            print(f"- {name}: " + ", ".join(times))
 
 
 if __name__ == "__main__":

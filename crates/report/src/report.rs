@@ -2,18 +2,22 @@
 //! JSON).
 
 use std::fs;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
 
+use rn50_args::finite_in;
+
 use crate::plot::{self, Chart, Series, XAxis, YAxis};
-use crate::run_report::{accuracy_chart, loss_chart, write_atomic};
+use crate::run_report::{accuracy_chart, loss_chart, time_to_accuracy_chart, write_atomic};
 use crate::schema::{read_inputs, Input, TrainRun};
 use crate::table::{
     bench_row, compare, grouped_throughput, row_efficiency, sweep_rows, throughput_table,
-    train_row, train_table, ThroughputRow, TrainRow,
+    time_to_target_rows, time_to_target_table, train_row, train_table, ThroughputRow,
+    TimeToTargetRow, TrainRow,
 };
 
 #[derive(Args, Clone, Debug)]
@@ -28,6 +32,13 @@ pub struct ReportArgs {
     /// Also write the tables, with their efficiencies, as JSON.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Time to accuracy: for each training run, the epochs and wall-clock until its first evaluation reached this
+    /// top-1 (percent, above 0, at most 100), in a table (time_to_accuracy.csv) and a plot of top-1 against
+    /// wall-clock (time_to_accuracy.png). Repeat it or separate with commas for several (fast.ai's Imagenette
+    /// rows: --target-accuracy 87.43,91.57). A target a run was trained with (`train --target-accuracy`) is timed too.
+    #[arg(long, value_name = "PERCENT", value_delimiter = ',',
+          value_parser = finite_in((Bound::Excluded(0.0), Bound::Included(100.0))))]
+    pub target_accuracy: Vec<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -35,6 +46,8 @@ pub struct ReportJson {
     pub throughput: Vec<ThroughputRow>,
     /// The training runs' rows, as [`TrainRow`] serializes them.
     pub train: Vec<TrainRow>,
+    /// Each run's time to each target (`--target-accuracy`, and those the runs were trained with).
+    pub time_to_accuracy: Vec<TimeToTargetRow>,
     pub files: Vec<PathBuf>,
 }
 
@@ -43,6 +56,9 @@ pub struct ReportJson {
 pub struct Collected {
     pub throughput: Vec<ThroughputRow>,
     pub runs: Vec<TrainRun>,
+    /// The top-1 targets to time, ascending, each once: `--target-accuracy`'s and the runs' own (`train
+    /// --target-accuracy`).
+    pub targets: Vec<f64>,
 }
 
 fn display_name(p: &Path) -> String {
@@ -51,7 +67,8 @@ fn display_name(p: &Path) -> String {
         .unwrap_or_else(|| p.display().to_string())
 }
 
-pub fn collect(paths: &[PathBuf]) -> anyhow::Result<Collected> {
+/// The inputs read, and the targets to time: `targets` and those the training runs were trained with.
+pub fn collect(paths: &[PathBuf], targets: &[f64]) -> anyhow::Result<Collected> {
     let mut c = Collected::default();
     for input in read_inputs(paths)? {
         match input {
@@ -64,6 +81,13 @@ pub fn collect(paths: &[PathBuf]) -> anyhow::Result<Collected> {
             Input::Train(run) => c.runs.push(run),
         }
     }
+    let trained_with = c
+        .runs
+        .iter()
+        .filter_map(|r| r.summary.as_ref().and_then(|s| s.target_acc1));
+    c.targets = targets.iter().copied().chain(trained_with).collect();
+    c.targets.sort_by(f64::total_cmp);
+    c.targets.dedup();
     Ok(c)
 }
 
@@ -112,6 +136,18 @@ pub fn markdown(c: &Collected) -> String {
                  best; Acc@1 and best Acc@1 are the trained weights'.\n",
             );
         }
+        if !c.targets.is_empty() {
+            s.push_str("\n## Time to accuracy\n\n");
+            s.push_str(
+                &time_to_target_table(&time_to_target_rows(&c.runs, &c.targets)).to_markdown(),
+            );
+            s.push_str(
+                "\nTime to it: the wall-clock of the epochs up to the end of the first evaluation whose top-1 (the \
+                 trained weights' or their EMA's) reached the target: training, evaluation and checkpoints, and a \
+                 resumed run's earlier attempts, as `train --target-accuracy` counts it. best Acc@1: the run's \
+                 best evaluation.\n",
+            );
+        }
     }
     s
 }
@@ -122,6 +158,7 @@ pub fn json(c: &Collected, files: Vec<PathBuf>) -> ReportJson {
     ReportJson {
         throughput,
         train,
+        time_to_accuracy: time_to_target_rows(&c.runs, &c.targets),
         files,
     }
 }
@@ -241,6 +278,10 @@ pub fn write_report(c: &Collected, out: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let train_rows: Vec<TrainRow> = c.runs.iter().map(train_row).collect();
     if !c.runs.is_empty() {
         put("train.csv", train_table(&train_rows, true).to_csv())?;
+        if !c.targets.is_empty() {
+            let rows = time_to_target_rows(&c.runs, &c.targets);
+            put("time_to_accuracy.csv", time_to_target_table(&rows).to_csv())?;
+        }
     }
     let mut charts = vec![];
     if !c.throughput.is_empty() {
@@ -251,7 +292,13 @@ pub fn write_report(c: &Collected, out: &Path) -> anyhow::Result<Vec<PathBuf>> {
     if !c.runs.is_empty() {
         let runs: Vec<&TrainRun> = c.runs.iter().collect();
         charts.push(("train_loss.png", loss_chart(&runs)));
-        charts.push(("train_accuracy.png", accuracy_chart(&runs)));
+        charts.push(("train_accuracy.png", accuracy_chart(&runs, &c.targets)));
+        if !c.targets.is_empty() {
+            charts.push((
+                "time_to_accuracy.png",
+                time_to_accuracy_chart(&runs, &c.targets),
+            ));
+        }
     }
     for (name, chart) in charts {
         let p = out.join(name);
@@ -278,7 +325,12 @@ const TERMINAL_COLUMNS: [&str; 11] = [
 
 /// `rn50 report`.
 pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
-    let c = collect(&args.runs)?;
+    let c = collect(&args.runs, &args.target_accuracy)?;
+    if !args.target_accuracy.is_empty() && c.runs.is_empty() {
+        tracing::warn!(
+            "--target-accuracy: no training run among the inputs, so no time to accuracy to report"
+        );
+    }
     let files = write_report(&c, &args.out)?;
     if !c.throughput.is_empty() {
         let narrow = throughput_table(&c.throughput).select(&TERMINAL_COLUMNS);
@@ -298,6 +350,10 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
                  \"covers\"): {}\n",
                 partial.join(", ")
             );
+        }
+        if !c.targets.is_empty() {
+            let rows = time_to_target_rows(&c.runs, &c.targets);
+            println!("{}", time_to_target_table(&rows).to_text());
         }
     }
     if let Some(path) = &args.json {

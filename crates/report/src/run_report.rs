@@ -184,8 +184,15 @@ pub fn loss_chart(runs: &[&TrainRun]) -> Chart {
 
 /// Top-1 and top-5 accuracy, and a run with `--ema` its average's dotted. One run: a colour for each curve,
 /// each in the legend. Several overlaid: a colour for each run, named once, top-1 solid, top-5 dashed, the EMA's
-/// top-1 dotted, and what each line style means in black.
-pub fn accuracy_chart(runs: &[&TrainRun]) -> Chart {
+/// top-1 dotted, and what each line style means in black. Each of `targets` (top-1, percent) a level line.
+pub fn accuracy_chart(runs: &[&TrainRun], targets: &[f64]) -> Chart {
+    let mut c = epoch_accuracy_chart(runs);
+    let epochs = runs.iter().flat_map(|r| &r.epochs).map(|e| e.epoch as f64);
+    target_lines(&mut c, targets, epochs);
+    c
+}
+
+fn epoch_accuracy_chart(runs: &[&TrainRun]) -> Chart {
     let mut c = Chart::new("Validation accuracy", "epoch", "accuracy (%)");
     c.y_max = Some(100.0);
     let ema = |r: &TrainRun| curve(&r.epochs, |e| e.ema_acc1.filter(|a| a.is_finite()));
@@ -240,6 +247,49 @@ pub fn accuracy_chart(runs: &[&TrainRun]) -> Chart {
     }
     partial_subtitle(&mut c, runs);
     c
+}
+
+/// Time to accuracy as a picture: each run's top-1 at the end of each evaluated epoch against the wall-clock until
+/// then (the seconds [`crate::schema::time_to_target`] sums; a run with `--ema` the better of its weights' and
+/// their average's, as the target judges it), and each target a level line: the first point of a run on or
+/// above a line is its time to that target.
+pub fn time_to_accuracy_chart(runs: &[&TrainRun], targets: &[f64]) -> Chart {
+    let mut c = Chart::new("Time to accuracy", "wall-clock (s)", "top-1 (%)");
+    c.y_max = Some(100.0);
+    let mut end = 0.0f64;
+    for (i, r) in runs.iter().enumerate() {
+        let mut clock = 0.0;
+        let mut points = vec![];
+        for e in &r.epochs {
+            clock += e.seconds.unwrap_or(0.0);
+            if let Some(a) = e.best_of_acc1() {
+                points.push((clock, a));
+            }
+        }
+        end = end.max(clock);
+        c.series
+            .push(Series::new(legend_name(r, runs.len()), points).colour(i));
+    }
+    target_lines(&mut c, targets, [0.0, end].into_iter());
+    partial_subtitle(&mut c, runs);
+    c
+}
+
+/// A black level line across `xs`' range for each target top-1, named in the legend.
+fn target_lines(c: &mut Chart, targets: &[f64], xs: impl Iterator<Item = f64>) {
+    let (lo, hi) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
+        (lo.min(x), hi.max(x))
+    });
+    if lo > hi {
+        return;
+    }
+    for &t in targets {
+        c.series.push(
+            Series::new(format!("target {t}% top-1"), vec![(lo, t), (hi, t)])
+                .without_markers()
+                .colour(6),
+        );
+    }
 }
 
 /// The learning rate of a run: of each step steps.jsonl logged, when there is a steps.jsonl (warm-up and schedule
@@ -367,9 +417,10 @@ pub fn write_run_report(run_dir: &Path) -> Result<Vec<PathBuf>, ReportError> {
     write_atomic(&md, summary_markdown(&run).as_bytes())?;
     written.push(md);
     let coverage = Coverage::of(&run);
+    let target: Vec<f64> = run.summary.iter().filter_map(|s| s.target_acc1).collect();
     for (name, chart) in [
         ("loss.png", loss_chart(&[&run])),
-        ("accuracy.png", accuracy_chart(&[&run])),
+        ("accuracy.png", accuracy_chart(&[&run], &target)),
         ("lr.png", lr_chart(&run, &steps)),
     ] {
         let mut chart = chart;
@@ -470,7 +521,11 @@ mod tests {
     fn plots_number_epochs_as_the_logs_do() {
         // metrics.jsonl's epoch 0 is the logs' "epoch 0" and metrics.csv's 0: the plots' 0 too.
         let r = run(&[(0, 40.0), (1, 60.0)]);
-        for chart in [loss_chart(&[&r]), accuracy_chart(&[&r]), lr_chart(&r, &[])] {
+        for chart in [
+            loss_chart(&[&r]),
+            accuracy_chart(&[&r], &[]),
+            lr_chart(&r, &[]),
+        ] {
             let xs: Vec<f64> = chart.series[0].points.iter().map(|p| p.0).collect();
             assert!(xs.is_empty() || xs == [0.0, 1.0], "{}: {xs:?}", chart.title);
         }
@@ -508,6 +563,38 @@ mod tests {
 
     #[test]
     fn accuracy_axis_ends_at_100_percent() {
-        assert_eq!(accuracy_chart(&[&run(&[(0, 99.0)])]).y_max, Some(100.0));
+        assert_eq!(
+            accuracy_chart(&[&run(&[(0, 99.0)])], &[]).y_max,
+            Some(100.0)
+        );
+    }
+
+    /// The time chart's x is the wall-clock summed up to the end of each epoch, an epoch not evaluated adding its
+    /// seconds but no point; each target is a level line across the runs' range, on both accuracy charts.
+    #[test]
+    fn time_to_accuracy_plots_top_1_against_the_summed_wall_clock() {
+        let mut a = run(&[(0, 40.0), (1, 0.0), (2, 80.0)]);
+        a.epochs[1].acc1 = None;
+        for (e, s) in a.epochs.iter_mut().zip([10.0, 11.0, 12.0]) {
+            e.seconds = Some(s);
+        }
+        let mut b = run(&[(0, 50.0)]);
+        b.epochs[0].seconds = Some(100.0);
+        let c = time_to_accuracy_chart(&[&a, &b], &[75.0, 90.0]);
+        assert_eq!(c.series[0].points, [(10.0, 40.0), (33.0, 80.0)]);
+        assert_eq!(c.series[1].points, [(100.0, 50.0)]);
+        assert_eq!(c.series[2].name, "target 75% top-1");
+        assert_eq!(c.series[2].points, [(0.0, 75.0), (100.0, 75.0)]);
+        assert_eq!(c.series[3].points, [(0.0, 90.0), (100.0, 90.0)]);
+        let per_epoch = accuracy_chart(&[&a], &[75.0]);
+        let line = per_epoch.series.last().unwrap();
+        assert_eq!(
+            (line.name.as_str(), &line.points[..]),
+            ("target 75% top-1", &[(0.0, 75.0), (2.0, 75.0)][..])
+        );
+        assert!(!accuracy_chart(&[&a], &[])
+            .series
+            .iter()
+            .any(|s| s.name.starts_with("target")));
     }
 }

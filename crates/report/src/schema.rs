@@ -546,15 +546,24 @@ impl TrainSummary {
     /// first whose top-1 (the trained weights' or their EMA's) reaches it, and the sum of their seconds.
     pub fn fill_target(&mut self, epochs: &[EpochMetrics], target: Option<f64>) {
         self.target_acc1 = target;
-        let reached = target.and_then(|t| {
-            epochs
-                .iter()
-                .position(|e| e.best_of_acc1().is_some_and(|a| a >= t))
-        });
-        self.target_epochs = reached.map(|i| epochs[i].epoch + 1);
-        self.time_to_target_s =
-            reached.map(|i| epochs[..=i].iter().filter_map(|e| e.seconds).sum());
+        let reached = target.and_then(|t| time_to_target(epochs, t));
+        self.target_epochs = reached.map(|(n, _)| n);
+        self.time_to_target_s = reached.map(|(_, s)| s);
     }
+}
+
+/// Time to accuracy: the epochs trained when the first evaluation reached `target` (top-1 percent, of the trained
+/// weights or their EMA), and the sum of those epochs' seconds (training, evaluation and checkpoints; a resumed
+/// run's earlier attempts included); None when no evaluation reached it. What `train --target-accuracy` records
+/// and `rn50 report --target-accuracy` tabulates.
+pub fn time_to_target(epochs: &[EpochMetrics], target: f64) -> Option<(u64, f64)> {
+    let i = epochs
+        .iter()
+        .position(|e| e.best_of_acc1().is_some_and(|a| a >= target))?;
+    Some((
+        epochs[i].epoch + 1,
+        epochs[..=i].iter().filter_map(|e| e.seconds).sum(),
+    ))
 }
 
 /// `rn50 bench --sweep`: each point repeated, reported as median with spread.

@@ -9,7 +9,8 @@ use serde::Serialize;
 
 use crate::efficiency::{speedup_throughput, throughput_efficiency_from, time_efficiency_from};
 use crate::schema::{
-    bench_hardware_label, BenchConfig, BenchResult, SweepResult, TrainRun, TrainSummary,
+    bench_hardware_label, time_to_target, BenchConfig, BenchResult, SweepResult, TrainRun,
+    TrainSummary,
 };
 
 #[derive(Clone, Debug, PartialEq)]
@@ -868,6 +869,80 @@ pub fn train_table(rows: &[TrainRow], efficiency: bool) -> Table {
         table.rows.push(cells);
     }
     table
+}
+
+/// Time to accuracy, one target of one training run: a row of the time-to-accuracy table, and an entry of
+/// `rn50 report --json` (under these names).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TimeToTargetRow {
+    pub run: String,
+    /// The top-1 (percent) timed.
+    pub target_acc1: f64,
+    /// The epochs trained when the first evaluation reached it, and their wall-clock seconds
+    /// ([`time_to_target`]); None: not reached.
+    pub epochs: Option<u64>,
+    pub seconds: Option<f64>,
+    /// The best top-1 of the run (the trained weights' or their EMA's): how near a run that did not reach it came.
+    pub best_acc1: Option<f64>,
+}
+
+/// The time to each target of each run, runs in the order given, each run's targets ascending.
+pub fn time_to_target_rows(runs: &[TrainRun], targets: &[f64]) -> Vec<TimeToTargetRow> {
+    let mut rows = vec![];
+    for run in runs {
+        let best = run
+            .epochs
+            .iter()
+            .filter_map(|e| e.best_of_acc1())
+            .reduce(f64::max);
+        for &t in targets {
+            let reached = time_to_target(&run.epochs, t);
+            rows.push(TimeToTargetRow {
+                run: run.name.clone(),
+                target_acc1: t,
+                epochs: reached.map(|(n, _)| n),
+                seconds: reached.map(|(_, s)| s),
+                best_acc1: best,
+            });
+        }
+    }
+    rows
+}
+
+/// MLPerf's measure as a table: run, target top-1, the epochs and wall-clock to it ("not reached" otherwise), and
+/// the run's best top-1.
+pub fn time_to_target_table(rows: &[TimeToTargetRow]) -> Table {
+    use Align::*;
+    let acc = |a: f64| format!("{a:.2}");
+    Table {
+        columns: vec![
+            col("run", "run", Left),
+            col("target Acc@1", "target_acc1", Right),
+            col("epochs to it", "epochs", Right),
+            col("time to it s", "seconds", Right),
+            col("time to it h:m:s", "hms", Right),
+            col("best Acc@1", "best_acc1", Right),
+        ],
+        rows: rows
+            .iter()
+            .map(|r| {
+                let not_reached = || Cell {
+                    display: "not reached".into(),
+                    raw: String::new(),
+                };
+                vec![
+                    Cell::text(&r.run),
+                    Cell::num(fmt_decimals(r.target_acc1, 2), Some(r.target_acc1)),
+                    r.epochs.map_or_else(not_reached, int_cell),
+                    r.seconds
+                        .map_or_else(not_reached, |s| Cell::num(format!("{s:.0}"), Some(s))),
+                    r.seconds
+                        .map_or_else(not_reached, |s| Cell::text(fmt_hms(s))),
+                    opt_cell(r.best_acc1, acc),
+                ]
+            })
+            .collect(),
+    }
 }
 
 #[cfg(test)]

@@ -598,3 +598,148 @@ fn report_says_which_runs_are_partial() {
     assert_eq!(v["train"][1]["partial"], true);
     assert_eq!(v["train"][1]["full_steps_per_epoch"], 5005);
 }
+
+/// A run directory with these epochs' top-1 (None: not evaluated) and seconds, and a summary.json when the run
+/// was trained with `--target-accuracy`.
+fn run_with(
+    dir: &Path,
+    name: &str,
+    epochs: &[(Option<f64>, f64)],
+    trained_target: Option<f64>,
+) -> PathBuf {
+    let run = dir.join(name);
+    fs::create_dir_all(&run).unwrap();
+    let lines: Vec<String> = epochs
+        .iter()
+        .enumerate()
+        .map(|(i, (acc1, seconds))| {
+            serde_json::json!({"epoch": i, "train_loss": 1.0, "acc1": acc1, "seconds": seconds})
+                .to_string()
+        })
+        .collect();
+    fs::write(run.join("metrics.jsonl"), lines.join("\n") + "\n").unwrap();
+    if let Some(t) = trained_target {
+        let mut s = rn50_report::schema::TrainSummary {
+            arch: "resnet50".into(),
+            ..Default::default()
+        };
+        let metrics = rn50_report::schema::read_train_run(&run).unwrap().epochs;
+        s.fill_from_metrics(&metrics);
+        s.fill_target(&metrics, Some(t));
+        rn50_report::run_report::write_summary(&run, &s).unwrap();
+    }
+    run
+}
+
+/// `--target-accuracy`: for each run and each target (the flag's, and one a run was trained with), the epochs and the
+/// wall-clock to the first evaluation at or above it, as a table, CSV, JSON and a plot; "not reached" otherwise.
+#[test]
+fn report_times_each_run_to_each_target() {
+    let dir = tempfile::tempdir().unwrap();
+    // a: epoch 2 not evaluated; the first evaluation at or above 75 is epoch 3's (1-based), after 10+11+12 s.
+    let a = run_with(
+        dir.path(),
+        "a",
+        &[
+            (Some(50.0), 10.0),
+            (None, 11.0),
+            (Some(76.0), 12.0),
+            (Some(80.0), 13.0),
+        ],
+        None,
+    );
+    // b was trained with --target-accuracy 60: that target is timed too, for every run.
+    let b = run_with(
+        dir.path(),
+        "b",
+        &[(Some(61.0), 20.0), (Some(74.9), 20.0)],
+        Some(60.0),
+    );
+    let out = dir.path().join("rep");
+    let json = dir.path().join("report.json");
+    let parse = |extra: &[&str]| {
+        let mut line: Vec<&std::ffi::OsStr> = vec![
+            "report".as_ref(),
+            a.as_os_str(),
+            b.as_os_str(),
+            "--out".as_ref(),
+            out.as_os_str(),
+        ];
+        line.extend(extra.iter().map(std::ffi::OsStr::new));
+        Report::try_parse_from(line)
+    };
+    let mut args = parse(&["--target-accuracy", "90,75", "--target-accuracy", "75"])
+        .unwrap()
+        .args;
+    assert_eq!(args.target_accuracy, [90.0, 75.0, 75.0]);
+    args.json = Some(json.clone());
+    report::run(&args).unwrap();
+
+    let md = fs::read_to_string(out.join("report.md")).unwrap();
+    let section = &md[md.find("## Time to accuracy").expect(&md)..];
+    for row in [
+        "| a | 60 | 3 | 33 | 0:00:33 | 80.00 |",
+        "| a | 75 | 3 | 33 | 0:00:33 | 80.00 |",
+        "| a | 90 | not reached | not reached | not reached | 80.00 |",
+        "| b | 60 | 1 | 20 | 0:00:20 | 74.90 |",
+        "| b | 75 | not reached | not reached | not reached | 74.90 |",
+    ] {
+        assert!(section.contains(row), "{row} not in:\n{section}");
+    }
+    assert_eq!(
+        section.matches("\n| a |").count(),
+        3,
+        "each target once: {section}"
+    );
+    let csv = fs::read_to_string(out.join("time_to_accuracy.csv")).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines[0], "run,target_acc1,epochs,seconds,hms,best_acc1");
+    assert_eq!(lines[2], "a,75,3,33,0:00:33,80");
+    assert_eq!(lines[3], "a,90,,,,80");
+    let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(&json).unwrap()).unwrap();
+    let t = v["time_to_accuracy"].as_array().unwrap();
+    assert_eq!(t.len(), 6);
+    assert_eq!(
+        t[1],
+        serde_json::json!({"run": "a", "target_acc1": 75.0, "epochs": 3, "seconds": 33.0, "best_acc1": 80.0})
+    );
+    assert_eq!(t[5]["epochs"], serde_json::Value::Null);
+    let files: Vec<&str> = v["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert!(
+        files.iter().any(|f| f.ends_with("time_to_accuracy.png")),
+        "{files:?}"
+    );
+    assert!(out.join("time_to_accuracy.png").is_file());
+
+    // Without --target-accuracy and without a trained target, none of it.
+    let out2 = dir.path().join("rep2");
+    let plain = Report::try_parse_from([
+        "report".as_ref(),
+        a.as_os_str(),
+        "--out".as_ref(),
+        out2.as_os_str(),
+    ])
+    .unwrap()
+    .args;
+    report::run(&plain).unwrap();
+    assert!(!fs::read_to_string(out2.join("report.md"))
+        .unwrap()
+        .contains("Time to accuracy"));
+    assert!(
+        !out2.join("time_to_accuracy.csv").exists() && !out2.join("time_to_accuracy.png").exists()
+    );
+
+    // A target outside (0, 100] is refused when the command line is read.
+    for bad in ["0", "100.5", "-3", "nan", "inf", "75,x"] {
+        assert!(
+            parse(&["--target-accuracy", bad]).is_err(),
+            "--target-accuracy {bad} accepted"
+        );
+    }
+    assert!(parse(&["--target-accuracy", "100"]).is_ok());
+}

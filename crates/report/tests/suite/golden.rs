@@ -56,7 +56,7 @@ fn all_inputs() -> Vec<PathBuf> {
 
 #[test]
 fn report_markdown_and_csv_match_golden() {
-    let c = collect(&all_inputs()).unwrap();
+    let c = collect(&all_inputs(), &[]).unwrap();
     assert_eq!(c.throughput.len(), 6);
     assert_eq!(c.runs.len(), 3);
     check_golden("report.md", &markdown(&c));
@@ -68,7 +68,7 @@ fn report_markdown_and_csv_match_golden() {
 
 #[test]
 fn efficiencies_are_the_hand_computed_ones() {
-    let c = collect(&all_inputs()).unwrap();
+    let c = collect(&all_inputs(), &[]).unwrap();
     let j = json(&c, vec![]);
     let a100: Vec<_> = j
         .throughput
@@ -166,7 +166,7 @@ fn run_without_summary_uses_metrics_and_dedups_resumed_epochs() {
 fn write_report_produces_every_file() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("report");
-    let c = collect(&all_inputs()).unwrap();
+    let c = collect(&all_inputs(), &[]).unwrap();
     let files = write_report(&c, &out).unwrap();
     let names: Vec<String> = files
         .iter()
@@ -444,7 +444,7 @@ fn mixed_inputs() -> Vec<PathBuf> {
 /// table, EMA columns, and the CSV's coverage columns a script filters on.
 #[test]
 fn report_marks_partial_runs_and_shows_ema() {
-    let c = collect(&mixed_inputs()).unwrap();
+    let c = collect(&mixed_inputs(), &[]).unwrap();
     let md = markdown(&c);
     check_golden("report-mixed.md", &md);
     let rows: Vec<TrainRow> = c.runs.iter().map(train_row).collect();
@@ -503,7 +503,7 @@ fn report_marks_partial_runs_and_shows_ema() {
     }
 
     // Full runs alone: no covers column, no EMA columns, no warning; the CSV still has the coverage columns.
-    let full = collect(&[fixtures().join("runs/fixture-r50-1gpu")]).unwrap();
+    let full = collect(&[fixtures().join("runs/fixture-r50-1gpu")], &[]).unwrap();
     let md = markdown(&full);
     for absent in ["⚠", "covers", "Partial", "EMA"] {
         assert!(!md.contains(absent), "{absent}: {md}");
