@@ -32,7 +32,8 @@ What it does, step for step as rn50:
     at t = epoch + (batch + 1) / batches per epoch;
     --lr, or --lr-base x global batch / --lr-base-size (default 0.1 per 256);
   - CrossEntropyLoss(label_smoothing); shuffled, drop_last batches; channels_last; autocast for bf16 and fp16
-    (fp16 with torch.amp.GradScaler, rn50's default on a GPU);
+    (fp16 with torch.amp.GradScaler, rn50's default on a GPU; bf16 rn50's on a CPU with AMX or AVX512-BF16, as
+    cpu_precision decides);
   - on CUDA (--device, default as rn50's: cuda when there is one) the settings rn50 applies there: cuDNN autotuning
     (cudnn.benchmark) and TF32; the loader pins its batches and they go to the GPU without blocking;
   - evaluation after every epoch: top-1, top-5 and the mean cross-entropy (no smoothing), as main.py's validate().
@@ -138,7 +139,8 @@ def parse():
     p.add_argument("--ratio", nargs="+", type=min_max, help="RandomResizedCrop's aspect-ratio range, as --scale")
     p.add_argument("--val-resize", type=int)
     p.add_argument("--val-crop", type=int)
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="default: fp16 on CUDA, fp32 on the CPU")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"],
+                   help="default: rn50's (fp16 on CUDA; on the CPU cpu_precision's bf16 or fp32)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.add_argument("--channels-last", action="store_const", const=True)
     p.add_argument("--no-channels-last", dest="channels_last", action="store_const", const=False)
@@ -178,11 +180,34 @@ def parse():
         recipe["val-resize"] = round(recipe["val-crop"] / 0.875)
     if recipe["device"] == "auto":
         recipe["device"] = "cuda" if torch.cuda.is_available() else "cpu"
-    if recipe["precision"] is None:
-        recipe["precision"] = "fp16" if recipe["device"] == "cuda" else "fp32"
+    if recipe["precision"] is None and recipe["device"] == "cuda":
+        recipe["precision"] = "fp16"  # the CPU's default needs the network: cpu_precision, in main
     if recipe["precision"] == "fp16" and recipe["device"] != "cuda":
         sys.exit("reference_train.py: fp16 needs --device cuda")
     return a, recipe
+
+
+def cpu_precision(cpuinfo, onednn_cap, narrowest):
+    """rn50's default precision on the CPU (Precision::resolve with CpuInfo::bf16_without_amx), from /proc/cpuinfo's
+    text, ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) and the output channels of the network's narrowest convolution:
+    bf16 autocast where the CPU has AMX or AVX512-BF16, except where oneDNN would train bf16 convolutions narrower
+    than 16 channels with its AVX512-BF16 kernels rather than AMX's (they corrupt the heap: rn50 computes in fp32
+    there); fp32 on other CPUs."""
+    flags = next((v.split() for k, _, v in (line.partition(":") for line in cpuinfo.splitlines())
+                  if k.strip() == "flags"), [])
+    amx, avx512_bf16 = "amx_bf16" in flags, "avx512_bf16" in flags
+    if not (amx or avx512_bf16):
+        return "fp32"
+    cap = (onednn_cap or "").strip().upper()
+    if not avx512_bf16:
+        without_amx = False
+    elif cap in ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", "AVX10_2_512"):
+        without_amx = True
+    elif cap.startswith(("SSE", "AVX2")) or cap in ("AVX", "AVX512_CORE", "AVX512_CORE_VNNI"):
+        without_amx = False
+    else:  # unset, ALL/DEFAULT or an AMX level: oneDNN uses what the CPU has
+        without_amx = not amx
+    return "fp32" if without_amx and narrowest < 16 else "bf16"
 
 
 def min_max(text):
@@ -438,7 +463,6 @@ def main():
     torch.manual_seed(r["seed"])
     fmt = torch.channels_last if r["channels-last"] else torch.contiguous_format
     dev = torch.device(r["device"])
-    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(r["precision"])
     if dev.type == "cuda":
         torch.backends.cudnn.benchmark = True
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -461,6 +485,12 @@ def main():
     )
 
     model = build_model(r["arch"], len(train_set.classes), r["zero-init-residual"]).to(dev, memory_format=fmt)
+    if r["precision"] is None:
+        with open("/proc/cpuinfo") as f:
+            cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
+            narrowest = min(m.out_channels for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+            r["precision"] = cpu_precision(f.read(), cap, narrowest)
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(r["precision"])
     decay, no_decay = [], []
     for p in model.parameters():
         (no_decay if r["no-bn-wd"] and p.ndim <= 1 else decay).append(p)
@@ -476,7 +506,7 @@ def main():
         steps = min(steps, r["max-steps-per-epoch"])
 
     print(f"reference: {r['arch']} on {a.data} ({len(train_set)} train / {len(val_set)} val, "
-          f"{len(train_set.classes)} classes), batch {b}, peak lr {peak:g}, torch {torch.__version__}, "
+          f"{len(train_set.classes)} classes), batch {b}, peak lr {peak:g}, {r['precision']}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads", flush=True)
     for epoch in range(r["epochs"]):
         model.train()

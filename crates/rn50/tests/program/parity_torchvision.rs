@@ -568,6 +568,60 @@ fn the_reference_trainer_turns_off_a_recipe_s_switches_as_rn50_does() {
     }
 }
 
+/// Without `--precision` the reference trainer computes on the CPU in the precision rn50 would (bf16 autocast where
+/// the CPU has AMX or AVX512-BF16, but for narrow convolutions on AVX512-BF16 kernels; else fp32), so the two
+/// train alike on any CPU with the same flags: its rule against `Precision::resolve` for CPUs with and without
+/// bf16, oneDNN caps above and below AMX and AVX512-BF16, and networks with and without a narrow convolution.
+#[test]
+fn the_reference_trainer_s_cpu_precision_is_rn50_s() {
+    use rn50::machine::parse_cpuinfo;
+    use rn50::model::NarrowestConv;
+    let cpu = |vendor: &str, flags: &str| {
+        format!("processor\t: 0\nvendor_id\t: {vendor}\nmodel name\t: a CPU\nflags\t\t: fpu sse avx2 {flags}\n")
+    };
+    let cpus = [
+        cpu("GenuineIntel", "avx512f amx_bf16 amx_tile avx512_bf16"), // Sapphire Rapids
+        cpu("AuthenticAMD", "avx512f avx512_bf16"),                   // Zen 4
+        cpu("GenuineIntel", "avx512f"), // Ice Lake: AVX-512 without bf16
+        cpu("GenuineIntel", "avx2"),
+    ];
+    let caps = [
+        None,
+        Some("AVX512_CORE_BF16"),
+        Some("avx512_core_amx"),
+        Some("AVX2"),
+        Some("AVX512_CORE"),
+        Some("ALL"),
+    ];
+    let mut cases = Vec::new();
+    for text in &cpus {
+        for cap in caps {
+            for narrowest in [8, 32] {
+                cases.push((text.as_str(), cap, narrowest));
+            }
+        }
+    }
+    let script = "import json, sys; sys.path.insert(0, 'benches'); import reference_train as ref\n\
+                  print(json.dumps([ref.cpu_precision(*case) for case in json.loads(sys.argv[1])]))";
+    let theirs: Vec<String> =
+        python_from_the_repo(&["-c", script, &serde_json::to_string(&cases).unwrap()]);
+    let mut seen = std::collections::BTreeSet::new();
+    for ((text, cap, narrowest), theirs) in cases.iter().zip(theirs) {
+        let mut info = parse_cpuinfo(text, 2);
+        info.onednn_max_isa = cap.map(str::to_string);
+        let ours =
+            Precision::resolve(None, Device::Cpu, &info, NarrowestConv::width(*narrowest)).unwrap();
+        assert_eq!(
+            ours.to_string(),
+            theirs,
+            "{info:?} with a {narrowest}-channel convolution: rn50's, then the reference's"
+        );
+        seen.insert(theirs);
+    }
+    // Both outcomes occur: a rule that always said the same would not pass by accident.
+    assert_eq!(seen.len(), 2, "{seen:?}");
+}
+
 /// `--lr-schedule one-cycle` is PyTorch's `OneCycleLR(anneal_strategy="cos", cycle_momentum=True)` for the same
 /// peak, rise, divisors and momenta: from the peak on, step for step to rounding (both count the fall from the
 /// peak's step to the last); during the rise within one step's change of it, since OneCycleLR's step i is at
