@@ -486,10 +486,14 @@ def main():
 
     model = build_model(r["arch"], len(train_set.classes), r["zero-init-residual"]).to(dev, memory_format=fmt)
     if r["precision"] is None:
-        with open("/proc/cpuinfo") as f:
-            cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
-            narrowest = min(m.out_channels for m in model.modules() if isinstance(m, torch.nn.Conv2d))
-            r["precision"] = cpu_precision(f.read(), cap, narrowest)
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:  # not Linux: rn50 reads no flags there either, and computes in fp32
+            cpuinfo = ""
+        cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
+        narrowest = min(m.out_channels for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+        r["precision"] = cpu_precision(cpuinfo, cap, narrowest)
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(r["precision"])
     decay, no_decay = [], []
     for p in model.parameters():
@@ -506,8 +510,8 @@ def main():
         steps = min(steps, r["max-steps-per-epoch"])
 
     print(f"reference: {r['arch']} on {a.data} ({len(train_set)} train / {len(val_set)} val, "
-          f"{len(train_set.classes)} classes), batch {b}, peak lr {peak:g}, {r['precision']}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads", flush=True)
+          f"{len(train_set.classes)} classes), batch {b}, peak lr {peak:g}, {r['precision']}, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
     for epoch in range(r["epochs"]):
         model.train()
         t0 = time.perf_counter()
