@@ -5,7 +5,7 @@ matter), saved as safetensors *with* num_batches_tracked as torchvision writes i
 mode; two SGD steps (momentum, weight decay, optional Nesterov / no decay on 1-D params, label smoothing),
 with the losses and the final state_dict. Also the key/shape list of every depth, and of timm's variants.
 
-usage: torchvision_step.py OUT_DIR
+usage: torchvision_step.py OUT_DIR THREADS (the bf16 case's: the test process's libtorch default)
 """
 import json
 import sys
@@ -19,7 +19,7 @@ from timm.layers import BlurPool2d
 from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
 CASES = [
-    # name, arch, nesterov, no_bn_bias_decay, label_smoothing, channels_last, image side
+    # name, arch, nesterov, no_bn_bias_decay, label_smoothing, channels_last, image side[, precision]
     ("r18_plain", "resnet18", False, False, 0.0, False, 64),
     ("r50_nesterov_nobnwd_ls", "resnet50", True, True, 0.1, False, 64),
     # channels_last changes oneDNN's kernels and so the rounding; compare like with like.
@@ -48,6 +48,9 @@ CASES = [
     # fast.ai's pool=MaxPool: 2x2 max pools (ceil mode) in ResNet-D's shortcuts, at 72 px, where the last two
     # shortcuts' inputs (9 and 5) are odd.
     ("r50d_maxdown_nesterov_nobnwd_ls_cl", "resnet50d_maxdown", True, True, 0.1, True, 72),
+    # bf16 autocast as the reference trainer runs it on the CPU (the loss of the logits as fp32), on the test's
+    # threads: the same ops in the same dtypes in the same libtorch give the same bits (bf16 rounding would not).
+    ("r50d_maxdown_nesterov_nobnwd_ls_cl_bf16", "resnet50d_maxdown", True, True, 0.1, True, 64, "bf16"),
 ]
 # timm's names whose keys rn50's must be (resnetblur18d and seresnext50d_32x4d are not registered in timm: built as
 # its resnetblur50d and seresnext26d_32x4d are).
@@ -78,7 +81,10 @@ def model(arch):
 N, LR, MOMENTUM, WD = 4, 0.01, 0.9, 1e-4
 
 
-def case(out: Path, name, arch, nesterov, no_bn_bias_decay, label_smoothing, channels_last, S):
+def case(out: Path, name, arch, nesterov, no_bn_bias_decay, label_smoothing, channels_last, S, precision="fp32"):
+    before = torch.get_num_threads()
+    if precision == "bf16":
+        torch.set_num_threads(int(sys.argv[2]))
     torch.manual_seed(0)
     m = model(arch)
     with torch.no_grad():
@@ -98,9 +104,10 @@ def case(out: Path, name, arch, nesterov, no_bn_bias_decay, label_smoothing, cha
     if channels_last:
         m = m.to(memory_format=torch.channels_last)
         xs = [x.contiguous(memory_format=torch.channels_last) for x in xs]
+    amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
     m.eval()
-    with torch.no_grad():
-        logits_eval = m(xs[0])
+    with torch.no_grad(), amp:
+        logits_eval = m(xs[0]).float()
     m.train()
     if no_bn_bias_decay:
         decay = [p for p in m.parameters() if p.ndim > 1]
@@ -113,10 +120,11 @@ def case(out: Path, name, arch, nesterov, no_bn_bias_decay, label_smoothing, cha
     losses = []
     for i, (x, y) in enumerate(zip(xs, ys)):
         opt.zero_grad()
-        logits = m(x)
+        with amp:
+            logits = m(x).float()
+            loss = loss_fn(logits, y)
         if i == 0:
             logits_train = logits.detach().clone()
-        loss = loss_fn(logits, y)
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -126,8 +134,11 @@ def case(out: Path, name, arch, nesterov, no_bn_bias_decay, label_smoothing, cha
     }
     tensors.update({f"final.{k}": v.contiguous() for k, v in m.state_dict().items()})
     save_file(tensors, out / f"{name}.ref.safetensors")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(before)
     return {"arch": arch, "nesterov": nesterov, "no_bn_bias_decay": no_bn_bias_decay,
-            "label_smoothing": label_smoothing, "channels_last": channels_last, "lr": LR, "momentum": MOMENTUM, "weight_decay": WD}
+            "label_smoothing": label_smoothing, "channels_last": channels_last, "lr": LR, "momentum": MOMENTUM, "weight_decay": WD,
+            "precision": precision, "threads": threads, "torch": torch.__version__.split("+")[0]}
 
 
 def main():
