@@ -228,7 +228,7 @@ fn the_command_line_turns_off_a_switch_the_file_turns_on() {
     }
     // What it is for: a recipe with SGD's Nesterov, trained with Adam (which refuses Nesterov).
     let recipe =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../recipes/imagenette-5ep.toml");
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../recipes/imagenette-5ep-sgd.toml");
     let recipe = recipe.to_str().unwrap();
     refused(
         &["--config", recipe, "/d", "--optimizer", "radam"],
